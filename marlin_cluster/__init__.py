@@ -1,0 +1,1 @@
+"""marlin_cluster."""

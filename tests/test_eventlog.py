@@ -1,0 +1,58 @@
+import io
+import json
+import re
+
+import pytest
+
+from daemon_runtime.eventlog import Catalogue, EventLog, EventLogError, EventSpec, attr_types
+
+CAT = Catalogue("demo", [
+    EventSpec("demo.node.sent", "a message left", {"size": "long", "peer": "string"}),
+    EventSpec("demo.node.failed", "it failed", {"reason": "string"}),
+])
+
+
+def test_lines_follow_the_contract():
+    buf = io.StringIO()
+    log = EventLog("demo-svc", "n1", [CAT], sink=buf)
+    log.emit("demo.node.sent", "t-1", size=1024, peer="n2")
+    log.emit("demo.node.failed", None, level="error", reason="boom")
+    log.emit("demo.node.sent", "t-2", level="debug", size=1)  # below min level: dropped
+    lines = [json.loads(x) for x in buf.getvalue().splitlines()]
+    assert len(lines) == 2
+    assert list(lines[0]) == ["ts", "level", "service", "node", "event", "trace_id", "attrs"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", lines[0]["ts"])
+    assert lines[0] == {**lines[0], "level": "info", "service": "demo-svc", "node": "n1",
+                        "event": "demo.node.sent", "trace_id": "t-1",
+                        "attrs": {"size": 1024, "peer": "n2"}}
+    assert lines[1]["level"] == "error" and lines[1]["trace_id"] is None
+
+
+def test_undeclared_events_and_attrs_are_refused():
+    log = EventLog("demo-svc", "n1", [CAT], sink=io.StringIO())
+    with pytest.raises(EventLogError, match="not in this daemon"):
+        log.emit("demo.node.nope")
+    with pytest.raises(EventLogError, match="not declared"):
+        log.emit("demo.node.sent", size=1, colour="red")
+    with pytest.raises(EventLogError, match="must be long"):
+        log.emit("demo.node.sent", size="big")
+    with pytest.raises(EventLogError, match="must be long"):
+        log.emit("demo.node.sent", size=True)
+
+
+def test_conflicting_attr_types_across_catalogues_are_refused():
+    other = Catalogue("x", [EventSpec("x.y.z", "", {"size": "string"})])
+    with pytest.raises(EventLogError, match="size"):
+        attr_types([CAT, other])
+    assert attr_types([CAT]) == {"size": "long", "peer": "string", "reason": "string"}
+
+
+def test_file_sink_rotates(tmp_path):
+    path = tmp_path / "ev.jsonl"
+    log = EventLog("demo-svc", "n1", [CAT], sink=str(path), max_bytes=2000, backups=2)
+    for i in range(100):
+        log.emit("demo.node.sent", f"t-{i}", size=i)
+    log.close()
+    assert path.exists() and (tmp_path / "ev.jsonl.1").exists()
+    for line in path.read_text().splitlines():
+        json.loads(line)

@@ -162,3 +162,40 @@ class TLReader:
         """Raise TLError if bytes are left over."""
         if self.pos != len(self.data):
             raise TLError(f"{len(self.data) - self.pos} trailing bytes after TL object")
+
+
+# --- tonNode.blockIdExt: shared by receipts, consensus and the masterchain ---------------
+
+from dataclasses import dataclass  # noqa: E402
+
+BLOCK_ID_EXT = tl_constructor_id(
+    "tonNode.blockIdExt workchain:int shard:long seqno:int root_hash:int256 file_hash:int256 = tonNode.BlockIdExt")
+
+
+@dataclass(frozen=True)
+class BlockIdExt:
+    """tonNode.blockIdExt: workchain (int), shard (64-bit prefix, unsigned here),
+    seqno (int), root_hash and file_hash (32 bytes each)."""
+
+    workchain: int
+    shard: int
+    seqno: int
+    root_hash: bytes
+    file_hash: bytes
+
+    def pack(self) -> bytes:
+        """Bare (unboxed) TL serialization, as it appears inside other objects."""
+        return (pack_int(self.workchain) + pack_long(self.shard) + pack_int(self.seqno)
+                + pack_int256(self.root_hash) + pack_int256(self.file_hash))
+
+    def pack_boxed(self) -> bytes:
+        return pack_id(BLOCK_ID_EXT) + self.pack()
+
+    @classmethod
+    def read(cls, r: TLReader) -> "BlockIdExt":
+        return cls(r.int(), r.ulong(), r.int(), r.int256(), r.int256())
+
+    @property
+    def shard_hex(self) -> str:
+        """Shard as 16 hex digits, as in the seed's JSON (e.g. '8000000000000000')."""
+        return f"{self.shard & 0xFFFFFFFFFFFFFFFF:016x}"

@@ -1,0 +1,63 @@
+"""The RMB event catalogue (DESIGN.md section 6): every event rmb-relay, rmb-peer,
+rmb-registry and RMB app services emit. trace_id is the envelope uid wherever a message is
+involved (null for connection events). Sizes in bytes, durations in ms, ttl in seconds.
+
+The Spark trace report builds its schema from this catalogue; add events here, never inline.
+Attribute names are shared across protocols with one type each (tests check).
+"""
+from daemon_runtime.eventlog import Catalogue, EventSpec
+
+E = EventSpec
+
+RMB_EVENTS = Catalogue("rmb", [
+    # app services (service = app name), through rmb_peer.client
+    E("rmb.app.requested", "an app pushed a request to msgbus.system.local",
+      {"cmd": "string", "dst": "string", "count": "long", "size": "long", "ttl": "long"}),
+    E("rmb.app.replied", "an app got one reply on its return queue",
+      {"src": "string", "code": "long", "size": "long", "duration_ms": "double"}),
+    E("rmb.app.handled", "a service handled an incoming request and pushed its reply",
+      {"cmd": "string", "src": "string", "code": "long", "duration_ms": "double"}),
+    # rmb-peer
+    E("rmb.peer.sent", "the peer sent an envelope to a relay",
+      {"kind": "string", "dst": "string", "size": "long", "encrypted": "boolean", "relay": "string"}),
+    E("rmb.peer.received", "the peer received an envelope from a relay",
+      {"kind": "string", "src": "string", "size": "long", "relay": "string"}),
+    E("rmb.peer.delivered", "an incoming request was pushed to msgbus.<cmd> for a service",
+      {"cmd": "string", "src": "string"}),
+    E("rmb.peer.answered", "a response was pushed to the app's return queue",
+      {"src": "string", "code": "long"}),
+    E("rmb.peer.expired", "a request's backlog expired before all replies came",
+      {"dst": "string", "code": "long"}),
+    E("rmb.peer.rejected", "the peer refused input (app JSON, envelope, signature, e2e)",
+      {"code": "long", "reason": "string", "src": "string"}),
+    E("rmb.peer.connected", "a relay connection opened", {"relay": "string"}),
+    E("rmb.peer.disconnected", "a relay connection closed or went silent",
+      {"relay": "string", "reason": "string"}),
+    # rmb-relay
+    E("rmb.relay.received", "an envelope arrived from a connected peer",
+      {"kind": "string", "src": "string", "dst": "string", "size": "long"}),
+    E("rmb.relay.federation_received", "an envelope arrived by federation POST",
+      {"kind": "string", "src": "string", "dst": "string", "size": "long"}),
+    E("rmb.relay.delivered", "an envelope was written to a local connection",
+      {"dst": "string", "size": "long", "queued_ms": "double"}),
+    E("rmb.relay.queued", "the destination is offline: the envelope was queued",
+      {"dst": "string", "size": "long"}),
+    E("rmb.relay.federated", "an envelope was accepted (202) by another relay",
+      {"domain": "string", "attempt": "long", "duration_ms": "double"}),
+    E("rmb.relay.federation_failed", "a federation attempt failed",
+      {"domain": "string", "attempt": "long", "status": "long", "reason": "string"}),
+    E("rmb.relay.expired", "an envelope's TTL ran out in the relay",
+      {"dst": "string", "reason": "string"}),
+    E("rmb.relay.rejected", "the relay answered or dropped an envelope with an error",
+      {"reason": "string", "src": "string", "dst": "string"}),
+    E("rmb.relay.rate_limited", "a twin exceeded --limit; the envelope was dropped",
+      {"src": "string", "size": "long"}),
+    E("rmb.relay.connected", "a peer connection was authenticated", {"src": "string"}),
+    E("rmb.relay.disconnected", "a peer connection closed", {"src": "string", "reason": "string"}),
+    E("rmb.relay.auth_failed", "a connection attempt was refused",
+      {"status": "long", "reason": "string"}),
+    # rmb-registry
+    E("rmb.registry.twin_created", "a twin was registered", {"twin": "long"}),
+    E("rmb.registry.twin_updated", "a twin's relays or pk changed", {"twin": "long"}),
+    E("rmb.registry.refused", "a registry request was refused", {"status": "long", "reason": "string"}),
+])

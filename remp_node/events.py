@@ -1,0 +1,22 @@
+"""The REMP event catalogue (DESIGN.md section 6). trace_id is the REMP message id (64 hex
+digits). Every status a full node or validator produces or learns is one event, so a trace
+shows each stage and where it was produced. Sizes in bytes, durations ms.
+
+The REMP-A engineer owns this file; others append EventSpecs only."""
+from daemon_runtime.eventlog import Catalogue, EventSpec
+
+E = EventSpec
+
+REMP_EVENTS = Catalogue("remp", [
+    E("remp.fullnode.received", "a user submitted an external message to the full node",
+      {"size": "long", "shard": "string"}),
+    E("remp.fullnode.status", "the full node produced or received a status for a message "
+      "(kind = JSON kind, level = 0..4, peer = source key id prefix)",
+      {"kind": "string", "level": "long", "peer": "string", "shard": "string",
+       "block_seqno": "long", "reason": "string", "count": "long"}),
+    E("remp.validator.status", "a validator produced a status for a message",
+      {"kind": "string", "level": "long", "shard": "string", "block_seqno": "long",
+       "reason": "string"}),
+    E("remp.masterchain.committed", "a master block committed shard block ids",
+      {"block_seqno": "long", "count": "long"}),
+])

@@ -1,0 +1,148 @@
+"""Peer -> relay authentication token (DESIGN.md section 3; rmb-rs `token`).
+
+The JWT is the whole query string of the WebSocket URL: ws://host:port/?<jwt>.
+Header exactly {"alg":"RS512","typ":"JWT"} (the label is fixed whatever the key type).
+Claims {"sub": twin_id, "sid": session id or null (never ""), "iat": now, "exp": now+ttl}
+(unix seconds). Signed bytes: ASCII b64url(header) + "." + b64url(claims), no pre-hash.
+Signature = 65-byte typed signature (b"e"/b"s" + 64 bytes), base64url without padding.
+
+PyJWT does the JWS framing through a private PyJWS instance on which our typed-signature
+algorithm is registered under the "RS512" label (the global PyJWT registry is untouched).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jwt
+from jwt.algorithms import Algorithm
+from jwt.api_jws import PyJWS
+
+from rmb_peer.identity import Identity, SignatureError, verify_typed
+
+__all__ = ["TokenError", "make_token", "token_claims_unverified", "verify_token",
+           "JWT_ALG", "MAX_TOKEN_SIZE"]
+
+#: The algorithm label rmb-rs writes in the header, whatever the key type.
+JWT_ALG = "RS512"
+
+#: Upper bound for a token string, characters (query strings are short).
+MAX_TOKEN_SIZE = 4096
+
+
+class TokenError(ValueError):
+    """Authentication refused. `status`: HTTP status the relay answers (400 no query,
+    401 bad/expired token or unknown twin, 500 lookup failure); `reason`: precise text."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(f"{status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class TypedSignatureAlgorithm(Algorithm):
+    """PyJWT algorithm: sign -> Identity.sign (65-byte typed signature); verify ->
+    verify_typed with a 32-byte account key. Keys: Identity to sign, bytes to verify."""
+
+    def prepare_key(self, key: Any) -> Any:
+        if isinstance(key, Identity):
+            return key
+        if isinstance(key, (bytes, bytearray)) and len(key) == 32:
+            return bytes(key)
+        raise jwt.InvalidKeyError("key must be an Identity (sign) or a 32-byte account key (verify)")
+
+    def sign(self, msg: bytes, key: Any) -> bytes:
+        if not isinstance(key, Identity):
+            raise jwt.InvalidKeyError("signing needs an Identity")
+        return key.sign(msg)
+
+    def verify(self, msg: bytes, key: Any, sig: bytes) -> bool:
+        try:
+            verify_typed(key.account if isinstance(key, Identity) else key, msg, sig)
+        except SignatureError:
+            return False
+        return True
+
+    @staticmethod
+    def to_jwk(key_obj: Any, as_dict: bool = False):  # pragma: no cover - not used
+        raise NotImplementedError("typed signatures have no JWK form")
+
+    @staticmethod
+    def from_jwk(jwk: Any):  # pragma: no cover - not used
+        raise NotImplementedError("typed signatures have no JWK form")
+
+
+_JWS = PyJWS(algorithms=[])
+_JWS.register_algorithm(JWT_ALG, TypedSignatureAlgorithm())
+
+
+def claims_json(twin_id: int, sid: str | None, iat: int, exp: int) -> bytes:
+    """Compact JSON of the claims, in rmb-rs field order sub, sid, iat, exp."""
+    return json.dumps({"sub": int(twin_id), "sid": sid, "iat": int(iat), "exp": int(exp)},
+                      separators=(",", ":")).encode()
+
+
+def make_token(identity: Identity, twin_id: int, sid: str | None, now: int, ttl: int = 60) -> str:
+    """A JWT for twin `twin_id` and session `sid` (None = the rmb-peer session), valid from
+    `now` (unix s) for `ttl` seconds. Raises ValueError for sid == "" (rmb-rs refuses it)."""
+    if sid == "":
+        raise ValueError('sid must be None or non-empty (rmb-rs refuses "")')
+    payload = claims_json(twin_id, sid, int(now), int(now) + int(ttl))
+    return _JWS.encode(payload, identity, algorithm=JWT_ALG, headers={"typ": "JWT"})
+
+
+def _split(token: str) -> dict:
+    if not token:
+        raise TokenError(400, "missing token")
+    if len(token) > MAX_TOKEN_SIZE:
+        raise TokenError(401, f"token too large: {len(token)} > {MAX_TOKEN_SIZE} chars")
+    try:
+        header = jwt.get_unverified_header(token)
+        payload = _JWS.decode_complete(token, options={"verify_signature": False})["payload"]
+        claims = json.loads(payload)
+    except (jwt.InvalidTokenError, ValueError, UnicodeDecodeError) as exc:
+        raise TokenError(401, f"undecodable token: {exc}") from None
+    if header.get("alg") != JWT_ALG:
+        raise TokenError(401, f"unsupported token algorithm {header.get('alg')!r}")
+    if not isinstance(claims, dict):
+        raise TokenError(401, "token claims are not an object")
+    sub = claims.get("sub")
+    if not isinstance(sub, int) or isinstance(sub, bool) or not (0 < sub < 2**32):
+        raise TokenError(401, "token has no valid sub (twin id)")
+    sid = claims.get("sid")
+    if sid is not None and not isinstance(sid, str):
+        raise TokenError(401, "token sid is not a string or null")
+    if sid == "":
+        raise TokenError(401, "token sid is empty")
+    for name in ("iat", "exp"):
+        val = claims.get(name)
+        if not isinstance(val, int) or isinstance(val, bool):
+            raise TokenError(401, f"token has no valid {name}")
+    return claims
+
+
+def token_claims_unverified(token: str) -> dict:
+    """Decode the claims without checking the signature (the relay needs `sub` to look the
+    twin up first). Returns {"sub": int, "sid": str|None, "iat": int, "exp": int}.
+    Raises TokenError(400) for an empty token, TokenError(401) for undecodable, a header
+    alg other than RS512, missing/invalid sub/iat/exp, or sid == ""."""
+    return _split(token)
+
+
+def verify_token(token: str, account: bytes, now: int) -> tuple[int, str | None]:
+    """Check `token` against the twin's 32-byte account key at `now` (unix s).
+    Returns (twin_id, sid). Raises TokenError(401): "token expired" when now > exp,
+    "invalid token signature" when the typed signature does not verify, or the decode
+    reasons of token_claims_unverified."""
+    claims = _split(token)
+    if now > claims["exp"]:
+        raise TokenError(401, "token expired")
+    try:
+        _JWS.decode_complete(token, key=bytes(account), algorithms=[JWT_ALG])
+    except jwt.InvalidKeyError as exc:
+        raise TokenError(401, f"bad account key: {exc}") from None
+    except jwt.InvalidSignatureError:
+        raise TokenError(401, "invalid token signature") from None
+    except jwt.InvalidTokenError as exc:
+        raise TokenError(401, f"invalid token: {exc}") from None
+    return claims["sub"], claims["sid"]

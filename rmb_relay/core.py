@@ -1,0 +1,579 @@
+"""The rmb-relay core: routing decisions without I/O and without a clock.
+
+Every method that depends on time takes `now` (float unix seconds, the caller's clock:
+`time.time()` in the daemon, because envelopes carry unix timestamps; a fake clock in
+tests). Nothing here opens a socket, reads a clock or sleeps (DESIGN.md section 2).
+
+Pieces (DESIGN.md section 3; seed: rmb.md "Connections", "Federations", "Rate Limiting",
+"Relay Domains"):
+
+- `ConnectionTable`: one connection per (twin, sid); a new one replaces the old, and
+  unregistering is identity-checked so the old connection's cleanup cannot remove the new
+  connection (the classic replace-then-cleanup race).
+- `FixedWindowLimiter` / `NoLimit`: `--limit COUNT SIZE`, fixed 60 s windows per twin.
+- `Ranker`: failures per relay domain within `--ranker-period` s, lowest failure rate
+  first, random order among ties; ranks heal as failures age out (rmb-rs: relay/ranker).
+- `FederationScheduler`: the federation retry plan for envelopes bound to other relays:
+  passes over the destination twin's relays in ranker order, jittered backoff between
+  passes, retried until the envelope's TTL runs out (then `FederationExpired`, and the
+  sender gets `message has expired`). Driven like every core here: `submit`,
+  `attempts_due(now)`, `report(...)`, `get_timer()`, `handle_timer(now)`, `next_event()`.
+- `RelayRouter`: the per-envelope verdict for envelopes from connected peers (rate limit,
+  source check, ping, expiry) and the local-vs-federation decision.
+
+Errors: `RelayCoreError` (local misuse: impossible transition, bad argument), never for
+remote input; remote input only ever produces verdicts and events.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterable
+
+from rmb_peer.envelope import Envelope, is_expired, message_kind, relay_error
+
+#: relay error texts (rmb-rs v1.5.1 relay/api.rs and federation/router.rs; DESIGN.md section 3)
+ERR_WRONG_SOURCE = "message wrong source"
+ERR_RATE_LIMIT = "exceeded rate limits, dropping message"
+ERR_MISSING_DESTINATION = "message with missing destination"
+ERR_UNKNOWN_DESTINATION = "unknown twin destination"
+ERR_NO_RELAYS = "relay info is not set for this twin"
+ERR_EXPIRED = "message has expired"
+ERR_OFFLINE = "destination offline"
+ERR_FEDERATION_FULL = "federation queue is full, dropping message"
+#: the envelope tag that asks for `destination offline` instead of queueing
+TAG_FAIL_FAST = "fail-fast"
+
+Session = tuple[int, "str | None"]
+
+
+class RelayCoreError(Exception):
+    """Local misuse of the relay core (an impossible state transition, a bad argument).
+    Remote input never raises this."""
+
+
+# --------------------------------------------------------------------------- connections
+
+class ConnectionTable:
+    """Live peer connections keyed by session (twin id, sid or None).
+
+    seed: rmb.md "Connections": for each (twin-id, session-id) combo there can be only one
+    connection; a new connection with the same combo drops the older one.
+
+    `register(session, conn)` returns the connection it replaced (the caller closes it).
+    `unregister(session, conn)` removes the entry only if `conn` IS still the registered
+    connection, so a replaced connection's cleanup, which runs after the replacement
+    registered, leaves the new connection in place. `conn` is any object (compared by
+    identity).
+    """
+
+    def __init__(self) -> None:
+        self._conns: dict[Session, Any] = {}
+
+    def register(self, session: Session, conn: Any) -> Any | None:
+        old = self._conns.get(session)
+        self._conns[session] = conn
+        return old if old is not conn else None
+
+    def unregister(self, session: Session, conn: Any) -> bool:
+        """True if `conn` was the registered connection and is now removed."""
+        if self._conns.get(session) is conn:
+            del self._conns[session]
+            return True
+        return False
+
+    def get(self, session: Session) -> Any | None:
+        return self._conns.get(session)
+
+    def __len__(self) -> int:
+        return len(self._conns)
+
+    def items(self) -> list[tuple[Session, Any]]:
+        return list(self._conns.items())
+
+
+def session_of(address) -> Session:
+    """(twin, connection or None) of an rmb `Address` (rmb-rs: Address fields 1, 2)."""
+    return (int(address.twin), address.connection if address.HasField("connection") else None)
+
+
+def session_str(session: Session) -> str:
+    twin, sid = session
+    return f"{twin}:{sid}" if sid is not None else str(twin)
+
+
+# --------------------------------------------------------------------------- rate limiter
+
+class NoLimit:
+    """The limiter used without --limit: everything passes."""
+
+    def allow(self, twin: int, size: int, now: float) -> bool:
+        return True
+
+
+class FixedWindowLimiter:
+    """seed: rmb.md "Rate Limiting", FixedWindowLimiter.
+
+    Time is cut into fixed windows of `window` s (60) aligned on multiples of the window
+    (window k = [k*window, (k+1)*window)). In each window a twin may send at most `count`
+    envelopes totalling at most `size` bytes. `allow(twin, size, now)` counts the envelope
+    and returns True, or returns False without counting it (the caller drops it and sends
+    `exceeded rate limits, dropping message`; the connection stays). Memory: one entry per
+    twin active in the current window (older entries are pruned when the window turns).
+    Raises RelayCoreError for count/size/window <= 0.
+    """
+
+    def __init__(self, count: int, size: int, window: float = 60.0):
+        if count <= 0 or size <= 0 or window <= 0:
+            raise RelayCoreError(f"limit needs count > 0, size > 0, window > 0 (got {count}, {size}, {window})")
+        self.count = count
+        self.size = size
+        self.window = window
+        self._current = -1
+        self._used: dict[int, list[int]] = {}
+
+    def allow(self, twin: int, size: int, now: float) -> bool:
+        index = math.floor(now / self.window)
+        if index != self._current:
+            self._current = index
+            self._used.clear()          # every stored entry belongs to an older window
+        used = self._used.get(twin)
+        if used is None:
+            used = self._used[twin] = [0, 0]
+        if used[0] + 1 > self.count or used[1] + size > self.size:
+            return False
+        used[0] += 1
+        used[1] += size
+        return True
+
+    def usage(self, twin: int, now: float) -> tuple[int, int]:
+        """(envelopes, bytes) counted for `twin` in the window containing `now`."""
+        if math.floor(now / self.window) != self._current:
+            return (0, 0)
+        used = self._used.get(twin, [0, 0])
+        return (used[0], used[1])
+
+
+# --------------------------------------------------------------------------- ranker
+
+class Ranker:
+    """Relay ranking by recent failures (seed: rmb.md "Federations"; rmb-rs relay/ranker).
+
+    `downvote(domain, now)` records one failure. `failure_rate(domain, now)` is failures
+    within the last `period` s per hour. `order(domains, now)` returns the domains sorted
+    by ascending failure rate, ties in random order (`rng`, a random.Random). Ranks heal
+    as failures age out of the period. Raises RelayCoreError for period <= 0.
+    """
+
+    def __init__(self, period: float = 3600.0, rng: random.Random | None = None):
+        if period <= 0:
+            raise RelayCoreError(f"ranker period must be > 0 s, got {period}")
+        self.period = period
+        self.rng = rng or random.Random()
+        self._failures: dict[str, collections.deque[float]] = {}
+
+    def downvote(self, domain: str, now: float) -> None:
+        self._failures.setdefault(domain, collections.deque()).append(now)
+        self._prune(domain, now)
+
+    def _prune(self, domain: str, now: float) -> int:
+        times = self._failures.get(domain)
+        if not times:
+            return 0
+        while times and times[0] <= now - self.period:
+            times.popleft()
+        if not times:
+            del self._failures[domain]
+            return 0
+        return len(times)
+
+    def failures(self, domain: str, now: float) -> int:
+        return self._prune(domain, now)
+
+    def failure_rate(self, domain: str, now: float) -> float:
+        """Failures per hour over the ranker period."""
+        return self.failures(domain, now) / (self.period / 3600.0)
+
+    def order(self, domains: Iterable[str], now: float) -> list[str]:
+        keyed = [(self.failures(d, now), self.rng.random(), d) for d in domains]
+        keyed.sort()
+        return [d for _, _, d in keyed]
+
+
+# --------------------------------------------------------------------------- federation
+
+class FederationEvent:
+    """Base class of the federation scheduler's events."""
+
+
+@dataclass
+class FederationAccepted(FederationEvent):
+    """A relay accepted the envelope (HTTP 202). job: job id; uid: envelope uid;
+    domain: the relay; attempt: 1-based attempt number; duration: s since submit."""
+    job: int
+    uid: str
+    domain: str
+    attempt: int
+    duration: float
+
+
+@dataclass
+class FederationAttemptFailed(FederationEvent):
+    """One attempt failed transiently (5xx, connection error, timeout); the domain was
+    downvoted. status: HTTP status or 0; reason: short text."""
+    job: int
+    uid: str
+    domain: str
+    attempt: int
+    status: int
+    reason: str
+
+
+@dataclass
+class FederationRefused(FederationEvent):
+    """A relay refused the envelope permanently (4xx); no more attempts. `reply` is the
+    relay error for the sender when the envelope was a request, else None."""
+    job: int
+    uid: str
+    domain: str
+    attempt: int
+    status: int
+    reason: str
+    context: Any
+    reply: Envelope | None
+
+
+@dataclass
+class FederationExpired(FederationEvent):
+    """The TTL ran out before any relay accepted. `reply` is the `message has expired`
+    relay error for the sender when the envelope was a request, else None."""
+    job: int
+    uid: str
+    attempts: int
+    context: Any
+    reply: Envelope | None
+
+
+@dataclass
+class Attempt:
+    """One federation POST to make now: send `data` to `domain`, wait at most `timeout` s,
+    then call `report(job, ...)`."""
+    job: int
+    uid: str
+    domain: str
+    attempt: int
+    data: bytes
+    timeout: float
+
+
+@dataclass
+class _Job:
+    id: int
+    env: Envelope
+    data: bytes
+    domains: list[str]
+    deadline: float
+    submitted: float
+    context: Any
+    state: str = "ready"
+    passes: int = 0
+    order: list[str] = field(default_factory=list)
+    index: int = 0
+    attempts: int = 0
+    wake_at: float = 0.0
+    domain: str = ""
+
+
+class FederationScheduler:
+    """The federation retry plan (DESIGN.md section 3; rmb-rs federation/router.rs).
+
+    A job is one envelope for a twin whose relays are not ours. Each pass tries the twin's
+    relays once, in the ranker's order at the start of the pass. A 202 ends the job
+    (`FederationAccepted`); a 4xx ends it (`FederationRefused`, permanent); a 5xx,
+    connection error or timeout downvotes the domain and moves to the next relay
+    (`FederationAttemptFailed`). After a failed pass the job waits a jittered backoff:
+    the first `fast_passes` (3) passes are `base_backoff` * 2**(pass-1) s apart, later
+    passes `slow_backoff` s apart, each times a uniform jitter in [0.5, 1.5). Passes
+    repeat until the deadline: min(envelope timestamp + expiration, submit + max_job_ttl);
+    then `FederationExpired` (reply `message has expired` for requests).
+
+    States (table `_TRANSITIONS`): ready -dispatch-> in_flight; in_flight -accepted|refused->
+    done; in_flight -failed-> ready (more relays in this pass) | waiting (pass over) |
+    done (deadline passed); waiting -wake-> ready; ready|waiting -expire-> done.
+    An impossible transition (e.g. reporting a job that is not in flight) raises
+    RelayCoreError naming the state and the input.
+    """
+
+    _TRANSITIONS = {
+        ("ready", "dispatch"): {"in_flight"},
+        ("in_flight", "accepted"): {"done"},
+        ("in_flight", "refused"): {"done"},
+        ("in_flight", "failed"): {"ready", "waiting", "done"},
+        ("waiting", "wake"): {"ready"},
+        ("ready", "expire"): {"done"},
+        ("waiting", "expire"): {"done"},
+    }
+
+    def __init__(self, ranker: Ranker, rng: random.Random | None = None, *,
+                 fast_passes: int = 3, base_backoff: float = 0.5, slow_backoff: float = 30.0,
+                 attempt_timeout: float = 10.0, max_job_ttl: float = 3600.0,
+                 max_jobs: int = 10000):
+        self.ranker = ranker
+        self.rng = rng or random.Random()
+        self.fast_passes = fast_passes
+        self.base_backoff = base_backoff
+        self.slow_backoff = slow_backoff
+        self.attempt_timeout = attempt_timeout
+        self.max_job_ttl = max_job_ttl
+        self.max_jobs = max_jobs
+        self._jobs: dict[int, _Job] = {}
+        self._next_id = 1
+        self._events: collections.deque[FederationEvent] = collections.deque()
+
+    # -- state machine
+    def _move(self, job: _Job, inp: str, new: str) -> None:
+        allowed = self._TRANSITIONS.get((job.state, inp))
+        if allowed is None or new not in allowed:
+            raise RelayCoreError(f"federation job {job.id}: no transition from state "
+                                 f"{job.state!r} on input {inp!r}")
+        job.state = new
+        if new == "done":
+            del self._jobs[job.id]
+
+    # -- API
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def in_flight(self) -> int:
+        return sum(1 for j in self._jobs.values() if j.state == "in_flight")
+
+    def submit(self, env: Envelope, data: bytes, domains: list[str], now: float,
+               context: Any = None) -> int | None:
+        """Plans federation of `env` (serialized `data`) to the twin relays `domains`.
+        `context` is handed back in Refused/Expired events (the daemon puts the sender
+        session there). Returns the job id, or None when `max_jobs` jobs are pending (the
+        caller answers ERR_FEDERATION_FULL). Raises RelayCoreError for no domains."""
+        if not domains:
+            raise RelayCoreError("federation needs at least one relay domain")
+        if len(self._jobs) >= self.max_jobs:
+            return None
+        deadline = min(float(env.timestamp) + float(env.expiration), now + self.max_job_ttl)
+        job = _Job(id=self._next_id, env=env, data=data, domains=list(dict.fromkeys(domains)),
+                   deadline=deadline, submitted=now, context=context)
+        self._next_id += 1
+        self._jobs[job.id] = job
+        self._start_pass(job, now)
+        return job.id
+
+    def _start_pass(self, job: _Job, now: float) -> None:
+        job.passes += 1
+        job.order = self.ranker.order(job.domains, now)
+        job.index = 0
+
+    def _reply(self, job: _Job, text: str) -> Envelope | None:
+        return relay_error(job.env, text) if message_kind(job.env) == "request" else None
+
+    def _expire(self, job: _Job) -> None:
+        self._events.append(FederationExpired(job.id, job.env.uid, job.attempts, job.context,
+                                              self._reply(job, ERR_EXPIRED)))
+
+    def attempts_due(self, now: float) -> list[Attempt]:
+        """Every attempt to start now (ready jobs go in flight). Jobs past their deadline
+        expire instead (events)."""
+        out: list[Attempt] = []
+        for job in list(self._jobs.values()):
+            if job.state != "ready":
+                continue
+            if now >= job.deadline:
+                self._move(job, "expire", "done")
+                self._expire(job)
+                continue
+            job.domain = job.order[job.index]
+            job.attempts += 1
+            self._move(job, "dispatch", "in_flight")
+            out.append(Attempt(job.id, job.env.uid, job.domain, job.attempts, job.data,
+                               max(0.001, min(self.attempt_timeout, job.deadline - now))))
+        return out
+
+    def report(self, job_id: int, outcome: str, now: float, status: int = 0, reason: str = "") -> None:
+        """The result of the attempt in flight for `job_id`: outcome "accepted" (202),
+        "refused" (4xx, permanent) or "failed" (5xx, connection error, timeout).
+        Raises RelayCoreError for an unknown job, a job not in flight or a bad outcome."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise RelayCoreError(f"federation job {job_id}: unknown (state 'done'?) on input {outcome!r}")
+        if outcome == "accepted":
+            self._move(job, "accepted", "done")
+            self._events.append(FederationAccepted(job.id, job.env.uid, job.domain, job.attempts,
+                                                   now - job.submitted))
+        elif outcome == "refused":
+            self._move(job, "refused", "done")
+            text = reason or f"relay {job.domain} refused the message (HTTP {status})"
+            self._events.append(FederationRefused(job.id, job.env.uid, job.domain, job.attempts,
+                                                  status, reason, job.context, self._reply(job, text)))
+        elif outcome == "failed":
+            if job.state != "in_flight":
+                self._move(job, "failed", "ready")  # raises with state and input
+            self.ranker.downvote(job.domain, now)
+            self._events.append(FederationAttemptFailed(job.id, job.env.uid, job.domain,
+                                                        job.attempts, status, reason))
+            if now >= job.deadline:
+                self._move(job, "failed", "done")
+                self._expire(job)
+                return
+            job.index += 1
+            if job.index < len(job.order):
+                self._move(job, "failed", "ready")
+                return
+            if job.passes < self.fast_passes:
+                delay = self.base_backoff * 2 ** (job.passes - 1)
+            else:
+                delay = self.slow_backoff
+            delay *= self.rng.uniform(0.5, 1.5)
+            job.wake_at = min(now + delay, job.deadline)
+            self._move(job, "failed", "waiting")
+        else:
+            raise RelayCoreError(f"federation job {job_id}: unknown outcome {outcome!r} "
+                                 f"in state {job.state!r}")
+
+    def get_timer(self) -> float | None:
+        """The next time (unix s) handle_timer has work: a backoff ends or a deadline."""
+        times = [j.wake_at for j in self._jobs.values() if j.state == "waiting"]
+        times += [j.deadline for j in self._jobs.values() if j.state == "ready"]
+        return min(times) if times else None
+
+    def handle_timer(self, now: float) -> None:
+        for job in list(self._jobs.values()):
+            if job.state == "waiting" and now >= job.deadline:
+                self._move(job, "expire", "done")
+                self._expire(job)
+            elif job.state == "waiting" and now >= job.wake_at:
+                self._move(job, "wake", "ready")
+                self._start_pass(job, now)
+            elif job.state == "ready" and now >= job.deadline:
+                self._move(job, "expire", "done")
+                self._expire(job)
+
+    def next_event(self) -> FederationEvent | None:
+        return self._events.popleft() if self._events else None
+
+
+# --------------------------------------------------------------------------- router
+
+def normalize_domain(domain: str) -> str:
+    """'wss://Relay.Example:443/' -> 'relay.example:443' (scheme and trailing '/' dropped,
+    lower case), so a twin's relay entries compare with --domain values."""
+    d = domain.strip().lower()
+    for scheme in ("wss://", "ws://", "https://", "http://"):
+        if d.startswith(scheme):
+            d = d[len(scheme):]
+            break
+    return d.rstrip("/")
+
+
+class Verdict:
+    """Base class of RelayRouter.check_inbound results."""
+
+
+@dataclass
+class Forward(Verdict):
+    """Route the envelope to its destination (twin lookup, then `route`)."""
+
+
+@dataclass
+class Reply(Verdict):
+    """Answer the sender on its own connection with `envelope` (a relay error or a Pong);
+    `reason` is the short text for the event log."""
+    envelope: Envelope
+    reason: str
+
+
+@dataclass
+class Drop(Verdict):
+    """Drop the envelope (logged once with `reason`); nothing goes back."""
+    reason: str
+
+
+class Route:
+    """Base class of RelayRouter.route results."""
+
+
+@dataclass
+class Local(Route):
+    """The destination twin uses this relay: deliver on its connection or queue."""
+
+
+@dataclass
+class Federate(Route):
+    """The destination twin uses other relays: federate to `domains` (twin order)."""
+    domains: list[str]
+
+
+@dataclass
+class Refuse(Route):
+    """No route: answer `text` (relay error for requests, drop otherwise)."""
+    text: str
+
+
+class RelayRouter:
+    """Per-envelope decisions for envelopes from connected peers (rmb-rs relay/api.rs
+    Session::route; DESIGN.md section 3).
+
+    `check_inbound(session, env, size, now)` in order: rate limit (`exceeded rate limits,
+    dropping message`), source == the token's (twin, sid) (`message wrong source`), Ping
+    -> Reply(Pong), expired (timestamp + expiration <= now) -> Drop, else Forward.
+    Error replies go to requests only (DESIGN.md: relay errors answer requests); for other
+    kinds the verdict is Drop with the same reason.
+
+    `route(relays)` given the destination twin's relay domains: Local if one of ours
+    (`domains`, several allowed; seed: rmb.md "Relay Domains"), Federate otherwise,
+    Refuse(ERR_NO_RELAYS) for an empty list.
+    """
+
+    def __init__(self, domains: Iterable[str], limiter: Any = None):
+        self.domains = {normalize_domain(d) for d in domains}
+        if not self.domains:
+            raise RelayCoreError("the relay needs at least one --domain")
+        self.limiter = limiter or NoLimit()
+
+    def error(self, env: Envelope, text: str) -> Verdict:
+        if message_kind(env) == "request":
+            return Reply(relay_error(env, text), text)
+        return Drop(text)
+
+    def check_inbound(self, session: Session, env: Envelope, size: int, now: float) -> Verdict:
+        if not self.limiter.allow(session[0], size, now):
+            return self.error(env, ERR_RATE_LIMIT)
+        if not env.HasField("source") or session_of(env.source) != session:
+            return self.error(env, ERR_WRONG_SOURCE)
+        if message_kind(env) == "ping":
+            return Reply(pong_for(env), "ping")
+        if is_expired(env, now):
+            return Drop(ERR_EXPIRED)
+        return Forward()
+
+    def is_local(self, relays: Iterable[str]) -> bool:
+        return any(normalize_domain(r) in self.domains for r in relays)
+
+    def route(self, relays: list[str]) -> Route:
+        if not relays:
+            return Refuse(ERR_NO_RELAYS)
+        if self.is_local(relays):
+            return Local()
+        return Federate(list(relays))
+
+
+def pong_for(ping: Envelope) -> Envelope:
+    """The relay's answer to a Ping envelope (rmb-rs relay/api.rs): same uid, timestamp and
+    expiration, message = Pong, source and destination swapped, no signature."""
+    pong = Envelope()
+    pong.uid = ping.uid
+    pong.timestamp = ping.timestamp
+    pong.expiration = ping.expiration
+    pong.pong.SetInParent()
+    if ping.HasField("destination"):
+        pong.source.CopyFrom(ping.destination)
+    pong.destination.CopyFrom(ping.source)
+    return pong

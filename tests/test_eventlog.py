@@ -56,3 +56,12 @@ def test_file_sink_rotates(tmp_path):
     assert path.exists() and (tmp_path / "ev.jsonl.1").exists()
     for line in path.read_text().splitlines():
         json.loads(line)
+
+
+def test_catalogue_doc_is_in_sync_with_code():
+    from pathlib import Path
+
+    from daemon_runtime.catalogues import render_markdown
+    doc = Path(__file__).resolve().parent.parent / "docs" / "event-catalogue.md"
+    assert doc.read_text() == render_markdown(), \
+        "regenerate: python -m daemon_runtime.catalogues > docs/event-catalogue.md"

@@ -1,0 +1,356 @@
+"""rmb-registry: the twin registry service (DESIGN.md section 3, "Twin lookup").
+
+Stands in for tfchain's twin storage: HTTP JSON (aiohttp), records kept in Redis
+(redis.asyncio). A twin is {id, account: hex of the 32-byte account key, relays: [domains],
+pk: hex of the 33-byte secp256k1 key | null}.
+
+Routes:
+  POST /twins                 create; body = rmb_peer.twins.signed_write_body(op="create")
+                              -> 201 twin | 400 malformed | 401 bad signature / stale
+                              timestamp | 409 account already registered
+  GET  /twins/{id}            -> 200 twin | 400 bad id | 404 unknown twin
+  GET  /twins?account=<hex>   -> 200 twin | 400 bad account | 404 unknown twin
+  PUT  /twins/{id}            update relays and pk; body signed by the twin's stored account
+                              key (op="update") -> 200 twin | 400 | 401 | 404 | 409 replayed
+                              or out-of-order (timestamp older than the last accepted write)
+  GET  /health, GET /metrics
+
+Writes are signed over rmb_peer.twins.write_challenge(op, id, account, relays, pk,
+timestamp); the timestamp must lie within --replay-window seconds of the registry's clock
+and, for updates, not older than the twin's last write; an exact signature already
+accepted within the window is refused as a replay (sr25519 signatures are randomized and
+ed25519 ones are deterministic over distinct content, so a fresh write always differs). Twin ids are allocated with Redis INCR. Errors are JSON {"error": "<reason>"}.
+
+Redis keys: rmb.registry.next_id (INCR counter), rmb.registry.twin.<id> (hash: account,
+relays (JSON), pk, ts), rmb.registry.account.<hex> -> id, rmb.registry.seen.<sha256 of
+signature> (EX 2 x window) for replay detection.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import sys
+import time
+from typing import Any, Callable
+
+import redis.asyncio as aioredis
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from daemon_runtime.eventlog import EventLog
+from rmb_peer.events import RMB_EVENTS
+from rmb_peer.identity import SignatureError, verify_typed
+from rmb_peer.twins import Twin, validate_pk, validate_relays, write_challenge
+
+__all__ = ["RegistryServer", "create_app", "main", "DEFAULT_REPLAY_WINDOW", "KEY_PREFIX"]
+
+#: Accepted distance between a write's timestamp and the registry clock, seconds.
+DEFAULT_REPLAY_WINDOW = 300
+#: Largest accepted request body, bytes.
+MAX_BODY = 64 * 1024
+KEY_PREFIX = "rmb.registry."
+
+_CREATE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local id = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], id)
+redis.call('HSET', ARGV[1] .. id, 'account', ARGV[2], 'relays', ARGV[3], 'pk', ARGV[4], 'ts', ARGV[5])
+return id
+"""
+
+_UPDATE_LUA = """
+local cur = redis.call('HGET', KEYS[1], 'ts')
+if not cur then return -1 end
+if tonumber(ARGV[1]) < tonumber(cur) then return 0 end
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[4]) then return -2 end
+redis.call('HSET', KEYS[1], 'relays', ARGV[2], 'pk', ARGV[3], 'ts', ARGV[1])
+return 1
+"""
+
+
+class Refused(Exception):
+    """A request the registry refuses: `status` (4xx) and a precise `reason`."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _twin_from_hash(twin_id: int, h: dict[bytes, bytes]) -> Twin:
+    pk_hex = h.get(b"pk", b"").decode()
+    return Twin(twin_id, bytes.fromhex(h[b"account"].decode()),
+                json.loads(h.get(b"relays", b"[]")), bytes.fromhex(pk_hex) if pk_hex else None)
+
+
+def _parse_id(text: str) -> int:
+    if not text.isdigit() or len(text) > 10:
+        raise Refused(400, f"bad twin id {text[:32]!r}")
+    tid = int(text)
+    if not 0 < tid < 2**32:
+        raise Refused(400, f"twin id {tid} out of range 1..2^32-1")
+    return tid
+
+
+def _parse_account(text: Any) -> bytes:
+    try:
+        raw = bytes.fromhex(text) if isinstance(text, str) else b""
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise Refused(400, "account must be hex of a 32-byte public key")
+    return raw
+
+
+class _Body:
+    """The validated fields of a signed write body."""
+
+    def __init__(self, obj: Any):
+        if not isinstance(obj, dict):
+            raise Refused(400, "body must be a JSON object")
+        self.account = _parse_account(obj.get("account"))
+        try:
+            self.relays = validate_relays(obj.get("relays"))
+            self.pk = validate_pk(obj.get("pk"))
+        except ValueError as exc:
+            raise Refused(400, str(exc)) from None
+        ts = obj.get("timestamp")
+        if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
+            raise Refused(400, "timestamp must be unix seconds (integer)")
+        self.timestamp = ts
+        sig = obj.get("signature")
+        try:
+            self.signature = bytes.fromhex(sig) if isinstance(sig, str) else b""
+        except ValueError:
+            self.signature = b""
+        if not self.signature:
+            raise Refused(400, "signature must be hex of a typed signature")
+
+
+def create_app(redis: aioredis.Redis, events: EventLog, *,
+               replay_window: int = DEFAULT_REPLAY_WINDOW,
+               clock: Callable[[], float] = time.time,
+               metrics: CollectorRegistry | None = None) -> web.Application:
+    """The registry's aiohttp application over `redis` (see the module docstring).
+    `clock`: unix seconds for the replay window; `metrics`: Prometheus registry to fill."""
+    metrics = metrics or CollectorRegistry()
+    requests = Counter("rmb_registry_requests", "registry HTTP requests by route and status",
+                       ["route", "status"], registry=metrics)
+    redis_up = Gauge("rmb_registry_redis_up", "1 when the last Redis call succeeded",
+                     registry=metrics)
+    redis_up.set(1)
+    state = {"redis_ok": True}
+    create_script = redis.register_script(_CREATE_LUA)
+    update_script = redis.register_script(_UPDATE_LUA)
+
+    def check_fresh(ts: int) -> None:
+        now = int(clock())
+        if abs(now - ts) > replay_window:
+            raise Refused(401, f"stale timestamp {ts}: registry time is {now}, "
+                               f"window is {replay_window} s")
+
+    def check_sig(account: bytes, message: bytes, signature: bytes) -> None:
+        try:
+            verify_typed(account, message, signature)
+        except SignatureError as exc:
+            raise Refused(401, f"bad signature: {exc}") from None
+
+    async def load(twin_id: int) -> Twin:
+        h = await redis.hgetall(f"{KEY_PREFIX}twin.{twin_id}")
+        if not h:
+            raise Refused(404, f"unknown twin {twin_id}")
+        return _twin_from_hash(twin_id, h)
+
+    async def read_json(request: web.Request) -> Any:
+        try:
+            return json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError):
+            raise Refused(400, "body is not valid JSON") from None
+
+    async def post_twin(request: web.Request) -> web.Response:
+        body = _Body(await read_json(request))
+        check_fresh(body.timestamp)
+        check_sig(body.account, write_challenge("create", 0, body.account, body.relays,
+                                                body.pk, body.timestamp), body.signature)
+        tid = await create_script(
+            keys=[f"{KEY_PREFIX}account.{body.account.hex()}", f"{KEY_PREFIX}next_id"],
+            args=[f"{KEY_PREFIX}twin.", body.account.hex(), json.dumps(body.relays),
+                  body.pk.hex() if body.pk else "", body.timestamp])
+        if tid == 0:
+            raise Refused(409, f"account {body.account.hex()} is already registered")
+        twin = Twin(int(tid), body.account, body.relays, body.pk)
+        events.emit("rmb.registry.twin_created", twin=twin.id)
+        return web.json_response(twin.to_json(), status=201)
+
+    async def put_twin(request: web.Request) -> web.Response:
+        tid = _parse_id(request.match_info["id"])
+        body = _Body(await read_json(request))
+        check_fresh(body.timestamp)
+        twin = await load(tid)
+        if body.account != twin.account:
+            raise Refused(401, f"account {body.account.hex()} does not own twin {tid}")
+        check_sig(twin.account, write_challenge("update", tid, twin.account, body.relays,
+                                                body.pk, body.timestamp), body.signature)
+        done = await update_script(
+            keys=[f"{KEY_PREFIX}twin.{tid}",
+                  f"{KEY_PREFIX}seen.{hashlib.sha256(body.signature).hexdigest()}"],
+            args=[body.timestamp, json.dumps(body.relays), body.pk.hex() if body.pk else "",
+                  2 * replay_window])
+        if done == -1:
+            raise Refused(404, f"unknown twin {tid}")
+        if done == 0:
+            raise Refused(409, f"out-of-order write: timestamp {body.timestamp} is older "
+                               f"than twin {tid}'s last write")
+        if done == -2:
+            raise Refused(409, "replayed write: this signed update was already applied")
+        twin = Twin(tid, twin.account, body.relays, body.pk)
+        events.emit("rmb.registry.twin_updated", twin=tid)
+        return web.json_response(twin.to_json())
+
+    async def get_twin(request: web.Request) -> web.Response:
+        return web.json_response((await load(_parse_id(request.match_info["id"]))).to_json())
+
+    async def find_twin(request: web.Request) -> web.Response:
+        if "account" not in request.query:
+            raise Refused(400, "query parameter account=<hex> is required")
+        account = _parse_account(request.query["account"])
+        tid = await redis.get(f"{KEY_PREFIX}account.{account.hex()}")
+        if tid is None:
+            raise Refused(404, f"no twin with account {account.hex()}")
+        return web.json_response((await load(int(tid))).to_json())
+
+    def route(name: str, handler):
+        async def wrapped(request: web.Request) -> web.Response:
+            try:
+                resp = await handler(request)
+                state["redis_ok"] = True
+                redis_up.set(1)
+            except Refused as exc:
+                events.emit("rmb.registry.refused", level="warning",
+                            status=exc.status, reason=exc.reason)
+                resp = web.json_response({"error": exc.reason}, status=exc.status)
+            except web.HTTPRequestEntityTooLarge:
+                events.emit("rmb.registry.refused", level="warning", status=413,
+                            reason="body too large")
+                resp = web.json_response({"error": f"body larger than {MAX_BODY} bytes"},
+                                         status=413)
+            except (aioredis.RedisError, OSError) as exc:
+                state["redis_ok"] = False
+                redis_up.set(0)
+                events.emit("rmb.registry.refused", level="error", status=503,
+                            reason=f"redis: {type(exc).__name__}")
+                resp = web.json_response({"error": "registry storage unavailable"}, status=503)
+            requests.labels(name, str(resp.status)).inc()
+            return resp
+        return wrapped
+
+    from daemon_runtime.lifecycle import add_status_routes
+
+    app = web.Application(client_max_size=MAX_BODY)
+    app.router.add_post("/twins", route("create", post_twin))
+    app.router.add_get("/twins", route("find", find_twin))
+    app.router.add_get("/twins/{id}", route("get", get_twin))
+    app.router.add_put("/twins/{id}", route("update", put_twin))
+    add_status_routes(app, metrics, lambda: {"ok": state["redis_ok"], "redis": state["redis_ok"]})
+    return app
+
+
+class RegistryServer:
+    """The registry bound to host:port (0 = any free port) over Redis at redis_url.
+
+        server = RegistryServer("127.0.0.1", 0, redis_url, events)
+        port = await server.start()       # base URL http://127.0.0.1:<port>
+        ...; await server.close()
+    """
+
+    def __init__(self, host: str, port: int, redis_url: str, events: EventLog, *,
+                 replay_window: int = DEFAULT_REPLAY_WINDOW,
+                 clock: Callable[[], float] = time.time):
+        self.host, self.port = host, port
+        self.redis = aioredis.Redis.from_url(redis_url)
+        self.events = events
+        self.metrics = CollectorRegistry()
+        self.app = create_app(self.redis, events, replay_window=replay_window, clock=clock,
+                              metrics=self.metrics)
+        self._runner: web.AppRunner | None = None
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> int:
+        """Bind and serve; returns the bound port. Raises OSError if the port is taken."""
+        await self.redis.ping()
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # no public accessor in aiohttp
+        return self.port
+
+    async def close(self) -> None:
+        """Stop accepting, finish in-flight requests (aiohttp's shutdown), close Redis."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if not self._closed:
+            self._closed = True
+            await self.redis.aclose()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from daemon_runtime.config import add_common_args
+
+    parser = argparse.ArgumentParser(
+        prog="rmb-registry",
+        description="Twin registry for RMB (stands in for tfchain's twin storage): "
+                    "HTTP JSON API over Redis; writes are signed by the twin's account key.")
+    parser.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8100",
+                        help="address to serve HTTP on; port 0 picks a free port, announced on "
+                             "stdout as 'READY {\"port\": N}' (default: 127.0.0.1:8100)")
+    parser.add_argument("--redis", metavar="URL", default="redis://127.0.0.1:6379/0",
+                        help="Redis URL where twin records live (default: redis://127.0.0.1:6379/0)")
+    parser.add_argument("--replay-window", metavar="SECONDS", type=int,
+                        default=DEFAULT_REPLAY_WINDOW,
+                        help="accepted distance between a signed write's timestamp and the "
+                             f"registry clock, seconds (default: {DEFAULT_REPLAY_WINDOW})")
+    add_common_args(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script `rmb-registry` (see --help). Exit 0 after SIGTERM/SIGINT."""
+    from daemon_runtime.config import load_args
+    from daemon_runtime.lifecycle import Ready, parse_hostport, run_daemon
+
+    parser = build_parser()
+    args = load_args(parser, argv, env_prefix="RMB_REGISTRY_")
+    try:
+        host, port = parse_hostport(args.listen)
+    except ValueError as exc:
+        parser.error(f"--listen: {exc}")
+    if args.replay_window <= 0:
+        parser.error("--replay-window must be positive")
+
+    async def run(stop: asyncio.Event) -> None:
+        events = EventLog("rmb-registry", args.listen, [RMB_EVENTS], sink=args.log,
+                          min_level=args.log_level)
+        server = RegistryServer(host, port, args.redis, events,
+                                replay_window=args.replay_window)
+        try:
+            bound = await server.start()
+            events.node = f"{host}:{bound}"
+            Ready(service="rmb-registry", host=host, port=bound).announce()
+            await stop.wait()
+        finally:
+            await server.close()
+            events.close()
+
+    return run_daemon(run)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

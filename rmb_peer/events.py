@@ -56,6 +56,10 @@ RMB_EVENTS = Catalogue("rmb", [
     E("rmb.relay.disconnected", "a peer connection closed", {"src": "string", "reason": "string"}),
     E("rmb.relay.auth_failed", "a connection attempt was refused",
       {"status": "long", "reason": "string"}),
+    E("rmb.relay.answered", "the relay answered an envelope itself (Pong to a Ping)",
+      {"kind": "string", "dst": "string"}),
+    E("rmb.relay.queue_error", "the offline queue (Redis) failed; the envelope was not queued or replay stopped",
+      {"dst": "string", "reason": "string"}),
     # rmb-registry
     E("rmb.registry.twin_created", "a twin was registered", {"twin": "long"}),
     E("rmb.registry.twin_updated", "a twin's relays or pk changed", {"twin": "long"}),

@@ -199,3 +199,62 @@ class BlockIdExt:
     def shard_hex(self) -> str:
         """Shard as 16 hex digits, as in the seed's JSON (e.g. '8000000000000000')."""
         return f"{self.shard & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+# --- REMP receipt constructors (ever-tl ton_api/tl/ton_api.tl, tonNode.Remp*) -------------
+# The scheme lines are copied verbatim from ever-tl; the ids are computed from them (never
+# typed in), and tests/test_remp_tl.py checks them against DESIGN.md section 4.
+
+#: Constructor name -> its TL scheme line (ever-tl ton_api.tl).
+REMP_TL_LINES: dict[str, str] = {
+    "tonNode.rempFullnode": "tonNode.rempFullnode = tonNode.RempMessageLevel;",
+    "tonNode.rempQueue": "tonNode.rempQueue = tonNode.RempMessageLevel;",
+    "tonNode.rempCollator": "tonNode.rempCollator = tonNode.RempMessageLevel;",
+    "tonNode.rempShardchain": "tonNode.rempShardchain = tonNode.RempMessageLevel;",
+    "tonNode.rempMasterchain": "tonNode.rempMasterchain = tonNode.RempMessageLevel;",
+    "tonNode.rempSentToValidators":
+        "tonNode.rempSentToValidators sent_to:int total_validators:int = tonNode.RempMessageStatus;",
+    "tonNode.rempNew": "tonNode.rempNew = tonNode.RempMessageStatus;",
+    "tonNode.rempRejected":
+        "tonNode.rempRejected level:tonNode.RempMessageLevel block_id:tonNode.blockIdExt "
+        "error:string = tonNode.RempMessageStatus;",
+    "tonNode.rempAccepted":
+        "tonNode.rempAccepted level:tonNode.RempMessageLevel block_id:tonNode.blockIdExt "
+        "master_id:tonNode.blockIdExt = tonNode.RempMessageStatus;",
+    "tonNode.rempIgnored":
+        "tonNode.rempIgnored level:tonNode.RempMessageLevel block_id:tonNode.blockIdExt "
+        "= tonNode.RempMessageStatus;",
+    "tonNode.rempDuplicate":
+        "tonNode.rempDuplicate block_id:tonNode.blockIdExt = tonNode.RempMessageStatus;",
+    "tonNode.rempTimeout": "tonNode.rempTimeout = tonNode.RempMessageStatus;",
+    "tonNode.rempReceipt":
+        "tonNode.rempReceipt message_id:int256 status:tonNode.RempMessageStatus timestamp:long "
+        "source_id:int256 = tonNode.RempReceipt;",
+    "tonNode.rempSignedReceipt":
+        "tonNode.rempSignedReceipt receipt:bytes signature:int512 = tonNode.RempSignedReceipt;",
+    "tonNode.rempMessage":
+        "tonNode.rempMessage message:bytes id:int256 timestamp:long signature:bytes "
+        "= tonNode.RempMessage;",
+    "tonNode.rempReceived": "tonNode.rempReceived = tonNode.RempReceived;",
+}
+
+REMP_FULLNODE = tl_constructor_id(REMP_TL_LINES["tonNode.rempFullnode"])          # 0xd7145a5a
+REMP_QUEUE = tl_constructor_id(REMP_TL_LINES["tonNode.rempQueue"])                # 0xebabf815
+REMP_COLLATOR = tl_constructor_id(REMP_TL_LINES["tonNode.rempCollator"])          # 0x44f07de7
+REMP_SHARDCHAIN = tl_constructor_id(REMP_TL_LINES["tonNode.rempShardchain"])      # 0x237e2b37
+REMP_MASTERCHAIN = tl_constructor_id(REMP_TL_LINES["tonNode.rempMasterchain"])    # 0xbcc0eaa3
+REMP_SENT_TO_VALIDATORS = tl_constructor_id(REMP_TL_LINES["tonNode.rempSentToValidators"])  # 0x2ff6c87b
+REMP_NEW = tl_constructor_id(REMP_TL_LINES["tonNode.rempNew"])                    # 0x5bfabd30
+REMP_REJECTED = tl_constructor_id(REMP_TL_LINES["tonNode.rempRejected"])          # 0xb4e1ee77
+REMP_ACCEPTED = tl_constructor_id(REMP_TL_LINES["tonNode.rempAccepted"])          # 0x30225e0e
+REMP_IGNORED = tl_constructor_id(REMP_TL_LINES["tonNode.rempIgnored"])            # 0x43bebb8b
+REMP_DUPLICATE = tl_constructor_id(REMP_TL_LINES["tonNode.rempDuplicate"])        # 0x9ecd4334
+REMP_TIMEOUT = tl_constructor_id(REMP_TL_LINES["tonNode.rempTimeout"])            # 0xb71796af
+REMP_RECEIPT = tl_constructor_id(REMP_TL_LINES["tonNode.rempReceipt"])            # 0x3122b7a2
+REMP_SIGNED_RECEIPT = tl_constructor_id(REMP_TL_LINES["tonNode.rempSignedReceipt"])  # 0xb361c8dd
+REMP_MESSAGE = tl_constructor_id(REMP_TL_LINES["tonNode.rempMessage"])            # 0xdd1f6db1
+REMP_RECEIVED = tl_constructor_id(REMP_TL_LINES["tonNode.rempReceived"])          # 0x32e5a18a
+
+#: The all-zero tonNode.blockIdExt: what a status carries when there is no block yet
+#: (e.g. RejectedByFullnode's block_id, IncludedIntoBlock's master_id); ever-tl's Default.
+ZERO_BLOCK_ID = BlockIdExt(0, 0, 0, b"\x00" * 32, b"\x00" * 32)

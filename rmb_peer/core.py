@@ -1,0 +1,921 @@
+"""The rmb-peer protocol core: no I/O, no clock (DESIGN.md sections 2-3; rmb-rs v1.5.1
+`src/peer`). The daemon (rmb_peer/daemon.py) feeds it relay frames, app JSON from Redis and
+twin records, passes `now` (unix seconds, float) and executes the events it emits.
+
+What it does:
+- app requests (`msgbus.system.local` JSON) -> one envelope per destination, all with ONE
+  uid; the request is tracked until N replies came or its TTL ran out (then every missing
+  reply becomes error 102 on the app's `ret` queue). ttl = remaining TTL of the request
+  (`now` + `exp` - clock), 300 s when `exp` is 0, capped at 1800 s (DESIGN.md section 3).
+- incoming envelopes: expired ones refused first (102), then the sender twin's account key
+  verifies the signature (104), the cipher is opened with the sender's pk (105/106);
+  requests go to `msgbus.<cmd>`, responses/errors to the app's `ret` queue with the app's
+  `ref`; `rmb.version` is answered by the peer itself; relay errors (source twin 0,
+  unsigned) become `err` replies for the app. A refused request is answered with a signed
+  error envelope carrying the code (rmb-rs `Downstream::start`).
+- service replies (`msgbus.system.reply` JSON) -> response/error envelopes.
+- e2e: payloads are encrypted only when the destination twin has a pk (seed: rmb.md,
+  "End2End Encryption").
+- relay connections: connect to all configured relays, send through the first live one in
+  configured order, fail over when it dies; keepalive ping every 20 s; a connection silent
+  for 40 s is declared dead and reconnected with exponential backoff (1 s .. 30 s).
+
+Trace id: the envelope uid. When the app's `ref` is a UUID not in flight, it is used as the
+uid so the app's own events (rmb.app.*) share the trace id; otherwise a new UUIDv4 is made.
+
+Errors: `AppMessageError` (a local app pushed unacceptable JSON; `.code` is one of the
+codes below) and `EnvelopeError` (a relay sent garbage) are the remote-input errors; they are
+handled inside the core (logged once, answered when possible) and never escape the public
+methods. `PeerStateError` is local misuse (an impossible relay-connection transition or an
+unknown relay name).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import heapq
+import json
+import math
+import uuid
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from rmb_peer.challenge import sign_envelope, verify_envelope
+from rmb_peer.e2e import E2EError, decrypt, encrypt
+from rmb_peer.envelope import (
+    Backlog, Envelope, EnvelopeError, address_str, is_expired, message_kind, new_uid,
+    parse_envelope,
+)
+from rmb_peer.identity import E2EKey, Identity, SignatureError
+
+__all__ = [
+    "PeerCore", "PeerEvent", "SendFrame", "PushQueue", "StoreBacklog", "DropBacklog",
+    "LookupBacklog", "Connect", "SendPing", "Disconnect", "AppRequest", "ServiceReply",
+    "AppMessageError", "PeerStateError", "LOCAL_QUEUE", "REPLY_QUEUE", "BACKLOG_PREFIX",
+    "QUEUE_MAX_LEN", "VERSION", "ERR_INVALID_MESSAGE", "ERR_BAD_PAYLOAD", "ERR_EXPIRED",
+    "ERR_UNKNOWN_TWIN", "ERR_BAD_SIGNATURE", "ERR_NO_PUBLIC_KEY", "ERR_E2E", "ERR_OTHER",
+    "DEFAULT_TTL", "MAX_TTL", "RESPONSE_TTL", "PING_INTERVAL", "DEAD_AFTER",
+    "parse_address", "b64", "unb64",
+]
+
+#: rmb-peer queue names (DESIGN.md section 3).
+LOCAL_QUEUE = "msgbus.system.local"
+REPLY_QUEUE = "msgbus.system.reply"
+BACKLOG_PREFIX = "msgbus.backlog."
+#: Every push is LPUSH then LTRIM 0 QUEUE_MAX_LEN-1.
+QUEUE_MAX_LEN = 10000
+
+#: Error codes of the rmb-peer JSON protocol (DESIGN.md section 3; rmb-rs ProtocolError).
+ERR_INVALID_MESSAGE = 100
+ERR_BAD_PAYLOAD = 101
+ERR_EXPIRED = 102
+ERR_UNKNOWN_TWIN = 103
+ERR_BAD_SIGNATURE = 104
+ERR_NO_PUBLIC_KEY = 105
+ERR_E2E = 106
+ERR_OTHER = 500
+
+#: TTL rules, seconds (DESIGN.md section 3).
+DEFAULT_TTL = 300
+MAX_TTL = 1800
+#: Expiration of response envelopes, seconds (rmb-rs: "a response has a fixed timeout").
+RESPONSE_TTL = 3600
+#: Expiration of error envelopes the peer sends itself, seconds (rmb-rs Downstream).
+ERROR_TTL = 300
+
+#: Keepalive, seconds (DESIGN.md section 3): ping every 20 s, dead after 40 s of silence.
+PING_INTERVAL = 20.0
+DEAD_AFTER = 40.0
+#: Reconnect backoff, seconds: 1, 2, 4, ... capped.
+BACKOFF_MIN = 1.0
+BACKOFF_MAX = 30.0
+
+#: Answer of the built-in `rmb.version` command (JSON string, schema application/json).
+VERSION = "relay-suite-rmb-peer/0.1.0"
+
+#: Input limits.
+MAX_DESTINATIONS = 1024
+MAX_CMD_LEN = 256
+MAX_APP_MESSAGE = 2 * 1024 * 1024  # bytes of JSON from the app (base64 of a 1 MiB payload fits)
+MAX_OUTBOX = 10000  # frames held while no relay is connected
+
+_MAX_TWIN = 2**32 - 1
+
+
+class AppMessageError(ValueError):
+    """A local app/service pushed JSON the peer cannot accept. `code`: 100 (invalid
+    message), 101 (bad payload), 102 (expired); `reason`: precise text."""
+
+    def __init__(self, code: int, reason: str):
+        super().__init__(f"{code}: {reason}")
+        self.code = code
+        self.reason = reason
+
+
+class PeerStateError(RuntimeError):
+    """Local misuse of the core: an impossible relay-connection transition (names the
+    state and the input) or an unknown relay."""
+
+
+# ---------------------------------------------------------------------------- events
+
+class PeerEvent:
+    """Base class of everything the core asks its adapter to do (drain with next_event())."""
+
+
+@dataclass
+class SendFrame(PeerEvent):
+    """Write `data` (a serialized Envelope, bytes) as one binary frame on relay
+    connection `relay` (attempt `attempt`). If the write fails, call
+    `relay_lost(relay, attempt, ...)` then `resend(event, now)`."""
+    relay: str
+    attempt: int
+    data: bytes
+    uid: str
+    kind: str
+    dst: int
+
+
+@dataclass
+class PushQueue(PeerEvent):
+    """LPUSH `payload` (JSON bytes) on Redis list `queue`, then LTRIM 0 QUEUE_MAX_LEN-1."""
+    queue: str
+    payload: bytes
+    uid: str
+
+
+@dataclass
+class StoreBacklog(PeerEvent):
+    """SET `key` `record` (serialized rmb.Backlog) EX `ttl` (seconds)."""
+    key: str
+    record: bytes
+    ttl: int
+    uid: str
+
+
+@dataclass
+class DropBacklog(PeerEvent):
+    """DEL `key`: every reply of the request arrived (or it expired)."""
+    key: str
+    uid: str
+
+
+@dataclass
+class LookupBacklog(PeerEvent):
+    """A reply came for a uid this core does not track (e.g. the peer restarted): GET
+    `key`; if present call `backlog_reply(record, event)`. `reply` is the app reply JSON
+    object without its `ref`."""
+    key: str
+    uid: str
+    src_twin: int
+    reply: dict
+
+
+@dataclass
+class Connect(PeerEvent):
+    """Open a websocket to `relay`; report relay_connected / relay_failed with `attempt`."""
+    relay: str
+    attempt: int
+
+
+@dataclass
+class SendPing(PeerEvent):
+    """Send a keepalive ping on `relay`; call relay_activity when anything comes back."""
+    relay: str
+    attempt: int
+
+
+@dataclass
+class Disconnect(PeerEvent):
+    """The core declared `relay` dead (silent for DEAD_AFTER s): close that connection."""
+    relay: str
+    attempt: int
+    reason: str
+
+
+# ---------------------------------------------------------------------------- records
+
+@dataclass
+class AppRequest:
+    """A validated app request from `msgbus.system.local` (DESIGN.md section 3).
+    data: payload bytes; dst: destination twin ids; ttl: seconds (rules above);
+    timestamp: unix s stamped on the envelopes."""
+    ref: str | None
+    cmd: str
+    data: bytes
+    tags: str | None
+    dst: list[int]
+    ret: str
+    schema: str | None
+    ttl: int
+    timestamp: int
+
+
+@dataclass
+class ServiceReply:
+    """A validated service reply from `msgbus.system.reply`: uid (the `ref` the service
+    echoes = the incoming envelope uid), destination twin and optional session id."""
+    uid: str
+    dst_twin: int
+    dst_sid: str | None
+    data: bytes
+    schema: str | None
+    err: tuple[int, str] | None
+
+
+@dataclass
+class _Pending:
+    uid: str
+    ref: str | None
+    ret: str
+    cmd: str
+    deadline: float
+    outstanding: Counter
+    left: int
+    started: float
+
+
+@dataclass
+class _Relay:
+    name: str
+    state: str = "down"          # down | connecting | up
+    attempt: int = 0
+    backoff: float = BACKOFF_MIN
+    connect_at: float | None = None
+    last_rx: float = 0.0
+    next_ping: float = 0.0
+
+
+# Relay connection state table: (state, input) -> next state. Anything else is impossible.
+_RELAY_TABLE: dict[tuple[str, str], str] = {
+    ("down", "connect_due"): "connecting",
+    ("connecting", "connected"): "up",
+    ("connecting", "failed"): "down",
+    ("connecting", "lost"): "down",
+    ("up", "lost"): "down",
+    ("up", "silent"): "down",
+}
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def b64(data: bytes) -> str:
+    """Standard base64 text of `data` (the `dat` field)."""
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: Any, what: str = "dat") -> bytes:
+    """Decode a standard-base64 `dat` field. Raises AppMessageError(101)."""
+    if text is None or text == "":
+        return b""
+    if not isinstance(text, str):
+        raise AppMessageError(ERR_BAD_PAYLOAD, f"{what} must be a base64 string")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise AppMessageError(ERR_BAD_PAYLOAD, f"{what} is not valid base64") from None
+
+
+def parse_address(text: Any) -> tuple[int, str | None]:
+    """"twin" or "twin:sid" -> (twin, sid|None). Raises AppMessageError(100)."""
+    if not isinstance(text, str) or not text:
+        raise AppMessageError(ERR_INVALID_MESSAGE, "dst must be a 'twin[:sid]' string")
+    twin_s, sep, sid = text.partition(":")
+    try:
+        twin = int(twin_s)
+    except ValueError:
+        raise AppMessageError(ERR_INVALID_MESSAGE, f"bad twin in address {text[:64]!r}") from None
+    if not 0 < twin <= _MAX_TWIN:
+        raise AppMessageError(ERR_INVALID_MESSAGE, f"twin out of range in address {text[:64]!r}")
+    if sep and not sid:
+        raise AppMessageError(ERR_INVALID_MESSAGE, "empty session id in address")
+    return twin, (sid if sep else None)
+
+
+def _dumps(obj: dict) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _loads_object(raw: bytes | str) -> dict:
+    if len(raw) > MAX_APP_MESSAGE:
+        raise AppMessageError(ERR_INVALID_MESSAGE, f"message too large: {len(raw)} bytes > {MAX_APP_MESSAGE}")
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise AppMessageError(ERR_INVALID_MESSAGE, "message is not JSON") from None
+    if not isinstance(obj, dict):
+        raise AppMessageError(ERR_INVALID_MESSAGE, "message is not a JSON object")
+    return obj
+
+
+def _opt_str(obj: dict, key: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise AppMessageError(ERR_INVALID_MESSAGE, f"{key} must be a string or null")
+    return value
+
+
+def _int(obj: dict, key: str, default: int | None = None) -> int:
+    value = obj.get(key, default)
+    if value is None or isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AppMessageError(ERR_INVALID_MESSAGE, f"{key} must be a non-negative integer")
+    return value
+
+
+def _is_uuid(text: str | None) -> bool:
+    if not text or len(text) != 36:
+        return False
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------------------- the core
+
+class PeerCore:
+    """One twin's peer (rmb-rs `peer`), without I/O.
+
+    twin_id: our twin; identity: account key (signs envelopes); e2e_key: secp256k1 key
+    (decrypts incoming ciphers, encrypts to twins with a pk) or None for a peer without e2e
+    (it publishes no pk and sends plain text only); relays: relay names in
+    preference order (the daemon uses the ws:// URLs); log: an EventLog (rmb.peer.*) or None.
+
+    Inputs (all take `now`, unix seconds): start, relay_connected/relay_failed/relay_lost/
+    relay_activity, receive + accept (relay frames), app_message + send_request (app
+    requests), service_message + send_response (service replies), backlog_reply, resend,
+    handle_timer. Outputs: next_event() -> PeerEvent | None; get_timer() -> deadline | None.
+    """
+
+    def __init__(self, twin_id: int, identity: Identity, e2e_key: E2EKey | None,
+                 relays: list[str], log=None, version: str = VERSION):
+        if not 0 < int(twin_id) <= _MAX_TWIN:
+            raise PeerStateError(f"bad twin id {twin_id}")
+        if not 1 <= len(relays) <= 4 or len(set(relays)) != len(relays):
+            raise PeerStateError(f"need 1..4 distinct relays, got {relays!r}")
+        self.twin_id = int(twin_id)
+        self.identity = identity
+        self.e2e_key = e2e_key
+        self.log = log
+        self.version = version
+        self.relays: dict[str, _Relay] = {name: _Relay(name) for name in relays}
+        self._order = list(relays)
+        self._events: deque[PeerEvent] = deque()
+        self._pending: dict[str, _Pending] = {}
+        self._deadlines: list[tuple[float, str]] = []  # heap, lazy deletion
+        self._outbox: deque[tuple[float, Envelope, str, int]] = deque()
+        #: counters for /metrics and tests
+        self.stats: Counter = Counter()
+
+    # ------------------------------------------------------------------ plumbing
+    def next_event(self) -> PeerEvent | None:
+        """The next thing to do, or None."""
+        return self._events.popleft() if self._events else None
+
+    def _emit(self, event: str, trace_id: str | None, level: str = "info", **attrs) -> None:
+        if self.log is not None:
+            self.log.emit(event, trace_id, level, **attrs)
+
+    def _reject(self, code: int, reason: str, src: str, trace_id: str | None,
+                level: str = "warning") -> None:
+        self.stats[f"rejected_{code}"] += 1
+        self._emit("rmb.peer.rejected", trace_id, level, code=code, reason=reason[:200], src=src)
+
+    @property
+    def pending_count(self) -> int:
+        """Requests waiting for replies."""
+        return len(self._pending)
+
+    def live_relays(self) -> list[str]:
+        """Relays with an open connection, in preference order."""
+        return [n for n in self._order if self.relays[n].state == "up"]
+
+    # ------------------------------------------------------------------ relays
+    def _relay(self, name: str) -> _Relay:
+        relay = self.relays.get(name)
+        if relay is None:
+            raise PeerStateError(f"unknown relay {name!r}")
+        return relay
+
+    def _transition(self, relay: _Relay, inp: str) -> None:
+        nxt = _RELAY_TABLE.get((relay.state, inp))
+        if nxt is None:
+            raise PeerStateError(f"relay {relay.name}: impossible input {inp!r} in state {relay.state!r}")
+        relay.state = nxt
+
+    def start(self, now: float) -> None:
+        """Connect to every relay now."""
+        for relay in self.relays.values():
+            if relay.state == "down":
+                relay.connect_at = now
+
+    def _current(self, relay: _Relay, attempt: int) -> bool:
+        return attempt == relay.attempt
+
+    def relay_connected(self, name: str, attempt: int, now: float) -> None:
+        """The websocket of `attempt` to `name` is open: it becomes usable, queued frames
+        are flushed."""
+        relay = self._relay(name)
+        if not self._current(relay, attempt) or relay.state != "connecting":
+            return  # a stale attempt; the adapter closes it
+        self._transition(relay, "connected")
+        relay.backoff = BACKOFF_MIN
+        relay.last_rx = now
+        relay.next_ping = now + PING_INTERVAL
+        self.stats["relay_connects"] += 1
+        self._emit("rmb.peer.connected", None, relay=name)
+        self._flush_outbox(now)
+
+    def relay_failed(self, name: str, attempt: int, now: float, reason: str) -> None:
+        """Connecting (attempt) failed: retry after the backoff."""
+        relay = self._relay(name)
+        if not self._current(relay, attempt) or relay.state != "connecting":
+            return
+        self._transition(relay, "failed")
+        self._schedule_reconnect(relay, now)
+        self._emit("rmb.peer.disconnected", None, "warning", relay=name, reason=reason[:200])
+
+    def relay_lost(self, name: str, attempt: int, now: float, reason: str) -> None:
+        """The connection of `attempt` closed (or a write failed). Stale attempts and
+        connections already declared dead are ignored."""
+        relay = self._relay(name)
+        if not self._current(relay, attempt) or relay.state == "down":
+            return
+        self._transition(relay, "lost")
+        self._schedule_reconnect(relay, now)
+        self._emit("rmb.peer.disconnected", None, "warning", relay=name, reason=reason[:200])
+
+    def relay_activity(self, name: str, now: float, attempt: int | None = None) -> None:
+        """Something (a frame, a pong) arrived on `name`: it is alive."""
+        relay = self._relay(name)
+        if relay.state == "up" and (attempt is None or attempt == relay.attempt):
+            relay.last_rx = now
+
+    def _schedule_reconnect(self, relay: _Relay, now: float) -> None:
+        relay.connect_at = now + relay.backoff
+        relay.backoff = min(relay.backoff * 2, BACKOFF_MAX)
+
+    def _primary(self) -> _Relay | None:
+        for name in self._order:
+            relay = self.relays[name]
+            if relay.state == "up":
+                return relay
+        return None
+
+    # ------------------------------------------------------------------ timers
+    def get_timer(self) -> float | None:
+        """The earliest deadline (unix s) at which handle_timer must run, or None."""
+        best: float | None = None
+        while self._deadlines and self._deadlines[0][1] not in self._pending:
+            heapq.heappop(self._deadlines)
+        if self._deadlines:
+            best = self._deadlines[0][0]
+        for relay in self.relays.values():
+            if relay.state == "down" and relay.connect_at is not None:
+                t = relay.connect_at
+            elif relay.state == "up":
+                t = min(relay.next_ping, relay.last_rx + DEAD_AFTER)
+            else:
+                continue
+            if best is None or t < best:
+                best = t
+        if self._outbox:
+            t = self._outbox[0][0]
+            if best is None or t < best:
+                best = t
+        return best
+
+    def handle_timer(self, now: float) -> None:
+        """Expire requests (102 to the app per missing reply), keepalive pings, dead
+        connections, reconnects, expired frames in the outbox."""
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, uid = heapq.heappop(self._deadlines)
+            pending = self._pending.get(uid)
+            if pending is not None and pending.deadline <= now:
+                self._expire(pending, now)
+        for relay in self.relays.values():
+            if relay.state == "up":
+                if now - relay.last_rx >= DEAD_AFTER:
+                    self._transition(relay, "silent")
+                    self._schedule_reconnect(relay, now)
+                    self._events.append(Disconnect(relay.name, relay.attempt,
+                                                   f"silent for {DEAD_AFTER:.0f} s"))
+                    self._emit("rmb.peer.disconnected", None, "warning", relay=relay.name,
+                               reason=f"silent for {DEAD_AFTER:.0f} s")
+                elif now >= relay.next_ping:
+                    relay.next_ping = now + PING_INTERVAL
+                    self._events.append(SendPing(relay.name, relay.attempt))
+            elif relay.state == "down" and relay.connect_at is not None and relay.connect_at <= now:
+                self._transition(relay, "connect_due")
+                relay.connect_at = None
+                relay.attempt += 1
+                self._events.append(Connect(relay.name, relay.attempt))
+        while self._outbox and self._outbox[0][0] <= now:
+            _, env, kind, dst = self._outbox.popleft()
+            self._reject(ERR_EXPIRED, "no relay connected before the envelope expired",
+                         str(dst), env.uid)
+
+    def _expire(self, pending: _Pending, now: float) -> None:
+        del self._pending[pending.uid]
+        srcs = list(pending.outstanding.elements())
+        for i in range(pending.left):
+            src = str(srcs[i]) if i < len(srcs) else "0"
+            self._answer_app(pending, src, b"", None, int(now), (ERR_EXPIRED, "request expired"))
+            self._emit("rmb.peer.expired", pending.uid, "warning", dst=src, code=ERR_EXPIRED)
+        self.stats["expired"] += 1
+        self._events.append(DropBacklog(BACKLOG_PREFIX + pending.uid, pending.uid))
+
+    # ------------------------------------------------------------------ sending
+    def _stamp_sign(self, env: Envelope, now: float) -> None:
+        env.source.twin = self.twin_id
+        env.timestamp = int(now)
+        sign_envelope(env, self.identity)
+
+    def _send(self, env: Envelope, kind: str, dst: int, now: float, encrypted: bool) -> None:
+        relay = self._primary()
+        if relay is None:
+            if len(self._outbox) >= MAX_OUTBOX:
+                self._reject(ERR_OTHER, "outbox full: no relay connected", str(dst), env.uid)
+                return
+            self._outbox.append((env.timestamp + env.expiration, env, kind, dst))
+            self.stats["outboxed"] += 1
+            return
+        data = env.SerializeToString()
+        self._events.append(SendFrame(relay.name, relay.attempt, data, env.uid, kind, dst))
+        self.stats["sent_" + kind] += 1
+        self._emit("rmb.peer.sent", env.uid, kind=kind, dst=str(dst), size=len(data),
+                   encrypted=encrypted, relay=relay.name)
+
+    def _flush_outbox(self, now: float) -> None:
+        while self._outbox and self._primary() is not None:
+            expires, env, kind, dst = self._outbox.popleft()
+            if expires <= now:
+                self._reject(ERR_EXPIRED, "no relay connected before the envelope expired",
+                             str(dst), env.uid)
+                continue
+            self._send(env, kind, dst, now, env.WhichOneof("payload") == "cipher")
+
+    def resend(self, event: SendFrame, now: float) -> None:
+        """Re-route a frame whose write failed (after relay_lost) through another relay."""
+        env = Envelope()
+        env.ParseFromString(event.data)
+        self._send(env, event.kind, event.dst, now, env.WhichOneof("payload") == "cipher")
+
+    def _set_payload(self, env: Envelope, data: bytes, twin) -> bool:
+        """plain, or cipher when the twin has a pk. Raises E2EError. Returns encrypted."""
+        pk = getattr(twin, "pk", None) if twin is not None else None
+        if pk and self.e2e_key is not None:
+            env.cipher = encrypt(self.e2e_key, pk, data)
+            return True
+        env.plain = data
+        return False
+
+    # ------------------------------------------------------------------ app requests
+    def app_message(self, raw: bytes | str, now: float) -> AppRequest | None:
+        """Validate one JSON app request popped from `msgbus.system.local`
+        {ver, ref?, cmd, exp, dat, tag?, dst:[twin], ret, shm?, now}.
+
+        Returns the AppRequest to resolve twins for (then call send_request), or None when
+        it was refused: the app gets an `err` reply (100/101/102) on its `ret` queue when
+        `ret` is readable, otherwise the refusal is only logged."""
+        ret: str | None = None
+        ref: str | None = None
+        try:
+            obj = _loads_object(raw)
+            ret = obj.get("ret") if isinstance(obj.get("ret"), str) and obj.get("ret") else None
+            ref = obj.get("ref") if isinstance(obj.get("ref"), str) else None
+            if ret is None:
+                raise AppMessageError(ERR_INVALID_MESSAGE, "ret must be a non-empty string")
+            ref = _opt_str(obj, "ref")
+            cmd = obj.get("cmd")
+            if not isinstance(cmd, str) or not cmd or len(cmd) > MAX_CMD_LEN:
+                raise AppMessageError(ERR_INVALID_MESSAGE, f"cmd must be a string of 1..{MAX_CMD_LEN} chars")
+            exp = _int(obj, "exp", 0)
+            stamp = _int(obj, "now", 0)
+            dst = obj.get("dst")
+            if not isinstance(dst, list) or not dst:
+                raise AppMessageError(ERR_INVALID_MESSAGE, "dst must be a non-empty list of twin ids")
+            if len(dst) > MAX_DESTINATIONS:
+                raise AppMessageError(ERR_INVALID_MESSAGE, f"too many destinations: {len(dst)} > {MAX_DESTINATIONS}")
+            for d in dst:
+                if isinstance(d, bool) or not isinstance(d, int) or not 0 < d <= _MAX_TWIN:
+                    raise AppMessageError(ERR_INVALID_MESSAGE, f"bad destination twin {d!r}")
+            tags = _opt_str(obj, "tag")
+            schema = _opt_str(obj, "shm")
+            data = unb64(obj.get("dat"))
+            if exp == 0:
+                ttl = DEFAULT_TTL
+            else:
+                remaining = (stamp or now) + exp - now
+                if remaining <= 0:
+                    raise AppMessageError(ERR_EXPIRED, "request expired before it was sent")
+                ttl = min(int(math.ceil(remaining)), MAX_TTL)
+        except AppMessageError as exc:
+            self._reject(exc.code, exc.reason, "local", None)
+            if ret is not None:
+                self._events.append(PushQueue(ret, _dumps({
+                    "ver": 1, "ref": ref, "dat": "", "src": str(self.twin_id), "shm": None,
+                    "now": int(now), "err": {"code": exc.code, "message": exc.reason}}), ""))
+            return None
+        return AppRequest(ref, cmd, data, tags, list(dst), ret, schema, ttl, int(now))
+
+    def send_request(self, req: AppRequest, twins: Mapping[int, Any], now: float) -> str:
+        """Send `req` to all its destinations with ONE uid and track it.
+
+        twins: destination twin id -> Twin (has .pk), None (unknown: 103 for that
+        destination) or an Exception (lookup failed: 500). Returns the uid."""
+        uid = req.ref if _is_uuid(req.ref) and req.ref not in self._pending else new_uid()
+        deadline = now + req.ttl
+        pending = _Pending(uid, req.ref, req.ret, req.cmd, deadline, Counter(req.dst),
+                           len(req.dst), now)
+        self._pending[uid] = pending
+        heapq.heappush(self._deadlines, (deadline, uid))
+        record = Backlog(uid=uid, reply_to=req.ret, module=req.cmd, ttl=req.ttl)
+        if req.ref is not None:
+            record.reference = req.ref
+        self._events.append(StoreBacklog(BACKLOG_PREFIX + uid, record.SerializeToString(),
+                                         req.ttl, uid))
+        self.stats["app_requests"] += 1
+        for dst in req.dst:
+            twin = twins.get(dst)
+            if twin is None or isinstance(twin, BaseException):
+                code, text = ((ERR_UNKNOWN_TWIN, f"unknown twin {dst}") if twin is None
+                              else (ERR_OTHER, f"twin {dst} lookup failed: {twin}"))
+                self._reject(code, text, str(dst), uid)
+                self._reply_to_pending(pending, dst, b"", None, int(now), (code, text))
+                continue
+            env = Envelope(uid=uid, expiration=req.ttl)
+            env.request.command = req.cmd
+            env.destination.twin = dst
+            if req.tags is not None:
+                env.tags = req.tags
+            if req.schema is not None:
+                env.schema = req.schema
+            try:
+                encrypted = self._set_payload(env, req.data, twin)
+            except E2EError as exc:
+                self._reject(ERR_E2E, f"e2e error: {exc}", str(dst), uid)
+                self._reply_to_pending(pending, dst, b"", None, int(now), (ERR_E2E, f"e2e error: {exc}"))
+                continue
+            self._stamp_sign(env, now)
+            self._send(env, "request", dst, now, encrypted)
+        return uid
+
+    # ------------------------------------------------------------------ replies to the app
+    def _answer_app(self, pending_or_ret, src: str, data: bytes, schema: str | None,
+                    stamp: int, err: tuple[int, str] | None, uid: str | None = None) -> None:
+        if isinstance(pending_or_ret, _Pending):
+            ret, ref, uid = pending_or_ret.ret, pending_or_ret.ref, pending_or_ret.uid
+        else:
+            ret, ref = pending_or_ret
+        msg = {"ver": 1, "ref": ref, "dat": b64(data), "src": src, "shm": schema, "now": stamp}
+        if err is not None:
+            msg["err"] = {"code": err[0], "message": err[1]}
+        self._events.append(PushQueue(ret, _dumps(msg), uid or ""))
+        self.stats["answered"] += 1
+        self._emit("rmb.peer.answered", uid, src=src, code=err[0] if err else 0)
+
+    def _reply_to_pending(self, pending: _Pending, src_twin: int, data: bytes,
+                          schema: str | None, stamp: int, err: tuple[int, str] | None,
+                          src: str | None = None) -> None:
+        if pending.outstanding[src_twin] > 0:
+            pending.outstanding[src_twin] -= 1
+            if pending.outstanding[src_twin] == 0:
+                del pending.outstanding[src_twin]
+        pending.left -= 1
+        self._answer_app(pending, src or str(src_twin), data, schema, stamp, err)
+        if pending.left <= 0:
+            self._pending.pop(pending.uid, None)
+            self._events.append(DropBacklog(BACKLOG_PREFIX + pending.uid, pending.uid))
+
+    def backlog_reply(self, record: bytes, event: LookupBacklog) -> None:
+        """The Backlog record found for an untracked reply: push the reply to its
+        `reply_to` with its reference. Garbage records are logged and dropped."""
+        bl = Backlog()
+        try:
+            bl.ParseFromString(record)
+        except Exception:  # protobuf DecodeError and friends
+            self._reject(ERR_OTHER, "unreadable backlog record", str(event.src_twin), event.uid)
+            return
+        if not bl.reply_to:
+            self._reject(ERR_OTHER, "backlog record without reply_to", str(event.src_twin), event.uid)
+            return
+        reply = dict(event.reply)
+        reply["ref"] = bl.reference if bl.HasField("reference") else None
+        self._events.append(PushQueue(bl.reply_to, _dumps(reply), event.uid))
+        self._emit("rmb.peer.answered", event.uid, src=reply["src"],
+                   code=reply["err"]["code"] if "err" in reply else 0)
+
+    # ------------------------------------------------------------------ incoming frames
+    def receive(self, frame: bytes, relay: str, now: float) -> Envelope | None:
+        """One binary frame from `relay`. Handles what needs no twin record (garbage,
+        pongs, relay errors, expired envelopes) and returns the envelope whose sender
+        twin (env.source.twin) the adapter must look up before calling accept()."""
+        self.relay_activity(relay, now)
+        try:
+            env = parse_envelope(frame)
+        except EnvelopeError as exc:
+            self._reject(ERR_INVALID_MESSAGE, f"invalid envelope: {exc}", relay, None)
+            return None
+        kind = message_kind(env)
+        src_twin = env.source.twin if env.HasField("source") else 0
+        self.stats["received_" + kind] += 1
+        self._emit("rmb.peer.received", env.uid, kind=kind, src=address_str(env.source),
+                   size=len(frame), relay=relay)
+        if kind in ("ping", "pong"):
+            return None
+        if env.destination.twin != self.twin_id:
+            self._reject(ERR_INVALID_MESSAGE, f"envelope for twin {env.destination.twin}, not us",
+                         str(src_twin), env.uid)
+            return None
+        if src_twin == 0:
+            self._relay_error(env, now)
+            return None
+        if kind == "none":
+            self._reject(ERR_INVALID_MESSAGE, "envelope carries no message", str(src_twin), env.uid)
+            return None
+        if is_expired(env, now):
+            self._reject(ERR_EXPIRED, "envelope expired", address_str(env.source), env.uid)
+            if kind == "request":
+                self._send_error(env, ERR_EXPIRED, "envelope expired", now)
+            return None
+        return env
+
+    def _relay_error(self, env: Envelope, now: float) -> None:
+        if message_kind(env) != "error":
+            self._reject(ERR_INVALID_MESSAGE, "envelope without source that is not an error",
+                         "0", env.uid)
+            return
+        pending = self._pending.get(env.uid)
+        text = env.error.message or "relay error"
+        if pending is None:
+            self._reject(ERR_OTHER, f"relay error for an unknown request: {text}", "0", env.uid, "info")
+            return
+        # A relay error names no twin: attribute it when only one destination is left.
+        code = ERR_EXPIRED if "expired" in text else (env.error.code or ERR_OTHER)
+        distinct = list(pending.outstanding)
+        src_twin = distinct[0] if len(distinct) == 1 else 0
+        self.stats["relay_errors"] += 1
+        self._reply_to_pending(pending, src_twin, b"", None, int(now),
+                               (code, f"relay: {text}"), src=str(src_twin))
+
+    def _send_error(self, env: Envelope, code: int, text: str, now: float) -> None:
+        """A signed error envelope answering a refused request (rmb-rs Downstream)."""
+        reply = Envelope(uid=env.uid, expiration=ERROR_TTL)
+        reply.destination.CopyFrom(env.source)
+        reply.error.code = code
+        reply.error.message = text
+        self._stamp_sign(reply, now)
+        self._send(reply, "error", env.source.twin, now, False)
+
+    def accept(self, env: Envelope, sender: Any, now: float) -> None:
+        """Finish an envelope returned by receive(). sender: the source twin's record
+        (has .account and .pk), None when the twin is unknown, or an Exception when the
+        lookup failed. Verifies (104/103/500), decrypts (105/106), dispatches."""
+        src = address_str(env.source)
+        kind = message_kind(env)
+        refusal: tuple[int, str] | None = None
+        if sender is None:
+            refusal = (ERR_UNKNOWN_TWIN, f"unknown twin {env.source.twin}")
+        elif isinstance(sender, BaseException):
+            refusal = (ERR_OTHER, f"twin lookup failed: {sender}")
+        else:
+            try:
+                verify_envelope(env, sender.account)
+            except SignatureError as exc:
+                refusal = (ERR_BAD_SIGNATURE, f"invalid signature: {exc}")
+        data = b""
+        if refusal is None:
+            if env.WhichOneof("payload") == "cipher":
+                if not sender.pk:
+                    refusal = (ERR_NO_PUBLIC_KEY, "sender twin has no public key")
+                elif self.e2e_key is None:
+                    refusal = (ERR_E2E, "e2e error: this peer has no e2e key")
+                else:
+                    try:
+                        data = decrypt(self.e2e_key, sender.pk, env.cipher)
+                    except E2EError as exc:
+                        refusal = (ERR_E2E, f"e2e error: {exc}")
+            else:
+                data = env.plain
+        if refusal is not None:
+            self._reject(refusal[0], refusal[1], src, env.uid)
+            if kind == "request":
+                self._send_error(env, refusal[0], refusal[1], now)
+            return
+        if kind == "request":
+            self._incoming_request(env, data, sender, now)
+        else:
+            self._incoming_reply(env, data, now)
+
+    def _incoming_request(self, env: Envelope, data: bytes, sender, now: float) -> None:
+        src = address_str(env.source)
+        cmd = env.request.command
+        if cmd == "rmb.version":
+            reply = Envelope(uid=env.uid, expiration=ERROR_TTL, schema="application/json")
+            reply.destination.CopyFrom(env.source)
+            reply.response.SetInParent()
+            try:
+                encrypted = self._set_payload(reply, json.dumps(self.version).encode(), sender)
+            except E2EError as exc:
+                self._reject(ERR_E2E, f"e2e error: {exc}", src, env.uid)
+                return
+            self._stamp_sign(reply, now)
+            self._send(reply, "response", env.source.twin, now, encrypted)
+            return
+        if not cmd or len(cmd) > MAX_CMD_LEN:
+            self._reject(ERR_INVALID_MESSAGE, "bad command", src, env.uid)
+            self._send_error(env, ERR_INVALID_MESSAGE, "bad command", now)
+            return
+        msg = {"ver": 1, "ref": env.uid, "src": src, "cmd": cmd, "exp": env.expiration,
+               "dat": b64(data), "tag": env.tags if env.HasField("tags") else None,
+               "ret": REPLY_QUEUE, "shm": env.schema if env.HasField("schema") else None,
+               "now": env.timestamp}
+        self._events.append(PushQueue("msgbus." + cmd, _dumps(msg), env.uid))
+        self.stats["delivered"] += 1
+        self._emit("rmb.peer.delivered", env.uid, cmd=cmd, src=src)
+
+    def _incoming_reply(self, env: Envelope, data: bytes, now: float) -> None:
+        src = address_str(env.source)
+        err = (env.error.code, env.error.message) if message_kind(env) == "error" else None
+        schema = env.schema if env.HasField("schema") else None
+        pending = self._pending.get(env.uid)
+        if pending is None:
+            reply = {"ver": 1, "dat": b64(data), "src": src, "shm": schema, "now": env.timestamp}
+            if err is not None:
+                reply["err"] = {"code": err[0], "message": err[1]}
+            self._events.append(LookupBacklog(BACKLOG_PREFIX + env.uid, env.uid,
+                                              env.source.twin, reply))
+            return
+        if pending.outstanding[env.source.twin] <= 0:  # Counter: no key is inserted
+            self._reject(ERR_INVALID_MESSAGE, "reply from a twin the request was not sent to",
+                         src, env.uid)
+            return
+        self._reply_to_pending(pending, env.source.twin, data, schema, env.timestamp, err, src=src)
+
+    # ------------------------------------------------------------------ service replies
+    def service_message(self, raw: bytes | str, now: float) -> ServiceReply | None:
+        """Validate one JSON service reply popped from `msgbus.system.reply`
+        {ver, ref, dat, dst, shm?, now, err?}. Returns the ServiceReply to resolve the
+        destination twin for (then call send_response), or None when refused (logged; a
+        reply with a readable ref and dst but a bad payload answers the requester 101)."""
+        uid = None
+        try:
+            obj = _loads_object(raw)
+            uid = obj.get("ref")
+            if not isinstance(uid, str) or not uid:
+                raise AppMessageError(ERR_INVALID_MESSAGE, "ref must be the request's uid")
+            twin, sid = parse_address(obj.get("dst"))
+            schema = _opt_str(obj, "shm")
+            err = obj.get("err")
+            if err is not None:
+                if (not isinstance(err, dict) or isinstance(err.get("code"), bool)
+                        or not isinstance(err.get("code"), int) or not 0 <= err["code"] <= _MAX_TWIN):
+                    raise AppMessageError(ERR_INVALID_MESSAGE, "err must be {code: uint32, message}")
+                err = (err["code"], str(err.get("message") or ""))
+            try:
+                data = unb64(obj.get("dat"))
+            except AppMessageError as exc:
+                self._reject(exc.code, exc.reason, "local", uid)
+                return ServiceReply(uid, twin, sid, b"", None, (exc.code, exc.reason))
+        except AppMessageError as exc:
+            self._reject(exc.code, exc.reason, "local", uid if isinstance(uid, str) else None)
+            return None
+        return ServiceReply(uid, twin, sid, data, schema, err)
+
+    def send_response(self, rep: ServiceReply, twin: Any, now: float) -> None:
+        """Send the response (or error) envelope for `rep`. twin: the destination twin's
+        record (.pk), None (unknown twin: refused with 103, logged) or an
+        Exception (lookup failed, logged)."""
+        if twin is None or isinstance(twin, BaseException):
+            code = ERR_UNKNOWN_TWIN if twin is None else ERR_OTHER
+            self._reject(code, f"cannot answer twin {rep.dst_twin}: "
+                         + ("unknown twin" if twin is None else f"lookup failed: {twin}"),
+                         str(rep.dst_twin), rep.uid)
+            return
+        env = Envelope(uid=rep.uid, expiration=RESPONSE_TTL)
+        env.destination.twin = rep.dst_twin
+        if rep.dst_sid is not None:
+            env.destination.connection = rep.dst_sid
+        if rep.schema is not None:
+            env.schema = rep.schema
+        encrypted = False
+        if rep.err is not None:
+            env.error.code = rep.err[0]
+            env.error.message = rep.err[1]
+            kind = "error"
+        else:
+            env.response.SetInParent()
+            kind = "response"
+            try:
+                encrypted = self._set_payload(env, rep.data, twin)
+            except E2EError as exc:
+                env.ClearField("response")
+                env.error.code = ERR_E2E
+                env.error.message = f"e2e error: {exc}"
+                kind = "error"
+        self._stamp_sign(env, now)
+        self._send(env, kind, rep.dst_twin, now, encrypted)

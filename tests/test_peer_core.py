@@ -1,0 +1,602 @@
+"""rmb-peer core (rmb_peer/core.py) driven in memory with a fake clock: cores talk through
+an in-memory relay (routes frames by destination twin; can drop, duplicate, reorder) and
+in-memory Redis queues, exactly as the daemon would execute the core's events."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import pytest
+
+from daemon_runtime.eventlog import EventLog
+from rmb_peer.challenge import sign_envelope
+from rmb_peer.core import (
+    BACKLOG_PREFIX, DEAD_AFTER, LOCAL_QUEUE, PING_INTERVAL, REPLY_QUEUE, VERSION, Connect,
+    Disconnect, DropBacklog, LookupBacklog, PeerCore, PeerStateError, PushQueue, SendFrame,
+    SendPing, StoreBacklog,
+)
+from rmb_peer.envelope import Backlog, Envelope, new_uid, relay_error
+from rmb_peer.events import RMB_EVENTS
+from rmb_peer.identity import E2EKey, Identity
+from rmb_peer.twins import Twin
+
+T0 = 1_700_000_000.0
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class Node:
+    def __init__(self, sim, twin_id, relays, pk=True, key_type="sr25519"):
+        seed = bytes([twin_id]) * 32
+        self.identity = Identity.from_seed(seed, key_type)
+        self.e2e = E2EKey.from_seed(bytes([twin_id + 100]) * 32)
+        self.logbuf = io.StringIO()
+        self.log = EventLog("rmb-peer", str(twin_id), [RMB_EVENTS], sink=self.logbuf, min_level="debug")
+        self.core = PeerCore(twin_id, self.identity, self.e2e if pk else None, list(relays), log=self.log)
+        self.twin = Twin(twin_id, self.identity.account, list(relays), self.e2e.pk if pk else None)
+        self.queues: dict[str, list[bytes]] = {}
+        self.kv: dict[str, tuple[bytes, float]] = {}
+        self.sent: list[SendFrame] = []
+        self.pings: list[SendPing] = []
+        self.disconnects: list[Disconnect] = []
+        self.connects: list[Connect] = []
+        self.auto_connect = True
+
+    def rpop(self, queue):
+        q = self.queues.get(queue) or []
+        return q.pop() if q else None
+
+    def all(self, queue):
+        """Everything on `queue`, oldest first (LPUSH puts the newest at the head)."""
+        return [json.loads(x) for x in reversed(self.queues.get(queue, []))]
+
+    def events(self):
+        return [json.loads(line) for line in self.logbuf.getvalue().splitlines()]
+
+
+class Sim:
+    """In-memory relay + Redis + fake clock."""
+
+    def __init__(self):
+        self.now = T0
+        self.nodes: dict[int, Node] = {}
+        self.wire: list[bytes] = []
+        self.mangle = None  # callable(list[bytes]) -> list[bytes] (loss/dup/reorder)
+        self.in_flight: list[bytes] = []
+
+    def add(self, twin_id, relays=("r1",), pk=True, key_type="sr25519"):
+        node = Node(self, twin_id, relays, pk, key_type)
+        self.nodes[twin_id] = node
+        node.core.start(self.now)
+        self.fire_timers()
+        return node
+
+    def twin(self, twin_id):
+        node = self.nodes.get(twin_id)
+        return node.twin if node else None
+
+    def pump(self):
+        for _ in range(100):
+            progressed = False
+            for node in list(self.nodes.values()):
+                while (ev := node.core.next_event()) is not None:
+                    progressed = True
+                    self.execute(node, ev)
+            if self.in_flight:
+                frames, self.in_flight = self.in_flight, []
+                if self.mangle:
+                    frames = self.mangle(frames)
+                for frame in frames:
+                    progressed = True
+                    self.route(frame)
+            if not progressed:
+                return
+        raise AssertionError("simulation did not settle")
+
+    def execute(self, node, ev):
+        if isinstance(ev, SendFrame):
+            node.sent.append(ev)
+            self.wire.append(ev.data)
+            self.in_flight.append(ev.data)
+        elif isinstance(ev, PushQueue):
+            q = node.queues.setdefault(ev.queue, [])
+            q.insert(0, ev.payload)
+            del q[10000:]
+        elif isinstance(ev, StoreBacklog):
+            node.kv[ev.key] = (ev.record, self.now + ev.ttl)
+        elif isinstance(ev, DropBacklog):
+            node.kv.pop(ev.key, None)
+        elif isinstance(ev, LookupBacklog):
+            hit = node.kv.get(ev.key)
+            if hit and hit[1] > self.now:
+                node.core.backlog_reply(hit[0], ev)
+        elif isinstance(ev, Connect):
+            node.connects.append(ev)
+            if node.auto_connect:
+                node.core.relay_connected(ev.relay, ev.attempt, self.now)
+        elif isinstance(ev, SendPing):
+            node.pings.append(ev)
+        elif isinstance(ev, Disconnect):
+            node.disconnects.append(ev)
+        else:
+            raise AssertionError(f"unknown event {ev!r}")
+
+    def route(self, frame):
+        env = Envelope()
+        env.ParseFromString(frame)
+        node = self.nodes.get(env.destination.twin)
+        if node is None:
+            return
+        relay = node.core.live_relays()[0] if node.core.live_relays() else node.core._order[0]
+        got = node.core.receive(frame, relay, self.now)
+        if got is not None:
+            node.core.accept(got, self.twin(got.source.twin), self.now)
+
+    def fire_timers(self):
+        for node in self.nodes.values():
+            t = node.core.get_timer()
+            if t is not None and t <= self.now:
+                node.core.handle_timer(self.now)
+        self.pump()
+
+    def advance(self, seconds, step=1.0):
+        end = self.now + seconds
+        while self.now < end:
+            self.now = min(end, self.now + step)
+            self.fire_timers()
+
+    # app / service helpers -----------------------------------------------------------
+    def app_send(self, node, dst, cmd="calc.add", data=b"hello", exp=60, ref=None, ret="app.ret",
+                 now=None, **extra):
+        msg = {"ver": 1, "ref": ref or new_uid(), "cmd": cmd, "exp": exp, "dat": b64(data),
+               "tag": None, "dst": dst, "ret": ret, "shm": None,
+               "now": int(self.now if now is None else now)}
+        msg.update(extra)
+        req = node.core.app_message(json.dumps(msg).encode(), self.now)
+        uid = None
+        if req is not None:
+            uid = node.core.send_request(req, {d: self.twin(d) for d in req.dst}, self.now)
+        self.pump()
+        return msg["ref"], uid
+
+    def serve(self, node, cmd="calc.add", fn=lambda b: b[::-1], err=None):
+        """The service behind `node`: answer everything on msgbus.<cmd>."""
+        n = 0
+        while (raw := node.rpop("msgbus." + cmd)) is not None:
+            req = json.loads(raw)
+            assert req["ret"] == REPLY_QUEUE
+            reply = {"ver": 1, "ref": req["ref"], "dat": b64(fn(base64.b64decode(req["dat"]))),
+                     "dst": req["src"], "shm": None, "now": int(self.now)}
+            if err:
+                reply["err"] = {"code": err[0], "message": err[1]}
+            rep = node.core.service_message(json.dumps(reply).encode(), self.now)
+            node.core.send_response(rep, self.twin(rep.dst_twin), self.now)
+            n += 1
+        self.pump()
+        return n
+
+
+@pytest.fixture
+def sim():
+    return Sim()
+
+
+def test_request_response_roundtrip_is_e2e_encrypted(sim):
+    a, b = sim.add(1), sim.add(2)
+    ref, uid = sim.app_send(a, [2], data=b"secret payload 123")
+    assert uid == ref  # the app's UUID ref is reused as the envelope uid (one trace id)
+    # what the relay saw: one request, ciphertext only
+    req_env = Envelope()
+    req_env.ParseFromString(a.sent[0].data)
+    assert req_env.WhichOneof("payload") == "cipher"
+    assert b"secret payload 123" not in a.sent[0].data
+    assert req_env.source.twin == 1 and req_env.destination.twin == 2
+    assert req_env.expiration == 60 and req_env.request.command == "calc.add"
+    # the backlog record
+    backlog = Backlog()
+    backlog.ParseFromString(a.kv[BACKLOG_PREFIX + uid][0])
+    assert (backlog.uid, backlog.reference, backlog.reply_to, backlog.module, backlog.ttl) == \
+        (uid, ref, "app.ret", "calc.add", 60)
+    # the service side got the incoming request JSON
+    [incoming] = b.all("msgbus.calc.add")
+    assert incoming["src"] == "1" and incoming["ref"] == uid and incoming["ret"] == REPLY_QUEUE
+    assert base64.b64decode(incoming["dat"]) == b"secret payload 123"
+    assert incoming["exp"] == 60 and incoming["cmd"] == "calc.add"
+    assert sim.serve(b) == 1
+    [reply] = a.all("app.ret")
+    assert reply["ref"] == ref and reply["src"] == "2" and "err" not in reply
+    assert base64.b64decode(reply["dat"]) == b"secret payload 123"[::-1]
+    resp_env = Envelope()
+    resp_env.ParseFromString(b.sent[0].data)
+    assert resp_env.WhichOneof("payload") == "cipher" and resp_env.uid == uid
+    assert BACKLOG_PREFIX + uid not in a.kv  # dropped once all replies came
+    assert a.core.pending_count == 0
+    names = [e["event"] for e in a.events()]
+    assert "rmb.peer.sent" in names and "rmb.peer.answered" in names
+    assert all(e["trace_id"] == uid for e in a.events() if e["event"] in ("rmb.peer.sent", "rmb.peer.answered"))
+    assert "secret" not in a.logbuf.getvalue() + b.logbuf.getvalue()
+
+
+def test_plain_when_destination_has_no_pk(sim):
+    a, b = sim.add(1), sim.add(2, pk=False)
+    sim.app_send(a, [2], data=b"visible")
+    env = Envelope()
+    env.ParseFromString(a.sent[0].data)
+    assert env.WhichOneof("payload") == "plain" and env.plain == b"visible"
+    sim.serve(b)
+    [reply] = a.all("app.ret")
+    assert "err" not in reply
+
+
+def test_multi_destination_one_uid_n_replies(sim):
+    a = sim.add(1)
+    for t in (2, 3, 4):
+        sim.add(t)
+    ref, uid = sim.app_send(a, [2, 3, 4])
+    assert len(a.sent) == 3 and {f.uid for f in a.sent} == {uid}
+    assert sorted(f.dst for f in a.sent) == [2, 3, 4]
+    for t in (4, 2):
+        sim.serve(sim.nodes[t])
+    assert len(a.all("app.ret")) == 2 and a.core.pending_count == 1
+    assert BACKLOG_PREFIX + uid in a.kv
+    sim.serve(sim.nodes[3])
+    replies = a.all("app.ret")
+    assert sorted(r["src"] for r in replies) == ["2", "3", "4"]
+    assert all(r["ref"] == ref for r in replies)
+    assert a.core.pending_count == 0 and BACKLOG_PREFIX + uid not in a.kv
+
+
+def test_expiry_sends_102_for_each_missing_reply(sim):
+    a = sim.add(1)
+    sim.add(2)
+    sim.add(3)
+    ref, uid = sim.app_send(a, [2, 3], exp=30)
+    assert a.core.get_timer() <= sim.now + PING_INTERVAL
+    sim.serve(sim.nodes[2])
+    sim.advance(29)
+    assert len(a.all("app.ret")) == 1
+    sim.advance(1.5)
+    replies = a.all("app.ret")
+    assert len(replies) == 2
+    assert replies[1]["src"] == "3" and replies[1]["err"]["code"] == 102
+    assert a.core.pending_count == 0
+    # the late reply after expiry is not pushed again (backlog gone)
+    sim.serve(sim.nodes[3])
+    assert len(a.all("app.ret")) == 2
+
+
+@pytest.mark.parametrize("exp,stamp_offset,want", [
+    (0, 0, 300),          # no expiration given -> 300
+    (10_000, 0, 1800),    # capped at 1800
+    (60, -20, 40),        # remaining TTL
+    (60, -59.5, 1),
+])
+def test_ttl_rules(sim, exp, stamp_offset, want):
+    a = sim.add(1)
+    sim.add(2)
+    sim.now += 0.5 if stamp_offset == -59.5 else 0
+    sim.app_send(a, [2], exp=exp, now=int(sim.now + stamp_offset))
+    env = Envelope()
+    env.ParseFromString(a.sent[0].data)
+    assert env.expiration == want
+    store = next(v for k, v in a.kv.items())
+    assert abs(store[1] - sim.now - want) < 1e-6
+
+
+def test_expired_app_request_gets_102(sim):
+    a = sim.add(1)
+    sim.add(2)
+    sim.app_send(a, [2], exp=10, now=sim.now - 10)
+    assert a.sent == []
+    [reply] = a.all("app.ret")
+    assert reply["err"]["code"] == 102
+
+
+@pytest.mark.parametrize("mutate,code", [
+    (lambda m: m.update(dat="***not base64***"), 101),
+    (lambda m: m.pop("cmd"), 100),
+    (lambda m: m.update(dst=[]), 100),
+    (lambda m: m.update(dst=["2"]), 100),
+    (lambda m: m.update(dst=[0]), 100),
+    (lambda m: m.update(exp=-1), 100),
+    (lambda m: m.update(tag=5), 100),
+])
+def test_invalid_app_json_gets_precise_code(sim, mutate, code):
+    a = sim.add(1)
+    sim.add(2)
+    msg = {"ver": 1, "ref": "r1", "cmd": "x.y", "exp": 60, "dat": b64(b"x"), "dst": [2],
+           "ret": "app.ret", "now": int(sim.now)}
+    mutate(msg)
+    assert a.core.app_message(json.dumps(msg).encode(), sim.now) is None
+    sim.pump()
+    [reply] = a.all("app.ret")
+    assert reply["err"]["code"] == code and reply["ref"] == "r1"
+    assert a.sent == []
+
+
+def test_garbage_without_ret_is_only_logged(sim):
+    a = sim.add(1)
+    for raw in (b"not json", b"[1,2]", json.dumps({"cmd": "x"}).encode()):
+        assert a.core.app_message(raw, sim.now) is None
+    sim.pump()
+    assert a.queues == {}
+    rejected = [e for e in a.events() if e["event"] == "rmb.peer.rejected"]
+    assert [e["attrs"]["code"] for e in rejected] == [100, 100, 100]
+
+
+def test_unknown_destination_twin_gets_103_others_flow(sim):
+    a = sim.add(1)
+    sim.add(2)
+    ref, uid = sim.app_send(a, [2, 99])
+    [err] = a.all("app.ret")
+    assert err["src"] == "99" and err["err"]["code"] == 103
+    sim.serve(sim.nodes[2])
+    assert len(a.all("app.ret")) == 2 and a.core.pending_count == 0
+
+
+def forge_request(sender: Node, dst: int, now: float, *, uid=None, exp=60, sign_with=None,
+                  cipher=None, plain=b"x", cmd="calc.add"):
+    env = Envelope(uid=uid or new_uid(), timestamp=int(now), expiration=exp)
+    env.source.twin = sender.twin.id
+    env.destination.twin = dst
+    env.request.command = cmd
+    if cipher is not None:
+        env.cipher = cipher
+    else:
+        env.plain = plain
+    sign_envelope(env, sign_with or sender.identity)
+    return env
+
+
+def test_bad_signature_refused_104_while_traffic_flows(sim):
+    a, b = sim.add(1), sim.add(2)
+    mallory = Identity.from_seed(b"\x55" * 32)
+    bad = forge_request(a, 2, sim.now, sign_with=mallory)
+    sim.in_flight.append(bad.SerializeToString())
+    ref, uid = sim.app_send(a, [2])  # legit traffic in the same batch
+    assert len(b.all("msgbus.calc.add")) == 1  # only the good one was delivered
+    errs = [f for f in b.sent if f.kind == "error"]
+    assert len(errs) == 1 and errs[0].uid == bad.uid
+    env = Envelope()
+    env.ParseFromString(errs[0].data)
+    assert env.error.code == 104 and env.destination.twin == 1
+    sim.serve(b)
+    assert [r["ref"] for r in a.all("app.ret")] == [ref]
+
+
+def test_expired_rejected_before_signature(sim):
+    a, b = sim.add(1), sim.add(2)
+    mallory = Identity.from_seed(b"\x55" * 32)
+    old = forge_request(a, 2, sim.now - 100, exp=50, sign_with=mallory)  # expired AND forged
+    sim.in_flight.append(old.SerializeToString())
+    sim.pump()
+    [err] = [f for f in b.sent if f.kind == "error"]
+    env = Envelope()
+    env.ParseFromString(err.data)
+    assert env.error.code == 102 and env.uid == old.uid
+    assert b.all("msgbus.calc.add") == []
+
+
+def test_unknown_sender_no_pk_and_tampered_cipher(sim):
+    a, b = sim.add(1), sim.add(2)
+    c = sim.add(3, pk=False)
+    ghost = Node(sim, 77, ["r1"])
+    from rmb_peer.e2e import encrypt
+    cases = [
+        (forge_request(ghost, 2, sim.now), 103),
+        (forge_request(c, 2, sim.now, cipher=encrypt(c.e2e, b.e2e.pk, b"x")), 105),
+        (forge_request(a, 2, sim.now, cipher=b"\x00" * 40), 106),
+    ]
+    for env, _ in cases:
+        sim.in_flight.append(env.SerializeToString())
+    sim.pump()
+    codes = {}
+    for f in b.sent:
+        env = Envelope()
+        env.ParseFromString(f.data)
+        codes[env.uid] = env.error.code
+    assert codes == {env.uid: code for env, code in cases}
+    assert b.all("msgbus.calc.add") == []
+
+
+def test_rmb_version_answered_by_the_peer(sim):
+    a, b = sim.add(1), sim.add(2)
+    ref, uid = sim.app_send(a, [2], cmd="rmb.version", data=b"")
+    assert "msgbus.rmb.version" not in b.queues
+    [reply] = a.all("app.ret")
+    assert json.loads(base64.b64decode(reply["dat"])) == VERSION
+    assert reply["shm"] == "application/json" and reply["src"] == "2"
+
+
+def test_relay_error_becomes_app_err(sim):
+    a = sim.add(1)
+    sim.add(2)
+    sim.mangle = lambda frames: []  # the relay swallows everything
+    ref, uid = sim.app_send(a, [2])
+    req = Envelope()
+    req.ParseFromString(a.sent[0].data)
+    sim.mangle = None
+    a.core.accept  # relay errors never need accept(): receive() handles them
+    assert a.core.receive(relay_error(req, "message has expired").SerializeToString(), "r1", sim.now) is None
+    sim.pump()
+    [reply] = a.all("app.ret")
+    assert reply["err"]["code"] == 102 and "message has expired" in reply["err"]["message"]
+    assert reply["src"] == "2" and reply["ref"] == ref
+    ref2, uid2 = sim.app_send(a, [2])
+    sim.pump()
+    req2 = Envelope()
+    req2.ParseFromString(a.sent[-1].data)
+    a.core.receive(relay_error(req2, "destination offline").SerializeToString(), "r1", sim.now)
+    sim.pump()
+    assert a.all("app.ret")[-1]["err"]["code"] == 500
+
+
+def test_reply_from_wrong_twin_is_refused(sim):
+    a, b = sim.add(1), sim.add(2)
+    c = sim.add(3)
+    sim.mangle = lambda frames: []
+    ref, uid = sim.app_send(a, [2])
+    sim.mangle = None
+    # twin 3 answers a request it never got
+    forged = Envelope(uid=uid, timestamp=int(sim.now), expiration=60)
+    forged.source.twin = 3
+    forged.destination.twin = 1
+    forged.response.SetInParent()
+    forged.plain = b"spoof"
+    sign_envelope(forged, c.identity)
+    sim.in_flight.append(forged.SerializeToString())
+    sim.pump()
+    assert a.all("app.ret") == [] and a.core.pending_count == 1
+
+
+def test_loss_duplication_reordering(sim):
+    a, b = sim.add(1), sim.add(2)
+    dropped = []
+
+    def mangle(frames):
+        out = []
+        for i, f in enumerate(frames):
+            if len(dropped) < 1:       # lose the very first frame
+                dropped.append(f)
+                continue
+            out.extend([f, f])         # duplicate the rest
+        return list(reversed(out))     # and reorder
+    sim.mangle = mangle
+    refs = [sim.app_send(a, [2], exp=20)[0] for _ in range(3)]
+    sim.serve(b)
+    sim.advance(21)
+    replies = a.all("app.ret")
+    # exactly one reply per request: duplicates of answered requests are not pushed twice
+    assert sorted(r["ref"] for r in replies) == sorted(refs)
+    codes = sorted(r.get("err", {}).get("code", 0) for r in replies)
+    assert codes == [0, 0, 102]  # the lost one expires
+
+
+def test_restarted_peer_answers_from_the_redis_backlog(sim):
+    a, b = sim.add(1), sim.add(2)
+    sim.mangle = lambda frames: []
+    ref, uid = sim.app_send(a, [2])
+    sim.mangle = None
+    # peer A restarts: same identity and Redis, empty memory
+    fresh = PeerCore(1, a.identity, a.e2e, ["r1"])
+    fresh.start(sim.now)
+    fresh.handle_timer(sim.now)
+    a.core = fresh
+    sim.pump()
+    req = Envelope()
+    req.ParseFromString(sim.wire[0])
+    sim.in_flight.append(sim.wire[0])
+    sim.pump()
+    sim.serve(b)
+    [reply] = a.all("app.ret")
+    assert reply["ref"] == ref and reply["src"] == "2" and "err" not in reply
+
+
+def test_service_error_reply_reaches_app(sim):
+    a, b = sim.add(1), sim.add(2)
+    sim.app_send(a, [2])
+    sim.serve(b, err=(42, "division by zero"))
+    [reply] = a.all("app.ret")
+    assert reply["err"] == {"code": 42, "message": "division by zero"}
+
+
+def test_bad_service_reply_payload_answers_requester_101(sim):
+    a, b = sim.add(1), sim.add(2)
+    ref, uid = sim.app_send(a, [2])
+    raw = b.rpop("msgbus.calc.add")
+    req = json.loads(raw)
+    rep = b.core.service_message(json.dumps({"ver": 1, "ref": req["ref"], "dat": "!!",
+                                             "dst": req["src"], "now": 0}), sim.now)
+    b.core.send_response(rep, sim.twin(1), sim.now)
+    sim.pump()
+    [reply] = a.all("app.ret")
+    assert reply["err"]["code"] == 101
+    assert b.core.service_message(b"{bad", sim.now) is None
+    assert b.core.service_message(json.dumps({"ref": "x", "dst": "abc"}), sim.now) is None
+
+
+def test_keepalive_ping_dead_reconnect_backoff(sim):
+    a = sim.add(1)
+    assert a.core.live_relays() == ["r1"]
+    sim.advance(PING_INTERVAL)
+    assert len(a.pings) == 1
+    a.core.relay_activity("r1", sim.now)          # the pong
+    sim.advance(PING_INTERVAL)
+    assert len(a.pings) == 2 and a.disconnects == []
+    a.auto_connect = False
+    sim.advance(DEAD_AFTER)                       # silence: no pong since
+    assert len(a.disconnects) == 1 and a.core.live_relays() == []
+    dead_at = sim.now
+    # reconnect after 1 s, then the attempt fails: next one after 2 s, then 4 s
+    sim.advance(1.0, step=0.25)
+    assert len(a.connects) == 2
+    a.core.relay_failed("r1", a.connects[-1].attempt, sim.now, "refused")
+    sim.advance(1.9, step=0.1)
+    assert len(a.connects) == 2
+    sim.advance(0.2, step=0.1)
+    assert len(a.connects) == 3
+    a.core.relay_failed("r1", a.connects[-1].attempt, sim.now, "refused")
+    sim.advance(4.1, step=0.1)
+    assert len(a.connects) == 4
+    a.core.relay_connected("r1", a.connects[-1].attempt, sim.now)
+    assert a.core.live_relays() == ["r1"] and sim.now - dead_at < 8
+    # a stale attempt's late "lost" is ignored
+    a.core.relay_lost("r1", a.connects[0].attempt, sim.now, "old socket closed")
+    assert a.core.live_relays() == ["r1"]
+
+
+def test_failover_and_outbox(sim):
+    a = sim.add(1, relays=("r1", "r2"))
+    b = sim.add(2)
+    assert a.core.live_relays() == ["r1", "r2"]
+    sim.app_send(a, [2])
+    assert a.sent[-1].relay == "r1"
+    a.auto_connect = False
+    a.core.relay_lost("r1", a.sent[-1].attempt, sim.now, "closed")
+    sim.app_send(a, [2])
+    assert a.sent[-1].relay == "r2"
+    r2_attempt = a.sent[-1].attempt
+    a.core.relay_lost("r2", r2_attempt, sim.now, "closed")
+    ref, _ = sim.app_send(a, [2])
+    assert len(a.sent) == 2                     # held in the outbox
+    sim.advance(1.0)                            # reconnect attempts come due
+    assert {c.relay for c in a.connects[-2:]} == {"r1", "r2"}
+    c = [c for c in a.connects if c.relay == "r2"][-1]
+    a.core.relay_connected("r2", c.attempt, sim.now)
+    sim.pump()
+    assert len(a.sent) == 3 and a.sent[-1].relay == "r2"
+    sim.serve(b)
+    assert len(a.all("app.ret")) == 3
+
+
+def test_write_failure_resends_through_another_relay(sim):
+    a = sim.add(1, relays=("r1", "r2"))
+    sim.add(2)
+    sim.mangle = lambda frames: []
+    sim.app_send(a, [2])
+    failed = a.sent[-1]
+    assert failed.relay == "r1"
+    a.core.relay_lost("r1", failed.attempt, sim.now, "write failed")
+    a.core.resend(failed, sim.now)
+    sim.pump()
+    assert a.sent[-1].relay == "r2" and a.sent[-1].data == failed.data
+
+
+def test_unknown_relay_is_local_misuse(sim):
+    a = sim.add(1)
+    with pytest.raises(PeerStateError):
+        a.core.relay_activity("nope", sim.now)
+    with pytest.raises(PeerStateError):
+        PeerCore(1, a.identity, a.e2e, ["r1", "r2", "r3", "r4", "r5"])
+
+
+def test_ed25519_twins_interoperate(sim):
+    a = sim.add(1, key_type="ed25519")
+    b = sim.add(2)
+    sim.app_send(b, [1])
+    sim.serve(a)
+    [reply] = b.all("app.ret")
+    assert "err" not in reply

@@ -1,0 +1,733 @@
+"""rmb-relay: the RMB relay daemon (asyncio adapter around rmb_relay.core).
+
+ONE aiohttp server port serves everything, like rmb-rs v1.5.1 (relay/api.rs):
+
+  GET  /?<jwt>   WebSocket upgrade for peers; the JWT is the whole query string.
+                 HTTP answers before the upgrade: no query 400, bad or expired token 401,
+                 unknown twin 401, twin lookup failure 500 (DESIGN.md section 3).
+  POST /         federation from other relays: body = the raw envelope bytes.
+                 202 accepted (delivered or queued), 400 unparsable / expired,
+                 404 `destination offline` for a `fail-fast` envelope, 413 oversized,
+                 503 shutting down or the offline queue failed (the sender retries).
+  GET  /metrics  Prometheus text (own CollectorRegistry);  GET /health  JSON.
+
+Why aiohttp on the server side and not the websockets library: rmb-rs serves the WS
+upgrade AND the federation POST on the same port and path, and the websockets library's
+server cannot answer a POST. Test clients and the benchmark baseline use websockets.
+
+Per envelope from a peer (binary frame; a text frame closes with 1003, bytes that are not
+an envelope close with 1007, frames above 2 x --max-size close with 1009):
+  parse (rmb_peer.envelope.parse_envelope, --max-size bytes; an oversized or
+  destination-less envelope whose uid decodes gets a relay error instead of a close) ->
+  RelayRouter.check_inbound (rate limit, source == token's (twin, sid), Ping -> Pong,
+  expired -> drop) -> destination connected here -> written to its WebSocket at once (no
+  Redis round trip on the hot path); else twin lookup (rmb_peer.twins.TwinDirectory,
+  --registry): relays include one of our --domain values -> queued in Redis, else
+  federated (FederationScheduler + aiohttp client POST http://<domain>/).
+
+Offline queue (seed: rmb.md "Peer"; DESIGN.md: "queue for ~1 h, replay on reconnect"):
+a Redis stream per (twin, sid), key `rmb.relay.<first domain>.queue.<twin>[:<sid>]`,
+XADD MAXLEN ~ --queue-maxlen, key EXPIRE --queue-ttl (s), each entry carries its deadline
+min(envelope deadline, enqueue + queue-ttl). On (re)connect the stream is replayed in
+order; an entry is XDEL'd only after its WebSocket write succeeded; live envelopes for a
+connection still replaying go through the stream too, so order is kept.
+Tag `fail-fast`: an offline destination gives the relay error `destination offline`.
+
+Relay errors answer requests only (rmb_peer.envelope.relay_error). Events: rmb.relay.*
+(rmb_peer/events.py), trace_id = envelope uid; payloads are never logged.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from typing import Any, Callable
+
+import aiohttp
+import redis.asyncio as aioredis
+from aiohttp import WSCloseCode, WSMsgType, web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from daemon_runtime.eventlog import EventLog
+from rmb_peer.envelope import (
+    MAX_ENVELOPE_SIZE, Envelope, EnvelopeError, address_str, deadline, is_expired,
+    message_kind, parse_envelope, relay_error,
+)
+from rmb_peer.events import RMB_EVENTS
+from rmb_peer.token import TokenError, token_claims_unverified, verify_token
+from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
+from rmb_relay.core import (
+    ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_RATE_LIMIT,
+    ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, ConnectionTable, Drop, FederationAccepted,
+    FederationAttemptFailed, FederationExpired, FederationRefused, FederationScheduler,
+    Federate, FixedWindowLimiter, Forward, Local, NoLimit, Ranker, Refuse, RelayRouter, Reply,
+    Session, session_of, session_str,
+)
+
+__all__ = ["RelayServer", "build_parser", "main", "DEFAULT_PORT"]
+
+DEFAULT_PORT = 8101
+#: close codes (RFC 6455 section 7.4.1) and the one app code we use
+CLOSE_UNSUPPORTED = 1003       # text frame
+CLOSE_INVALID = 1007           # bytes that are not an envelope
+CLOSE_REPLACED = 4000          # a newer connection with the same (twin, sid) took over
+FED_CONTENT_TYPE = "application/x-protobuf"
+
+
+def _is_fail_fast(env: Envelope) -> bool:
+    if not env.HasField("tags"):
+        return False
+    return TAG_FAIL_FAST in env.tags.replace(",", " ").split()
+
+
+def _lenient_decode(data: bytes) -> Envelope | None:
+    """Best-effort decode of bytes parse_envelope refused, to answer with a relay error
+    (same uid) instead of closing. None when they do not decode or carry no uid."""
+    env = Envelope()
+    try:
+        env.ParseFromString(bytes(data))
+    except Exception:  # noqa: BLE001 - any decode failure means "not an envelope"
+        return None
+    if not env.uid or len(env.uid) > 256:
+        return None
+    return env
+
+
+class _Peer:
+    """One authenticated WebSocket connection."""
+
+    __slots__ = ("ws", "session", "name", "replaying", "queue_writes", "queued_seq", "replay_task")
+
+    def __init__(self, ws: web.WebSocketResponse, session: Session):
+        self.ws = ws
+        self.session = session
+        self.name = session_str(session)
+        self.replaying = True          # offline queue not yet drained: live traffic queues too
+        self.queue_writes = 0          # XADDs in flight for this session
+        self.queued_seq = 0            # XADDs started for this session (replay race guard)
+        self.replay_task: asyncio.Task | None = None
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.received = Counter("rmb_relay_envelopes_received", "envelopes received",
+                                ["via"], registry=r)
+        self.rx_peer = self.received.labels("peer")
+        self.rx_fed = self.received.labels("federation")
+        self.delivered = Counter("rmb_relay_envelopes_delivered",
+                                 "envelopes written to a local connection", ["path"], registry=r)
+        self.dl_live = self.delivered.labels("live")
+        self.dl_replay = self.delivered.labels("replay")
+        self.queued = Counter("rmb_relay_envelopes_queued", "envelopes queued for offline twins",
+                              registry=r)
+        self.federated = Counter("rmb_relay_federation_accepted",
+                                 "envelopes accepted by another relay", registry=r)
+        self.fed_failed = Counter("rmb_relay_federation_attempts_failed",
+                                  "federation attempts that failed", ["domain"], registry=r)
+        self.rejected = Counter("rmb_relay_envelopes_rejected",
+                                "envelopes answered with a relay error or dropped", ["reason"],
+                                registry=r)
+        self.expired = Counter("rmb_relay_envelopes_expired", "envelopes whose TTL ran out",
+                               registry=r)
+        self.auth_failed = Counter("rmb_relay_auth_failed", "refused connection attempts",
+                                   ["status"], registry=r)
+        self.connections = Gauge("rmb_relay_connections", "authenticated peer connections",
+                                 registry=r)
+        self.fed_jobs = Gauge("rmb_relay_federation_jobs", "envelopes waiting for federation",
+                              registry=r)
+
+
+class RelayServer:
+    """The relay bound to host:port (0 = any free port).
+
+        relay = RelayServer(domains=["127.0.0.1:8101"], host="127.0.0.1", port=0,
+                            redis_url=..., registry_url=..., events=EventLog(...))
+        port = await relay.start()
+        ...; await relay.close(grace=5.0)
+
+    domains: this relay's domains (a twin whose relays include one is local);
+    limit: (count, size bytes) per 60 s window per twin, or None; ranker_period: s;
+    max_size: largest envelope, bytes; queue_ttl: s an offline envelope is kept at most;
+    queue_maxlen: approximate entries per offline stream; directory: a TwinDirectory to use
+    (else one on registry_url); clock: unix-seconds source (time.time).
+    start() raises OSError when the port is taken and redis errors when Redis is down.
+    """
+
+    def __init__(self, *, domains: list[str], host: str, port: int, redis_url: str,
+                 registry_url: str, events: EventLog, limit: tuple[int, int] | None = None,
+                 ranker_period: float = 3600.0, max_size: int = MAX_ENVELOPE_SIZE,
+                 queue_ttl: float = 3600.0, queue_maxlen: int = 10000,
+                 directory: TwinDirectory | None = None, clock: Callable[[], float] = time.time,
+                 federation_timeout: float = 10.0, rng: random.Random | None = None):
+        self.domains = list(domains)
+        self.host, self.port = host, port
+        self.events = events
+        self.clock = clock
+        self.max_size = max_size
+        self.queue_ttl = queue_ttl
+        self.queue_maxlen = queue_maxlen
+        limiter = FixedWindowLimiter(*limit) if limit else NoLimit()
+        self.router = RelayRouter(self.domains, limiter)
+        rng = rng or random.Random()
+        self.ranker = Ranker(ranker_period, rng)
+        self.federation = FederationScheduler(self.ranker, rng, attempt_timeout=federation_timeout,
+                                              max_job_ttl=queue_ttl)
+        self.table = ConnectionTable()
+        self.redis = aioredis.Redis.from_url(redis_url)
+        self.directory = directory or TwinDirectory(registry_url)
+        self._own_directory = directory is None
+        self.metrics = _Metrics()
+        self._qprefix = f"rmb.relay.{self.domains[0]}.queue."
+        self._http: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._fed_tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing = False
+        self.app = web.Application(client_max_size=max_size)
+        self.app.router.add_route("GET", "/", self._handle_get)
+        self.app.router.add_route("POST", "/", self._handle_post)
+        from daemon_runtime.lifecycle import add_status_routes
+        add_status_routes(self.app, self.metrics.registry, self.health)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> int:
+        """Check Redis, bind and serve; returns the bound port."""
+        await self.redis.ping()
+        self._http = aiohttp.ClientSession()
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # aiohttp has no public accessor
+        return self.port
+
+    def health(self) -> dict:
+        return {"ok": not self._closing, "service": "rmb-relay", "domains": self.domains,
+                "connections": len(self.table), "federation_jobs": len(self.federation)}
+
+    async def close(self, grace: float = 5.0) -> None:
+        """Graceful shutdown: refuse new connections and federation POSTs (503), close every
+        peer with 1001 going-away, let federation attempts in flight finish for up to
+        `grace` s, then cancel what is left and release Redis, the registry client and
+        the HTTP server."""
+        self._closing = True
+        for _session, peer in self.table.items():
+            await peer.ws.close(code=WSCloseCode.GOING_AWAY, message=b"relay shutting down")
+        if self._fed_tasks:
+            await asyncio.wait(set(self._fed_tasks), timeout=grace)
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in list(self._fed_tasks) + list(self._tasks):
+            task.cancel()
+        for job_uid in self._abandon_federation():
+            self.events.emit("rmb.relay.expired", job_uid, level="warning", dst="",
+                             reason="relay shut down before federation")
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._http is not None:
+            await self._http.close()
+        if self._own_directory:
+            await self.directory.close()
+        await self.redis.aclose()
+
+    def _abandon_federation(self) -> list[str]:
+        uids = [job.env.uid for job in self.federation._jobs.values()]
+        self.federation._jobs.clear()
+        return uids
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------------ HTTP entry
+    def _refuse_auth(self, status: int, reason: str) -> web.Response:
+        self.metrics.auth_failed.labels(str(status)).inc()
+        self.events.emit("rmb.relay.auth_failed", None, level="warning", status=status, reason=reason)
+        return web.Response(status=status, text=reason + "\n")
+
+    async def _handle_get(self, request: web.Request) -> web.StreamResponse:
+        if self._closing:
+            return web.Response(status=503, text="relay shutting down\n")
+        token = request.rel_url.raw_query_string
+        if not token:
+            return self._refuse_auth(400, "missing token: connect to ws://host:port/?<jwt>")
+        now = self.clock()
+        try:
+            claims = token_claims_unverified(token)
+            try:
+                twin = await self.directory.get(claims["sub"])
+            except UnknownTwin:
+                raise TokenError(401, f"unknown twin {claims['sub']}") from None
+            except DirectoryError as exc:
+                raise TokenError(500, f"twin lookup failed: {exc}") from None
+            twin_id, sid = verify_token(token, twin.account, int(now))
+        except TokenError as exc:
+            return self._refuse_auth(exc.status, exc.reason)
+        ws = web.WebSocketResponse(max_msg_size=2 * self.max_size, autoping=True, compress=False)
+        if not ws.can_prepare(request).ok:
+            return self._refuse_auth(400, "expected a WebSocket upgrade")
+        await ws.prepare(request)
+        await self._serve_peer(ws, (twin_id, sid))
+        return ws
+
+    # ------------------------------------------------------------------ peers
+    async def _serve_peer(self, ws: web.WebSocketResponse, session: Session) -> None:
+        peer = _Peer(ws, session)
+        old = self.table.register(session, peer)
+        self.metrics.connections.set(len(self.table))
+        self.events.emit("rmb.relay.connected", None, src=peer.name)
+        if old is not None:
+            self._spawn(old.ws.close(code=CLOSE_REPLACED, message=b"replaced by a newer connection"))
+        peer.replay_task = self._spawn(self._replay(peer))
+        reason = "closed by peer"
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.BINARY:
+                    closed = await self._on_binary(peer, msg.data)
+                    if closed:
+                        reason = closed
+                        break
+                elif msg.type == WSMsgType.TEXT:
+                    reason = "text frame: envelopes are binary protobuf"
+                    await ws.close(code=CLOSE_UNSUPPORTED, message=reason.encode())
+                    break
+                elif msg.type == WSMsgType.ERROR:
+                    reason = f"websocket error: {ws.exception()}"
+                    break
+            else:
+                if ws.close_code == CLOSE_REPLACED:
+                    reason = "replaced by a newer connection"
+        finally:
+            # identity-checked: a replaced connection's cleanup leaves the new one registered
+            self.table.unregister(session, peer)
+            self.metrics.connections.set(len(self.table))
+            if peer.replay_task is not None and not peer.replay_task.done():
+                peer.replay_task.cancel()
+            self.events.emit("rmb.relay.disconnected", None, src=peer.name, reason=reason[:200])
+
+    async def _send(self, peer: _Peer, data: bytes) -> bool:
+        if peer.ws.closed:
+            return False
+        try:
+            await peer.ws.send_bytes(data)
+            return True
+        except (ConnectionError, RuntimeError):
+            return False
+
+    async def _reply_on(self, peer: _Peer, env: Envelope, reason: str) -> None:
+        """A relay error (or pong) straight back on the sender's own connection."""
+        await self._send(peer, env.SerializeToString())
+
+    def _rejected(self, env: Envelope, reason: str, level: str = "warning") -> None:
+        self.metrics.rejected.labels(reason[:60]).inc()
+        self.events.emit("rmb.relay.rejected", env.uid or None, level=level, reason=reason,
+                         src=address_str(env.source) if env.HasField("source") else "",
+                         dst=address_str(env.destination) if env.HasField("destination") else "")
+
+    async def _on_binary(self, peer: _Peer, data: bytes) -> str | None:
+        """Handles one frame; returns a close reason when the connection was closed."""
+        now = self.clock()
+        try:
+            env = parse_envelope(data, self.max_size)
+        except EnvelopeError as exc:
+            return await self._on_bad_envelope(peer, data, exc)
+        size = len(data)
+        self.metrics.rx_peer.inc()
+        self.events.emit("rmb.relay.received", env.uid, kind=message_kind(env),
+                         src=address_str(env.source), dst=address_str(env.destination), size=size)
+        verdict = self.router.check_inbound(peer.session, env, size, now)
+        if type(verdict) is Forward:
+            await self._forward(peer, env, data, now)
+        elif type(verdict) is Reply:
+            if verdict.reason == "ping":
+                self.events.emit("rmb.relay.answered", env.uid, kind="pong", dst=peer.name)
+            else:
+                self._reject_event(env, verdict.reason, peer)
+            await self._reply_on(peer, verdict.envelope, verdict.reason)
+        elif type(verdict) is Drop:
+            if verdict.reason == ERR_EXPIRED:
+                self.metrics.expired.inc()
+                self.events.emit("rmb.relay.expired", env.uid, dst=address_str(env.destination),
+                                 reason="expired on arrival")
+            else:
+                self._reject_event(env, verdict.reason, peer)
+        return None
+
+    def _reject_event(self, env: Envelope, reason: str, peer: _Peer | None) -> None:
+        if reason == ERR_RATE_LIMIT and peer is not None:
+            self.metrics.rejected.labels("rate limit").inc()
+            self.events.emit("rmb.relay.rate_limited", env.uid, level="warning", src=peer.name,
+                             size=env.ByteSize())
+        else:
+            self._rejected(env, reason)
+
+    async def _on_bad_envelope(self, peer: _Peer, data: bytes, exc: EnvelopeError) -> str | None:
+        env = _lenient_decode(data)
+        text = str(exc)
+        if env is None:
+            self.metrics.rejected.labels("unparsable").inc()
+            self.events.emit("rmb.relay.rejected", None, level="warning", reason=text[:200],
+                             src=peer.name, dst="")
+            await peer.ws.close(code=CLOSE_INVALID, message=text[:120].encode())
+            return text
+        if not env.HasField("destination") or env.destination.twin == 0:
+            text = ERR_MISSING_DESTINATION
+        self._rejected(env, text)
+        if message_kind(env) == "request":
+            await self._reply_on(peer, relay_error(env, text), text)
+        return None
+
+    # ------------------------------------------------------------------ routing
+    async def _error_to_sender(self, env: Envelope, text: str, peer: _Peer | None) -> None:
+        self._rejected(env, text)
+        if message_kind(env) != "request":
+            return
+        reply = relay_error(env, text)
+        if peer is not None:
+            await self._reply_on(peer, reply, text)
+
+    async def _forward(self, peer: _Peer, env: Envelope, data: bytes, now: float) -> None:
+        dst = session_of(env.destination)
+        target = self.table.get(dst)
+        if target is not None:               # connected here: the hot path, no lookup
+            await self._deliver(dst, env, data, now, target)
+            return
+        try:
+            twin = await self.directory.get(dst[0])
+        except UnknownTwin:
+            await self._error_to_sender(env, ERR_UNKNOWN_DESTINATION, peer)
+            return
+        except DirectoryError as exc:
+            await self._error_to_sender(env, f"failed to get twin details: {exc}"[:300], peer)
+            return
+        route = self.router.route(twin.relays)
+        if isinstance(route, Local):
+            if _is_fail_fast(env) and self.table.get(dst) is None:
+                await self._error_to_sender(env, ERR_OFFLINE, peer)
+                return
+            if not await self._deliver(dst, env, data, now, self.table.get(dst)):
+                await self._error_to_sender(env, "failed to queue message for offline twin", peer)
+        elif isinstance(route, Federate):
+            job = self.federation.submit(env, data, route.domains, now, context=peer.session)
+            if job is None:
+                await self._error_to_sender(env, ERR_FEDERATION_FULL, peer)
+                return
+            self._pump_federation()
+        elif isinstance(route, Refuse):
+            await self._error_to_sender(env, route.text, peer)
+
+    async def _deliver(self, dst: Session, env: Envelope, data: bytes, now: float,
+                       target: _Peer | None) -> bool:
+        """Live write when `target` is connected and caught up, else the offline stream.
+        False only when the envelope could be neither written nor queued."""
+        if target is not None and not target.replaying:
+            if await self._send(target, data):
+                self.metrics.dl_live.inc()
+                self.events.emit("rmb.relay.delivered", env.uid, dst=target.name,
+                                 size=len(data), queued_ms=0.0)
+                return True
+        return await self._enqueue(dst, env, data, now)
+
+    def _qkey(self, session: Session) -> str:
+        return self._qprefix + session_str(session)
+
+    async def _enqueue(self, dst: Session, env: Envelope, data: bytes, now: float) -> bool:
+        peer = self.table.get(dst)
+        if peer is not None:
+            peer.queue_writes += 1
+            peer.queued_seq += 1
+        key = self._qkey(dst)
+        until = min(float(deadline(env)), now + self.queue_ttl)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xadd(key, {"e": data, "d": repr(until), "t": repr(now)},
+                          maxlen=self.queue_maxlen, approximate=True)
+                pipe.expire(key, int(self.queue_ttl) + 1)
+                await pipe.execute()
+        except (aioredis.RedisError, OSError) as exc:
+            self.events.emit("rmb.relay.queue_error", env.uid, level="error",
+                             dst=session_str(dst), reason=repr(exc)[:200])
+            return False
+        finally:
+            if peer is not None:
+                peer.queue_writes -= 1
+        self.metrics.queued.inc()
+        self.events.emit("rmb.relay.queued", env.uid, dst=session_str(dst), size=len(data))
+        return True
+
+    async def _replay(self, peer: _Peer) -> None:
+        """Drains the session's offline stream in order onto the new connection; entries
+        are deleted only after their write succeeded; then live delivery starts."""
+        key = self._qkey(peer.session)
+        try:
+            while not peer.ws.closed:
+                seq = peer.queued_seq
+                entries = await self.redis.xrange(key, "-", "+", count=256)
+                if not entries:
+                    if peer.queue_writes == 0 and seq == peer.queued_seq:
+                        peer.replaying = False
+                        return
+                    await asyncio.sleep(0.001)   # an XADD for this session is in flight
+                    continue
+                done: list[bytes] = []
+                now = self.clock()
+                broken = False
+                for entry_id, fields in entries:
+                    data = fields[b"e"]
+                    uid = _lenient_uid(data)
+                    if float(fields[b"d"]) <= now:
+                        done.append(entry_id)
+                        self.metrics.expired.inc()
+                        self.events.emit("rmb.relay.expired", uid, dst=peer.name,
+                                         reason="expired in the offline queue")
+                        continue
+                    if not await self._send(peer, data):
+                        broken = True
+                        break
+                    done.append(entry_id)
+                    self.metrics.dl_replay.inc()
+                    self.events.emit("rmb.relay.delivered", uid, dst=peer.name, size=len(data),
+                                     queued_ms=max(0.0, (now - float(fields[b"t"])) * 1000.0))
+                if done:
+                    await self.redis.xdel(key, *done)
+                if broken:
+                    return
+        except (aioredis.RedisError, OSError) as exc:
+            peer.replaying = False  # live traffic must not wait on a broken queue
+            self.events.emit("rmb.relay.queue_error", None, level="error", dst=peer.name,
+                             reason=f"replay stopped: {exc!r}"[:200])
+
+    # ------------------------------------------------------------------ federation out
+    def _pump_federation(self) -> None:
+        now = self.clock()
+        for att in self.federation.attempts_due(now):
+            task = asyncio.get_running_loop().create_task(self._post(att))
+            self._fed_tasks.add(task)
+            task.add_done_callback(self._fed_tasks.discard)
+        while (ev := self.federation.next_event()) is not None:
+            self._on_federation_event(ev)
+        self.metrics.fed_jobs.set(len(self.federation))
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        when = self.federation.get_timer()
+        if when is not None and not self._closing:
+            delay = max(0.0, when - self.clock())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.federation.handle_timer(self.clock())
+        self._pump_federation()
+
+    async def _post(self, att) -> None:
+        status, reason = 0, ""
+        try:
+            async with self._http.post(f"http://{att.domain}/", data=att.data,
+                                       headers={"Content-Type": FED_CONTENT_TYPE},
+                                       timeout=aiohttp.ClientTimeout(total=att.timeout)) as resp:
+                status = resp.status
+                if status != 202:
+                    reason = (await resp.text(errors="replace")).strip()[:200]
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            reason = f"{type(exc).__name__}: {exc}"[:200]
+        if self._closing and status == 0 and not reason:
+            return
+        outcome = "accepted" if status == 202 else "refused" if 400 <= status < 500 else "failed"
+        if status and status != 202 and not reason:
+            reason = f"HTTP {status}"
+        self.federation.report(att.job, outcome, self.clock(), status=status, reason=reason)
+        self._pump_federation()
+
+    def _on_federation_event(self, ev) -> None:
+        if isinstance(ev, FederationAccepted):
+            self.metrics.federated.inc()
+            self.events.emit("rmb.relay.federated", ev.uid, domain=ev.domain, attempt=ev.attempt,
+                             duration_ms=ev.duration * 1000.0)
+        elif isinstance(ev, FederationAttemptFailed):
+            self.metrics.fed_failed.labels(ev.domain).inc()
+            self.events.emit("rmb.relay.federation_failed", ev.uid, level="warning",
+                             domain=ev.domain, attempt=ev.attempt, status=ev.status,
+                             reason=ev.reason)
+        elif isinstance(ev, FederationRefused):
+            self.metrics.fed_failed.labels(ev.domain).inc()
+            self.events.emit("rmb.relay.federation_failed", ev.uid, level="warning",
+                             domain=ev.domain, attempt=ev.attempt, status=ev.status,
+                             reason=ev.reason or "refused")
+            if ev.reply is not None:
+                self._spawn(self._reply_to_session(ev.context, ev.reply))
+        elif isinstance(ev, FederationExpired):
+            self.metrics.expired.inc()
+            self.events.emit("rmb.relay.expired", ev.uid, level="warning",
+                             dst=session_str(ev.context) if ev.context else "",
+                             reason=f"federation failed after {ev.attempts} attempts")
+            if ev.reply is not None:
+                self._spawn(self._reply_to_session(ev.context, ev.reply))
+
+    async def _reply_to_session(self, session: Session, reply: Envelope) -> None:
+        """Relay error to a sender that may have reconnected (or gone offline) meanwhile."""
+        await self._deliver(session, reply, reply.SerializeToString(), self.clock(),
+                            self.table.get(session))
+
+    # ------------------------------------------------------------------ federation in
+    async def _handle_post(self, request: web.Request) -> web.Response:
+        if self._closing:
+            return web.Response(status=503, text="relay shutting down\n")
+        try:
+            data = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return web.Response(status=413, text=f"envelope too large: limit {self.max_size} bytes\n")
+        now = self.clock()
+        try:
+            env = parse_envelope(data, self.max_size)
+        except EnvelopeError as exc:
+            self.metrics.rejected.labels("unparsable").inc()
+            self.events.emit("rmb.relay.rejected", None, level="warning", reason=str(exc)[:200],
+                             src="federation", dst="")
+            return web.Response(status=400, text=f"{exc}\n")
+        self.metrics.rx_fed.inc()
+        src = address_str(env.source) if env.HasField("source") else ""
+        dst = session_of(env.destination)
+        self.events.emit("rmb.relay.federation_received", env.uid, kind=message_kind(env),
+                         src=src, dst=address_str(env.destination), size=len(data))
+        if is_expired(env, now):
+            self.metrics.expired.inc()
+            self.events.emit("rmb.relay.expired", env.uid, dst=session_str(dst),
+                             reason="expired on federation arrival")
+            return web.Response(status=400, text=ERR_EXPIRED + "\n")
+        target = self.table.get(dst)
+        if target is None and _is_fail_fast(env):
+            self._rejected(env, ERR_OFFLINE, level="info")
+            return web.Response(status=404, text=ERR_OFFLINE)
+        if not await self._deliver(dst, env, data, now, target):
+            return web.Response(status=503, text="offline queue unavailable\n")
+        return web.Response(status=202)
+
+
+def _lenient_uid(data: bytes) -> str | None:
+    env = _lenient_decode(data)
+    return env.uid if env is not None else None
+
+
+# ---------------------------------------------------------------------- CLI
+
+def _limit_pair(values: list[int]) -> tuple[int, int]:
+    if len(values) != 2 or values[0] <= 0 or values[1] <= 0:
+        raise ValueError("--limit takes COUNT SIZE, both positive")
+    return values[0], values[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from daemon_runtime.config import add_common_args
+
+    p = argparse.ArgumentParser(
+        prog="rmb-relay",
+        description="RMB relay (wire-compatible with threefoldtech/rmb-rs v1.5.1): peers connect "
+                    "over WebSocket at ws://HOST:PORT/?<jwt>; other relays federate with POST / "
+                    "(raw envelope bytes); /metrics and /health on the same port. Options may also "
+                    "come from --config FILE (TOML) or RMB_RELAY_<OPTION> env vars; flags win.")
+    p.add_argument("-m", "--domain", action="extend", nargs="+", metavar="DOMAIN", default=None,
+                   help="this relay's domain(s), e.g. r1.example.com or 127.0.0.1:8101; a twin whose "
+                        "relays include one of them is delivered locally, other twins are reached "
+                        "by federation. Repeatable, several values allowed (required)")
+    p.add_argument("--listen", metavar="HOST:PORT", default=f"127.0.0.1:{DEFAULT_PORT}",
+                   help="address to serve on (WebSocket, federation, /metrics, /health); port 0 "
+                        "picks a free port, announced as 'READY {\"port\": N, ...}' on stdout "
+                        f"(default: 127.0.0.1:{DEFAULT_PORT})")
+    p.add_argument("--redis", metavar="URL", default="redis://127.0.0.1:6379/0",
+                   help="Redis URL for the offline queues (default: redis://127.0.0.1:6379/0)")
+    p.add_argument("--registry", metavar="URL", default="http://127.0.0.1:8100",
+                   help="twin registry base URL used to look twins up (default: http://127.0.0.1:8100)")
+    p.add_argument("--limit", nargs=2, type=int, metavar=("COUNT", "SIZE"), default=None,
+                   help="rate limit per twin: at most COUNT envelopes and SIZE bytes per fixed 60 s "
+                        "window; over it the envelope is dropped and the sender gets 'exceeded rate "
+                        "limits, dropping message' (default: no limit)")
+    p.add_argument("--ranker-period", metavar="SECONDS", type=float, default=3600.0,
+                   help="window in which relay failures count against a relay's rank; ranks heal "
+                        "after it (default: 3600)")
+    p.add_argument("--max-size", metavar="BYTES", type=int, default=MAX_ENVELOPE_SIZE,
+                   help=f"largest envelope accepted, bytes; larger ones get a relay error, frames over "
+                        f"twice this close the connection with 1009 (default: {MAX_ENVELOPE_SIZE})")
+    p.add_argument("--queue-ttl", metavar="SECONDS", type=float, default=3600.0,
+                   help="longest time an envelope for an offline twin is kept, and the longest a "
+                        "federation retry plan runs (default: 3600)")
+    p.add_argument("--queue-maxlen", metavar="N", type=int, default=10000,
+                   help="approximate bound on queued envelopes per offline (twin, session) (default: 10000)")
+    p.add_argument("--twin-cache-ttl", metavar="SECONDS", type=float, default=60.0,
+                   help="how long a looked-up twin is reused before asking the registry again (default: 60)")
+    p.add_argument("--grace", metavar="SECONDS", type=float, default=10.0,
+                   help="on SIGTERM/SIGINT: how long federation attempts in flight may finish "
+                        "before they are cancelled (default: 10)")
+    add_common_args(p)
+    return p
+
+
+def _flatten(values) -> list[str]:
+    out: list[str] = []
+    for v in values or []:
+        if isinstance(v, (list, tuple)):
+            out.extend(_flatten(v))
+        else:
+            out.extend(x for x in str(v).replace(",", " ").split() if x)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script `rmb-relay` (see --help). Exit 0 after SIGTERM/SIGINT."""
+    from daemon_runtime.config import load_args
+    from daemon_runtime.lifecycle import Ready, parse_hostport, run_daemon
+
+    parser = build_parser()
+    args = load_args(parser, argv, env_prefix="RMB_RELAY_")
+    domains = list(dict.fromkeys(_flatten(args.domain)))
+    if not domains:
+        parser.error("--domain is required (this relay's domain, e.g. 127.0.0.1:8101)")
+    try:
+        host, port = parse_hostport(args.listen)
+    except ValueError as exc:
+        parser.error(f"--listen: {exc}")
+    limit = None
+    if args.limit is not None:
+        try:
+            limit = _limit_pair(list(args.limit))
+        except ValueError as exc:
+            parser.error(str(exc))
+    for name in ("ranker_period", "max_size", "queue_ttl", "queue_maxlen", "twin_cache_ttl"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.grace < 0:
+        parser.error("--grace must be >= 0")
+
+    async def run(stop: asyncio.Event) -> None:
+        events = EventLog("rmb-relay", domains[0], [RMB_EVENTS], sink=args.log,
+                          min_level=args.log_level)
+        relay = RelayServer(domains=domains, host=host, port=port, redis_url=args.redis,
+                            registry_url=args.registry, events=events, limit=limit,
+                            ranker_period=args.ranker_period, max_size=args.max_size,
+                            queue_ttl=args.queue_ttl, queue_maxlen=args.queue_maxlen,
+                            directory=TwinDirectory(args.registry, cache_ttl=args.twin_cache_ttl))
+        relay._own_directory = True
+        try:
+            bound = await relay.start()
+            Ready(port=bound, service="rmb-relay", domains=domains).announce()
+            await stop.wait()
+        finally:
+            await relay.close(grace=args.grace)
+            events.close()
+
+    return run_daemon(run)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -5,7 +5,9 @@ UTF-8, of: uid, tags (if set), timestamp, expiration, source twin then source co
 (if set), destination twin then connection (if set), then the message body (request:
 command; error: code then message; response / ping / pong / none: nothing), schema (if
 set), federation (if set), the raw plain or cipher bytes (if set), each relays entry in
-order. An unset source/destination counts as twin 0 (rmb-rs reads the default Address).
+order. An unset source/destination counts as twin 0 (rmb-rs reads the default Address;
+rmb-sdk-go writes nothing instead: the two differ only for envelopes without a source,
+i.e. unsigned relay errors, so no signed envelope is affected).
 
 signature = type byte (b"e"/b"s") + sign(16-byte digest) -> 65 bytes in Envelope field 9.
 """

@@ -109,7 +109,8 @@ def _split(token: str) -> dict:
     sub = claims.get("sub")
     if not isinstance(sub, int) or isinstance(sub, bool) or not (0 < sub < 2**32):
         raise TokenError(401, "token has no valid sub (twin id)")
-    sid = claims.get("sid")
+    sid = claims.get("sid")  # rmb-sdk-go omits "sid" for the default session
+    claims["sid"] = sid
     if sid is not None and not isinstance(sid, str):
         raise TokenError(401, "token sid is not a string or null")
     if sid == "":
@@ -123,7 +124,8 @@ def _split(token: str) -> dict:
 
 def token_claims_unverified(token: str) -> dict:
     """Decode the claims without checking the signature (the relay needs `sub` to look the
-    twin up first). Returns {"sub": int, "sid": str|None, "iat": int, "exp": int}.
+    twin up first). Returns {"sub": int, "sid": str|None, "iat": int, "exp": int} (a
+    missing "sid", as rmb-sdk-go sends for the default session, reads as None).
     Raises TokenError(400) for an empty token, TokenError(401) for undecodable, a header
     alg other than RS512, missing/invalid sub/iat/exp, or sid == ""."""
     return _split(token)

@@ -179,15 +179,22 @@ def test_jwt_sr25519_by_hand_and_null_sid():
     assert not sr25519.verify(sig[1:], hashlib.sha512(f"{h}.{c}".encode()).digest(), ident.account)
 
 
-def test_jwt_from_a_foreign_signer_verifies():
+@pytest.mark.parametrize("claims,expected", [
+    ({"exp": 200, "iat": 100, "sid": "x", "sub": 12}, (12, "x")),
+    # rmb-sdk-go NewJWT: jwt.MapClaims (keys sorted), "sid" omitted when the session is ""
+    ({"exp": 200, "iat": 100, "sub": 12}, (12, None)),
+])
+def test_jwt_from_a_foreign_signer_verifies(claims, expected):
     """A token assembled by hand (as the Go SDK / TS client would) passes verify_token."""
     raw = Ed25519PrivateKey.from_private_bytes(bytes(32))
     account = raw.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    head = b64url(json.dumps({"typ": "JWT", "alg": "RS512"}).encode())  # other key order, spaces
-    body = b64url(json.dumps({"exp": 200, "iat": 100, "sid": "x", "sub": 12}).encode())
-    token = f"{head}.{body}." + b64url(b"e" + raw.sign(f"{head}.{body}".encode()))
-    assert verify_token(token, account, 150) == (12, "x")
     Ed25519PublicKey.from_public_bytes(account)  # sanity: the account is a valid key
+    head = b64url(json.dumps({"alg": "RS512", "typ": "JWT"}, separators=(",", ":")).encode())
+    body = b64url(json.dumps(claims, separators=(",", ":")).encode())
+    token = f"{head}.{body}." + b64url(b"e" + raw.sign(f"{head}.{body}".encode()))
+    assert verify_token(token, account, 150) == expected
+    with pytest.raises(Exception, match="token expired"):
+        verify_token(token, account, 201)
 
 
 # ---------------------------------------------------------------- e2e

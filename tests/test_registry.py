@@ -206,3 +206,34 @@ def test_console_script_ready_and_sigterm(redis_url, tmp_path):
         assert proc.wait(timeout=10) == 0
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert lines[0]["service"] == "rmb-registry" and lines[0]["event"] == "rmb.registry.twin_created"
+
+
+async def test_storage_down_is_503_and_unhealthy_and_oversize_is_413():
+    import redis.asyncio as aioredis
+    from aiohttp import web
+    from rmb_relay.registry import MAX_BODY, create_app
+
+    sink = io.StringIO()
+    events = EventLog("rmb-registry", "test", [RMB_EVENTS], sink=sink)
+    dead = aioredis.Redis.from_url("redis://127.0.0.1:1", socket_connect_timeout=1)
+    runner = web.AppRunner(create_app(dead, events), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/health") as r:
+                assert r.status == 200
+            async with s.get(url + "/twins/1") as r:
+                assert r.status == 503 and (await r.json())["error"] == "registry storage unavailable"
+            async with s.get(url + "/health") as r:
+                assert r.status == 503 and (await r.json())["ok"] is False
+            async with s.post(url + "/twins", data=b"x" * (MAX_BODY + 1)) as r:
+                assert r.status == 413
+    finally:
+        await runner.cleanup()
+        await dead.aclose()
+        events.close()
+    statuses = [json.loads(x)["attrs"]["status"] for x in sink.getvalue().splitlines()]
+    assert statuses == [503, 413]  # each refusal logged exactly once

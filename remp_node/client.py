@@ -1,0 +1,351 @@
+"""The REMP client core (the full node side): no I/O, no clock, datagram-shaped.
+
+Sources: DESIGN.md sections 2 and 4; seeds/remp-overview.md ("REMP Client protocol",
+"Proposals for speeding up"); seeds/remp-protocol-b.txt ("Message statuses", "Rejection
+sequences"); reference timings: client resend 2 s, Timeout after 4 min.
+
+What it does, per submitted message:
+
+1. `submit(boc, now)`: parse (messages.parse_external_message) and pre-execute against the
+   full node's shard state (state.ShardState.precheck). On failure: a RejectedByFullnode
+   receipt signed by the full node's key and a final `FinalStatus("rejected")`.
+2. Validator selection: send a `tonNode.rempMessage` datagram (wire.py) to ONE validator of
+   the destination shard's current group; every `resend_interval` seconds (2 s) add one more
+   validator, until more than 1/3 of the group has answered (any verified receipt counts as
+   an answer; 1/3 + 1 guarantees one honest relayer). Near a session switch `groups` returns
+   a non-empty next group: the same rule then runs for that group too. When every member
+   of a group has been sent to and too few answered, the unanswered ones get the message
+   again each interval (datagram loss). Each wave that reaches a new validator produces a
+   SentToValidators status (sent_to = distinct validators reached, total_validators = size
+   of current + next group), signed by the full node.
+3. Receipts in (`receive_datagram`): a `tonNode.rempSignedReceipt` is verified against the
+   validator keys of the message's groups (plus `extra_keys()`); each new verified receipt
+   becomes a `ReceiptEvent(origin="validator")`.
+4. Final status: an Accepted/Masterchain ("Finalized") receipt -> the full node issues its
+   own signed Finalized (same block ids) and `FinalStatus("finalized")`. A message is finally
+   rejected only when every validator that reported it (New or later) has ended it with
+   RejectedBy*/Timeout -> `FinalStatus("rejected")` (or "timeout" if all were Timeout).
+   After `lifetime` seconds (240 s default) without a final status: a full-node Timeout
+   receipt and `FinalStatus("timeout")`.
+
+Time: `now` is the caller's clock in seconds (loop.time() in daemons). Receipt timestamps and
+wallet `valid_until` checks need Unix time: `wall_clock(now)` maps `now` to Unix seconds
+(identity by default, so fake clocks in tests start at a Unix epoch value).
+
+Errors: malformed datagrams raise wire.WireError or receipts.ReceiptError (ValueErrors, remote
+errors: the adapter logs once and drops); misuse of the API raises ClientError.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from .keys import NodeKey, key_id
+from .messages import ExternalMessage, MessageRejected, message_id_of, parse_external_message, shard_hex
+from .receipts import (
+    Accepted, Level, Receipt, ReceiptError, Rejected, SentToValidators, SignedReceipt, Timeout,
+    kind_of, sign_receipt, to_json,
+)
+from .tl import ZERO_BLOCK_ID
+from .wire import RempMessageDatagram, decode_datagram, encode_remp_message
+
+#: Seconds between adding validators / resending (reference: client resend 2 s).
+RESEND_INTERVAL = 2.0
+#: Seconds a full node tracks a message before its own Timeout (docs: Timeout after 4 min).
+MESSAGE_LIFETIME = 240.0
+#: Seconds a finished message id is remembered to drop late receipts quietly.
+FINISHED_MEMORY = 600.0
+
+#: groups(shard, now) -> (current group public keys, next group public keys or []).
+GroupsFn = Callable[[int, float], "tuple[Sequence[bytes], Sequence[bytes]]"]
+
+
+class ClientError(Exception):
+    """Local misuse of RempClient (e.g. an account of an unknown workchain state)."""
+
+
+class RempClientEvent:
+    """Base class of the events `RempClient.next_event()` returns."""
+
+
+@dataclass(frozen=True)
+class ReceiptEvent(RempClientEvent):
+    """A status of a message: produced by this full node (origin "fullnode":
+    SentToValidators, RejectedByFullnode, Finalized, Timeout) or received from a validator
+    and verified (origin "validator").
+
+    message_id: 32 bytes; receipt: the Receipt; signature: its 64-byte ed25519 signature;
+    origin: "fullnode" | "validator"; shard: destination shard ident (0 if unknown)."""
+
+    message_id: bytes
+    receipt: Receipt
+    signature: bytes
+    origin: str
+    shard: int = 0
+
+    @property
+    def kind(self) -> str:
+        """JSON kind of the status."""
+        return kind_of(self.receipt.status)
+
+    def to_json(self) -> dict[str, Any]:
+        """The seed's JSON object for this status (receipts.to_json)."""
+        return to_json(self.receipt, self.signature)
+
+    def signed(self) -> SignedReceipt:
+        """The status as a SignedReceipt (for a Redis stream / WebSocket subscriber)."""
+        return SignedReceipt(self.receipt.serialize(), self.signature)
+
+
+@dataclass(frozen=True)
+class FinalStatus(RempClientEvent):
+    """The message's processing is over (emitted once per message).
+
+    message_id: 32 bytes; outcome: "finalized" | "rejected" | "timeout"; kind: the JSON kind
+    that decided it ("Finalized", "RejectedByFullnode", "RejectedByCollator", ..., "Timeout");
+    reason: error text(s) for rejections ("" otherwise); elapsed: seconds since submit;
+    datagrams: rempMessage datagrams this full node sent for it."""
+
+    message_id: bytes
+    outcome: str
+    kind: str
+    reason: str
+    elapsed: float
+    datagrams: int
+
+
+@dataclass
+class _Tracked:
+    msg: ExternalMessage
+    shard: int
+    submitted: float
+    deadline: float
+    next_send: float
+    sent: dict[bytes, float] = field(default_factory=dict)        # key id -> last send time
+    keys: dict[bytes, bytes] = field(default_factory=dict)        # key id -> public key
+    answered: set[bytes] = field(default_factory=set)             # key ids with >= 1 receipt
+    ended: dict[bytes, str] = field(default_factory=dict)         # key id -> source-final kind
+    errors: dict[bytes, str] = field(default_factory=dict)
+    seen: set[bytes] = field(default_factory=set)                 # sha256 of signed receipts
+    datagrams: int = 0
+    reported_sent: int = 0
+
+
+class RempClient:
+    """REMP client core of one full node. See the module doc for the protocol.
+
+    key: the full node's NodeKey (signs its statuses and rempMessage datagrams).
+    states: the full node's view of the shard states: an object with `workchain`,
+        `shard_of(dst) -> shard ident` and `state_for(dst) -> state.ShardState`
+        (state.ZeroState fits; keep it updated from accepted blocks).
+    groups: groups(shard, now) -> (current, next) lists of validator public keys (32 bytes);
+        `next` non-empty only near a master session switch (the caller's schedule decides).
+    resend_interval, lifetime: seconds (RESEND_INTERVAL, MESSAGE_LIFETIME).
+    wall_clock: now -> Unix seconds (receipt timestamps in ms, valid_until checks).
+    extra_keys: () -> more validator public keys whose receipts are accepted (e.g. the
+        previous session's group, which also serves the RMQ).
+    """
+
+    def __init__(self, key: NodeKey, states: Any, groups: GroupsFn, *,
+                 resend_interval: float = RESEND_INTERVAL, lifetime: float = MESSAGE_LIFETIME,
+                 wall_clock: Callable[[float], float] = lambda now: now,
+                 extra_keys: Callable[[], Iterable[bytes]] = lambda: ()):
+        if resend_interval <= 0 or lifetime <= 0:
+            raise ClientError("resend_interval and lifetime must be > 0")
+        self.key = key
+        self.states = states
+        self.groups = groups
+        self.resend_interval = resend_interval
+        self.lifetime = lifetime
+        self.wall_clock = wall_clock
+        self.extra_keys = extra_keys
+        self._tracked: dict[bytes, _Tracked] = {}
+        self._finished: dict[bytes, float] = {}
+        self._out: list[tuple[bytes, bytes]] = []
+        self._events: deque[RempClientEvent] = deque()
+        #: Counters: "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts",
+        #: "receipts_dropped" (unknown/finished message or duplicate), "finalized",
+        #: "rejected", "timeout".
+        self.stats: dict[str, int] = {k: 0 for k in (
+            "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts", "receipts_dropped",
+            "finalized", "rejected", "timeout")}
+
+    # -- public API ---------------------------------------------------------------------
+
+    def submit(self, boc: bytes, now: float) -> bytes:
+        """Accept a message BOC from a user; returns its 32-byte message id (root cell hash;
+        sha256 of the bytes when the BOC does not decode). Produces the first datagram (to
+        one validator) or, when the message is refused, a RejectedByFullnode ReceiptEvent
+        and FinalStatus("rejected"). Re-submitting a tracked message is a no-op."""
+        self.stats["submitted"] += 1
+        wall = self.wall_clock(now)
+        try:
+            msg = parse_external_message(boc, (self.states.workchain,))
+        except MessageRejected as exc:
+            mid = message_id_of(boc) or hashlib.sha256(bytes(boc)).digest()
+            self._reject_locally(mid, exc.reason, 0, now)
+            return mid
+        if msg.id in self._tracked:
+            return msg.id
+        try:
+            self.states.state_for(msg.dst).precheck(msg, wall)
+            shard = self.states.shard_of(msg.dst)
+        except MessageRejected as exc:
+            self._reject_locally(msg.id, exc.reason, 0, now)
+            return msg.id
+        self._finished.pop(msg.id, None)
+        self._tracked[msg.id] = _Tracked(msg, shard, now, now + self.lifetime, now)
+        self._tick(now)
+        return msg.id
+
+    def receive_datagram(self, data: bytes, src_key_id: bytes, now: float) -> None:
+        """Feed one datagram from a validator (src_key_id: its 32-byte key id, from the
+        transport). Verified receipts become events. Raises WireError / ReceiptError for
+        malformed or unverifiable input (remote errors); receipts for unknown or finished
+        messages and duplicates are dropped silently (stats["receipts_dropped"])."""
+        dg = decode_datagram(data)
+        if isinstance(dg, RempMessageDatagram):
+            raise ReceiptError("malformed", "a full node does not accept tonNode.rempMessage datagrams")
+        receipt = dg.open()
+        t = self._tracked.get(receipt.message_id)
+        if t is None:
+            self.stats["receipts_dropped"] += 1
+            return
+        digest = hashlib.sha256(dg.serialize()).digest()
+        if digest in t.seen:
+            self.stats["receipts_dropped"] += 1
+            return
+        keys = list(t.keys.values()) + list(self.extra_keys())
+        dg.verify(keys)  # raises ReceiptError unknown_source / bad_signature
+        t.seen.add(digest)
+        self.stats["receipts"] += 1
+        src = receipt.source_id
+        t.answered.add(src)
+        self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", t.shard))
+        kind = kind_of(receipt.status)
+        st = receipt.status
+        if isinstance(st, Accepted) and st.level == Level.MASTERCHAIN:
+            own = self._own_receipt(t.msg.id, Accepted(Level.MASTERCHAIN, st.block_id, st.master_id), now)
+            self._events.append(ReceiptEvent(t.msg.id, own.open(), own.signature, "fullnode", t.shard))
+            self._finish(t, "finalized", "Finalized", "", now)
+            return
+        if kind in ("RejectedByQueue", "RejectedByCollator", "RejectedByShardchain",
+                    "RejectedByMasterchain", "Timeout"):
+            t.ended[src] = kind
+            if isinstance(st, Rejected):
+                t.errors[src] = st.error
+        elif src in t.ended and kind not in ("Duplicate",):
+            # the validator took the message up again (e.g. New after a session switch)
+            t.ended.pop(src, None)
+            t.errors.pop(src, None)
+        if t.answered and all(s in t.ended for s in t.answered):
+            kinds = [t.ended[s] for s in sorted(t.answered)]
+            if all(k == "Timeout" for k in kinds):
+                self._finish(t, "timeout", "Timeout", "", now)
+            else:
+                decisive = kind if kind != "Timeout" else next(k for k in kinds if k != "Timeout")
+                reasons = "; ".join(sorted({e for e in t.errors.values() if e}))
+                self._finish(t, "rejected", decisive, reasons, now)
+        self._tick(now)
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, bytes]]:
+        """Run due timers, then drain the outbox: [(validator key id, datagram bytes)]."""
+        self._tick(now)
+        out, self._out = self._out, []
+        return out
+
+    def get_timer(self) -> float | None:
+        """Earliest deadline (seconds, caller's clock) at which handle_timer must run."""
+        times = [min(t.next_send, t.deadline) for t in self._tracked.values()]
+        if self._finished:
+            times.append(min(self._finished.values()))
+        return min(times) if times else None
+
+    def handle_timer(self, now: float) -> None:
+        """Send due waves, expire messages, forget old finished ids."""
+        self._tick(now)
+
+    def next_event(self) -> RempClientEvent | None:
+        """The next ReceiptEvent / FinalStatus, or None."""
+        return self._events.popleft() if self._events else None
+
+    def pending(self) -> list[bytes]:
+        """Ids of messages still being tracked (no final status yet)."""
+        return list(self._tracked)
+
+    def sent_to(self, message_id: bytes) -> list[bytes]:
+        """Key ids of the validators a tracked message was sent to (in order)."""
+        t = self._tracked.get(message_id)
+        return list(t.sent) if t else []
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _own_receipt(self, message_id: bytes, status, now: float) -> SignedReceipt:
+        ts = int(round(self.wall_clock(now) * 1000))
+        return sign_receipt(Receipt(message_id, status, ts, self.key.key_id), self.key)
+
+    def _reject_locally(self, message_id: bytes, reason: str, shard: int, now: float) -> None:
+        self.stats["rejected_by_fullnode"] += 1
+        signed = self._own_receipt(message_id, Rejected(Level.FULLNODE, ZERO_BLOCK_ID, reason), now)
+        self._events.append(ReceiptEvent(message_id, signed.open(), signed.signature, "fullnode", shard))
+        self._events.append(FinalStatus(message_id, "rejected", "RejectedByFullnode", reason, 0.0, 0))
+        self._finished[message_id] = now + FINISHED_MEMORY
+
+    def _finish(self, t: _Tracked, outcome: str, kind: str, reason: str, now: float) -> None:
+        self._tracked.pop(t.msg.id, None)
+        self._finished[t.msg.id] = now + FINISHED_MEMORY
+        self.stats[outcome] += 1
+        self._events.append(FinalStatus(t.msg.id, outcome, kind, reason, now - t.submitted, t.datagrams))
+
+    def _send(self, t: _Tracked, kid: bytes, now: float) -> None:
+        ts = int(round(self.wall_clock(now) * 1000))
+        self._out.append((kid, encode_remp_message(t.msg.boc, t.msg.id, ts, self.key)))
+        t.sent[kid] = now
+        t.datagrams += 1
+        self.stats["datagrams_sent"] += 1
+
+    def _wave(self, t: _Tracked, now: float) -> None:
+        current, nxt = self.groups(t.shard, now)
+        total: set[bytes] = set()
+        for group in (current, nxt):
+            ids = [key_id(pk) for pk in group]
+            for pk, kid in zip(group, ids):
+                t.keys[kid] = pk
+            total.update(ids)
+            if not ids or sum(1 for k in ids if k in t.answered) * 3 > len(ids):
+                continue
+            start = int.from_bytes(t.msg.id[:4], "big") % len(ids)
+            order = ids[start:] + ids[:start]
+            fresh = [k for k in order if k not in t.sent]
+            if fresh:
+                self._send(t, fresh[0], now)
+            else:  # everyone was tried: the datagrams or answers may have been lost
+                for k in order:
+                    if k not in t.answered and t.sent[k] <= now - self.resend_interval:
+                        self._send(t, k, now)
+        reached = len(t.sent)
+        if reached > t.reported_sent:
+            t.reported_sent = reached
+            signed = self._own_receipt(t.msg.id, SentToValidators(reached, len(total)), now)
+            self._events.append(ReceiptEvent(t.msg.id, signed.open(), signed.signature, "fullnode", t.shard))
+
+    def _tick(self, now: float) -> None:
+        for t in list(self._tracked.values()):
+            if now >= t.deadline:
+                signed = self._own_receipt(t.msg.id, Timeout(), now)
+                self._events.append(ReceiptEvent(t.msg.id, signed.open(), signed.signature, "fullnode", t.shard))
+                self._finish(t, "timeout", "Timeout", f"no final status within {self.lifetime:g} s", now)
+                continue
+            if now >= t.next_send:
+                self._wave(t, now)
+                t.next_send = now + self.resend_interval
+        for mid, until in list(self._finished.items()):
+            if until <= now:
+                del self._finished[mid]
+
+
+def shard_label(shard: int) -> str:
+    """Shard ident as 16 hex digits (event log attribute `shard`)."""
+    return shard_hex(shard)

@@ -1,0 +1,269 @@
+"""REMP client core against scripted validators on a fake clock: validator selection timing
+(one, then one more every 2 s until > 1/3 answered), next-group sends near a session switch,
+loss and resend, SentToValidators, Finalized, final rejection only when every validator that
+said New ended, Timeout, RejectedByFullnode, and receipt verification."""
+import base64
+import json
+
+import pytest
+
+from remp_node.client import FinalStatus, ReceiptEvent, RempClient
+from remp_node.keys import NodeKey
+from remp_node.messages import parse_external_message
+from remp_node.receipts import (
+    Accepted, Duplicate, Ignored, Level, New, ReceiptError, Rejected, SignedReceipt, Timeout,
+    make_signed_receipt, verify_receipt_json,
+)
+from remp_node.state import build_zero_state, make_wallet_message, wallet_address
+from remp_node.tl import BlockIdExt
+from remp_node.wire import RempMessageDatagram, decode_datagram
+
+T0 = 1_700_000_000.0
+FULL = NodeKey.from_seed(b"\xf0" * 32)
+ALICE = NodeKey.from_seed(b"\x01" * 32)
+BOB = NodeKey.from_seed(b"\x04" * 32)
+A, B = wallet_address(ALICE.public), wallet_address(BOB.public)
+VALS = [NodeKey.from_seed(bytes([0x10 + i]) * 32) for i in range(14)]
+BY_ID = {v.key_id: v for v in VALS}
+G1, G2 = VALS[:7], VALS[7:]
+SHARD_BLOCK = BlockIdExt(0, 0x4000000000000000, 9, b"\x01" * 32, b"\x02" * 32)
+MC_BLOCK = BlockIdExt(-1, 0x8000000000000000, 4, b"\x03" * 32, b"\x04" * 32)
+
+
+def groups_fixed(shard, now):
+    return [v.public for v in G1], []
+
+
+class Net:
+    """The full node plus scripted validators: `answer(validator, msg_id)` -> statuses."""
+
+    def __init__(self, client, answer=None, drop=lambda dst, n: False):
+        self.c, self.answer, self.drop = client, answer, drop
+        self.delivered = []  # (time, dst key id)
+        self.events = []
+        self.n = 0
+
+    def step(self, now):
+        for dst, data in self.c.datagrams_to_send(now):
+            self.n += 1
+            dg = decode_datagram(data)
+            assert isinstance(dg, RempMessageDatagram) and dg.verify(FULL.public)
+            if self.drop(dst, self.n):
+                continue
+            self.delivered.append((now, dst))
+            msg = parse_external_message(dg.boc)
+            assert msg.id == dg.message_id
+            v = BY_ID[dst]
+            for st in (self.answer(v, msg.id) if self.answer else []):
+                self.send_receipt(v, msg.id, st, now)
+        while (ev := self.c.next_event()) is not None:
+            self.events.append(ev)
+
+    def send_receipt(self, v, mid, status, now):
+        sr = make_signed_receipt(v, mid, status, int(now * 1000))
+        self.c.receive_datagram(sr.serialize(), v.key_id, now)
+
+    def run(self, until, dt=0.5, start=T0):
+        now = start
+        while now <= until:
+            self.step(now)
+            now += dt
+        return now
+
+    def finals(self):
+        return [e for e in self.events if isinstance(e, FinalStatus)]
+
+    def kinds(self, origin=None):
+        return [e.kind for e in self.events if isinstance(e, ReceiptEvent) and (origin is None or e.origin == origin)]
+
+
+def client(groups=groups_fixed, **kw):
+    zs = build_zero_state(wallets=[(ALICE.public, 1000), (BOB.public, 10)])
+    return RempClient(FULL, zs, groups, **kw)
+
+
+def wallet_msg(nonce=1, amount=10, valid_until=T0 + 600):
+    return make_wallet_message(ALICE, A, B, amount, int(valid_until), nonce)
+
+
+def test_selection_stops_after_more_than_a_third_answered():
+    c = client()
+    net = Net(c, answer=lambda v, mid: [New()])
+    mid = c.submit(wallet_msg(), T0)
+    net.run(T0 + 20)
+    # 7 validators: 3 answers needed (3*3 > 7); one new validator every 2 s
+    assert [round(t - T0, 1) for t, _ in net.delivered] == [0.0, 2.0, 4.0]
+    assert len(set(d for _, d in net.delivered)) == 3
+    sent = [e.receipt.status for e in net.events if isinstance(e, ReceiptEvent) and e.kind == "SentToValidators"]
+    assert [(s.sent_to, s.total_validators) for s in sent] == [(1, 7), (2, 7), (3, 7)]
+    assert net.kinds("validator") == ["PutIntoQueue"] * 3
+    assert c.pending() == [mid] and net.finals() == []
+
+
+def test_no_answers_reaches_everyone_then_resends():
+    c = client()
+    net = Net(c)
+    c.submit(wallet_msg(), T0)
+    net.run(T0 + 14.1, dt=0.25)
+    times = [t - T0 for t, _ in net.delivered]
+    assert times[:7] == [0, 2, 4, 6, 8, 10, 12]
+    assert len(set(d for _, d in net.delivered[:7])) == 7
+    assert times[7:] == [14.0] * 7  # all were tried: resend to every unanswered one
+
+
+def test_loss_is_covered_by_adding_validators():
+    c = client()
+    net = Net(c, answer=lambda v, mid: [New()], drop=lambda dst, n: n <= 2)
+    c.submit(wallet_msg(), T0)
+    net.run(T0 + 20)
+    assert len(net.delivered) == 3 and round(net.delivered[0][0] - T0) == 4
+
+
+def test_session_switch_also_sends_to_next_group():
+    def groups(shard, now):
+        return [v.public for v in G1], ([v.public for v in G2] if now >= T0 + 3 else [])
+    c = client(groups)
+    net = Net(c)
+    c.submit(wallet_msg(), T0)
+    net.run(T0 + 4)
+    dsts = [d for _, d in net.delivered]
+    assert sum(d in {v.key_id for v in G1} for d in dsts) == 3  # t = 0, 2, 4
+    assert sum(d in {v.key_id for v in G2} for d in dsts) == 1  # from t = 4 on
+    sent = [e.receipt.status for e in net.events if e.kind == "SentToValidators"]
+    assert (sent[-1].sent_to, sent[-1].total_validators) == (4, 14)
+
+
+def test_finalized_from_masterchain_receipt():
+    c = client()
+    net = Net(c, answer=lambda v, mid: [New()])
+    mid = c.submit(wallet_msg(), T0)
+    net.run(T0 + 1)
+    v = BY_ID[net.delivered[0][1]]
+    net.send_receipt(v, mid, Accepted(Level.COLLATOR, SHARD_BLOCK), T0 + 1.2)
+    net.send_receipt(v, mid, Accepted(Level.MASTERCHAIN, SHARD_BLOCK, MC_BLOCK), T0 + 6)
+    net.step(T0 + 6)
+    (final,) = net.finals()
+    assert final.outcome == "finalized" and final.kind == "Finalized" and final.elapsed == 6
+    own = [e for e in net.events if isinstance(e, ReceiptEvent) and e.origin == "fullnode" and e.kind == "Finalized"]
+    assert len(own) == 1 and own[0].receipt.source_id == FULL.key_id
+    assert own[0].receipt.status.master_id == MC_BLOCK
+    assert verify_receipt_json(own[0].to_json(), [FULL.public]) == own[0].receipt
+    assert c.pending() == []
+    net.send_receipt(v, mid, Accepted(Level.MASTERCHAIN, SHARD_BLOCK, MC_BLOCK), T0 + 7)  # late: dropped
+    assert c.stats["receipts_dropped"] == 1
+
+
+def test_rejected_only_when_every_new_sayer_ended():
+    c = client()
+    net = Net(c, answer=lambda v, mid: [New()])
+    mid = c.submit(wallet_msg(), T0)
+    net.run(T0 + 5)
+    vs = [BY_ID[d] for _, d in net.delivered]
+    assert len(vs) == 3
+    net.send_receipt(vs[0], mid, Rejected(Level.COLLATOR, SHARD_BLOCK, "Insufficient balance: 1 < 10"), T0 + 6)
+    net.send_receipt(vs[1], mid, Ignored(Level.COLLATOR, SHARD_BLOCK), T0 + 6)
+    net.send_receipt(vs[1], mid, Rejected(Level.COLLATOR, SHARD_BLOCK, "Message expired"), T0 + 7)
+    net.step(T0 + 7)
+    assert net.finals() == []
+    net.send_receipt(vs[2], mid, Timeout(), T0 + 8)
+    net.step(T0 + 8)
+    (final,) = net.finals()
+    assert final.outcome == "rejected" and final.kind == "RejectedByCollator"
+    assert "Insufficient balance" in final.reason and "Message expired" in final.reason
+
+
+def test_all_timeouts_give_timeout():
+    c = client()
+    net = Net(c, answer=lambda v, mid: [New(), Duplicate(SHARD_BLOCK)])
+    mid = c.submit(wallet_msg(), T0)
+    net.run(T0 + 5)
+    for _, d in net.delivered:
+        net.send_receipt(BY_ID[d], mid, Timeout(), T0 + 9)
+    net.step(T0 + 9)
+    (final,) = net.finals()
+    assert final.outcome == "timeout" and final.kind == "Timeout"
+
+
+def test_lifetime_timeout():
+    c = client(lifetime=30)
+    net = Net(c)
+    mid = c.submit(wallet_msg(), T0)
+    assert c.get_timer() == T0 + 2
+    net.run(T0 + 29.5)
+    assert net.finals() == []
+    net.step(T0 + 30)
+    (final,) = net.finals()
+    assert final.outcome == "timeout" and final.datagrams == 7 + 7 * 8  # t=0..12 one each, t=14..28 all seven
+    assert net.kinds("fullnode")[-1] == "Timeout"
+
+
+def test_rejected_by_fullnode_precheck_and_parse():
+    c = client()
+    net = Net(c)
+    expired = c.submit(wallet_msg(valid_until=T0 - 1), T0)
+    broke = c.submit(wallet_msg(amount=5000, nonce=2), T0)
+    garbage = c.submit(b"\x01\x02not a boc", T0)
+    net.step(T0)
+    assert net.delivered == []
+    finals = {f.message_id: f for f in net.finals()}
+    assert finals[expired].reason.startswith("Pre-execution failed: Message expired")
+    assert finals[broke].reason == "Pre-execution failed: Insufficient balance: 1000 < 5000"
+    assert finals[garbage].reason.startswith("Can't deserialize message: ")
+    rej = [e for e in net.events if isinstance(e, ReceiptEvent) and e.kind == "RejectedByFullnode"]
+    assert len(rej) == 3 and all(e.receipt.source_id == FULL.key_id for e in rej)
+    for e in rej:
+        assert verify_receipt_json(json.loads(json.dumps(e.to_json())), [FULL.public]).status.error == e.receipt.status.error
+
+
+def test_negative_bocs_rejected_by_fullnode(shared_data):
+    c = client()
+    net = Net(c)
+    rows = [json.loads(x) for x in (shared_data / "ton" / "negative_bocs.jsonl").read_text().splitlines() if x]
+    for row in rows:
+        try:
+            boc = base64.b64decode(row["boc_base64"], validate=True)
+        except ValueError:
+            continue  # not base64 at all: the HTTP front end refuses it (messages.parse_external_message_base64)
+        c.submit(boc, T0)
+    net.step(T0)
+    finals = net.finals()
+    assert len(finals) == len(rows) - 1 and all(f.kind == "RejectedByFullnode" for f in finals)
+    assert all(f.reason.startswith(("Can't deserialize message: ", "Not an inbound external message: "))
+               for f in finals)
+
+
+def test_real_messages_are_sent(shared_data):
+    rows = [json.loads(x) for x in (shared_data / "ton" / "ext_messages.jsonl").read_text().splitlines() if x]
+    zs = build_zero_state(open_accounts=[r["dst"] for r in rows])
+    c = RempClient(FULL, zs, groups_fixed)
+    net = Net(c, answer=lambda v, mid: [New()])
+    ids = [c.submit(base64.b64decode(r["boc_base64"]), T0) for r in rows]
+    assert [i.hex() for i in ids] == [r["root_hash_hex"] for r in rows]
+    net.step(T0)
+    assert len(net.delivered) == 50 and len(c.pending()) == 50
+
+
+def test_forged_and_foreign_receipts():
+    c = client()
+    net = Net(c)
+    mid = c.submit(wallet_msg(), T0)
+    net.step(T0)
+    outsider = NodeKey.from_seed(b"\xee" * 32)
+    with pytest.raises(ReceiptError) as e:
+        c.receive_datagram(make_signed_receipt(outsider, mid, New(), 1).serialize(), outsider.key_id, T0)
+    assert e.value.reason == "unknown_source"
+    v = G1[0]
+    good = make_signed_receipt(v, mid, Rejected(Level.COLLATOR, SHARD_BLOCK, "x"), 1)
+    tampered = bytearray(good.receipt)
+    tampered[-40] ^= 1  # inside the timestamp
+    with pytest.raises(ReceiptError) as e:
+        c.receive_datagram(SignedReceipt(bytes(tampered), good.signature).serialize(), v.key_id, T0)
+    assert e.value.reason == "bad_signature"
+    with pytest.raises(ValueError):
+        c.receive_datagram(b"\x00\x01", v.key_id, T0)
+    other = make_signed_receipt(v, b"\x55" * 32, New(), 1)  # unknown message: dropped
+    c.receive_datagram(other.serialize(), v.key_id, T0)
+    assert c.stats["receipts_dropped"] == 1 and c.stats["receipts"] == 0
+    c.receive_datagram(good.serialize(), v.key_id, T0)
+    c.receive_datagram(good.serialize(), v.key_id, T0)  # duplicate datagram
+    assert c.stats["receipts"] == 1 and c.stats["receipts_dropped"] == 2

@@ -19,4 +19,16 @@ REMP_EVENTS = Catalogue("remp", [
        "reason": "string"}),
     E("remp.masterchain.committed", "a master block committed shard block ids",
       {"block_seqno": "long", "count": "long"}),
+    # full node (REMP client, remp_node/client.py)
+    E("remp.fullnode.sent", "the full node sent the message (tonNode.rempMessage) to a "
+      "validator (peer = validator key id prefix, count = distinct validators reached so far)",
+      {"peer": "string", "shard": "string", "size": "long", "count": "long"}),
+    E("remp.fullnode.final", "the full node's final status for a message (outcome = finalized, "
+      "rejected or timeout, kind = deciding JSON kind, reason = error texts, count = rempMessage "
+      "datagrams sent for it, duration_ms = submit to final)",
+      {"outcome": "string", "kind": "string", "reason": "string", "count": "long",
+       "duration_ms": "double", "shard": "string"}),
+    E("remp.fullnode.dropped", "the full node dropped a datagram from a validator (malformed, "
+      "unknown source or bad signature; reason = exact error)",
+      {"peer": "string", "reason": "string", "size": "long"}),
 ])

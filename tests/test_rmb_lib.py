@@ -201,3 +201,35 @@ def test_relay_error_shape():
     assert not wire.HasField("signature")
     assert wire.WhichOneof("payload") is None
     assert parse_envelope(err.SerializeToString()).uid == env.uid
+
+
+def test_remote_garbage_raises_only_the_documented_errors():
+    """Random bytes/strings never escape as anything but EnvelopeError / TokenError."""
+    import random
+    rng = random.Random(7)
+    valid = request_env().SerializeToString()
+    parsed = 0
+    for _ in range(3000):
+        if rng.random() < 0.5:
+            data = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 48)))
+        else:  # bit flips in a valid envelope
+            data = bytearray(valid)
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            data = bytes(data)
+        try:
+            env = parse_envelope(data)
+        except EnvelopeError:
+            continue
+        parsed += 1
+        assert env.uid and env.destination.twin
+    assert parsed > 0  # the bit-flip half yields some decodable envelopes
+    tok = make_token(KEYS["sr25519"], 5, None, now=1000)
+    for _ in range(1000):
+        chars = list(tok)
+        for _ in range(rng.randint(1, 3)):
+            chars[rng.randrange(len(chars))] = rng.choice("A_-.=x0{}")
+        try:
+            verify_token("".join(chars), KEYS["sr25519"].account, now=1000)
+        except TokenError as exc:
+            assert exc.status == 401

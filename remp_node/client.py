@@ -19,7 +19,8 @@ What it does, per submitted message:
    SentToValidators status (sent_to = distinct validators reached, total_validators = size
    of current + next group), signed by the full node.
 3. Receipts in (`receive_datagram`): a `tonNode.rempSignedReceipt` is verified against the
-   validator keys of the message's groups (plus `extra_keys()`); each new verified receipt
+   validator keys of every group the message was offered to, the shard's groups at `now`,
+   and `extra_keys()` (a validator may learn the message from the RMQ); each new verified receipt
    becomes a `ReceiptEvent(origin="validator")`.
 4. Final status: an Accepted/Masterchain ("Finalized") receipt -> the full node issues its
    own signed Finalized (same block ids) and `FinalStatus("finalized")`. A message is finally
@@ -217,7 +218,8 @@ class RempClient:
         if digest in t.seen:
             self.stats["receipts_dropped"] += 1
             return
-        keys = list(t.keys.values()) + list(self.extra_keys())
+        current, nxt = self.groups(t.shard, now)  # members may answer via the RMQ
+        keys = list(t.keys.values()) + list(current) + list(nxt) + list(self.extra_keys())
         dg.verify(keys)  # raises ReceiptError unknown_source / bad_signature
         t.seen.add(digest)
         self.stats["receipts"] += 1

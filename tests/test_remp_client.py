@@ -267,3 +267,15 @@ def test_forged_and_foreign_receipts():
     c.receive_datagram(good.serialize(), v.key_id, T0)
     c.receive_datagram(good.serialize(), v.key_id, T0)  # duplicate datagram
     assert c.stats["receipts"] == 1 and c.stats["receipts_dropped"] == 2
+
+
+def test_receipt_from_group_member_not_contacted_is_accepted():
+    c = client()
+    net = Net(c)
+    mid = c.submit(wallet_msg(), T0)
+    net.step(T0)
+    (first,) = [d for _, d in net.delivered]
+    other = next(v for v in G1 if v.key_id != first)  # got it from the RMQ, not from us
+    net.send_receipt(other, mid, New(), T0 + 0.5)
+    net.step(T0 + 0.5)
+    assert net.kinds("validator") == ["PutIntoQueue"]

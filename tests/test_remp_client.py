@@ -279,3 +279,22 @@ def test_receipt_from_group_member_not_contacted_is_accepted():
     net.send_receipt(other, mid, New(), T0 + 0.5)
     net.step(T0 + 0.5)
     assert net.kinds("validator") == ["PutIntoQueue"]
+
+
+def test_wire_remp_message_format():
+    from remp_node.tl import REMP_MESSAGE, TLReader
+    from remp_node.wire import WireError, encode_remp_message
+    boc = wallet_msg()
+    mid = parse_external_message(boc).id
+    data = encode_remp_message(boc, mid, 1234, FULL)
+    r = TLReader(data, 1 << 20)
+    assert r.constructor() == REMP_MESSAGE == 0xDD1F6DB1
+    assert r.bytes() == boc and r.int256() == mid and r.long() == 1234 and len(r.bytes()) == 64
+    dg = decode_datagram(data)
+    assert dg.verify(FULL.public) and not dg.verify(ALICE.public)
+    for bad in (data[:-1], data + b"\0\0\0\0", b"\x01\x02\x03\x04" + data[4:], b"", b"\0" * 70000):
+        with pytest.raises(WireError):
+            decode_datagram(bad)
+    with pytest.raises(ValueError):
+        c = client()
+        c.receive_datagram(data, FULL.key_id, T0)  # a full node does not take rempMessage

@@ -94,6 +94,14 @@ class Identity:
         """Key from a 32-byte seed (bytes, or hex with optional 0x). Raises ValueError."""
         return cls(_seed_bytes(seed), key_type)
 
+    @classmethod
+    def from_secret(cls, secret: str, key_type: str = "sr25519") -> "Identity":
+        """rmb-peer's secret argument: "0x" + 64 hex chars = seed, anything else = mnemonic
+        (as rmb-rs `--mnemonic`/`--seed`). Raises ValueError."""
+        if secret.strip().startswith(("0x", "0X")):
+            return cls.from_seed(secret.strip(), key_type)
+        return cls.from_mnemonic(secret, key_type)
+
     @property
     def type_byte(self) -> bytes:
         """b"e" or b"s"."""
@@ -165,6 +173,14 @@ class E2EKey:
     @classmethod
     def from_seed(cls, seed: bytes | str) -> "E2EKey":
         return cls(_seed_bytes(seed))
+
+    @classmethod
+    def from_secret(cls, secret: str) -> "E2EKey":
+        """"0x"-hex seed (used directly as the secp256k1 secret) or mnemonic (rmb-rs
+        `peer/e2e` Pair::from_str). Raises ValueError."""
+        if secret.strip().startswith(("0x", "0X")):
+            return cls.from_seed(secret.strip())
+        return cls.from_mnemonic(secret)
 
     def shared_key(self, peer_pk: bytes) -> bytes:
         """sha256 of the 32-byte x-coordinate of ECDH(sk, peer_pk) (DESIGN.md section 3).

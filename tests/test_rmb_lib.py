@@ -79,6 +79,11 @@ def test_identity_inputs():
         Identity.from_seed(bytes(32), "secp256k1")
     with pytest.raises(ValueError, match="32 bytes"):
         Identity.from_seed(bytes(31))
+    hexseed = "0x" + "01" * 32
+    assert Identity.from_secret(hexseed, "ed25519").account == KEYS["ed25519"].account
+    assert Identity.from_secret(MNEMONIC).account == Identity.from_mnemonic(MNEMONIC).account
+    assert E2EKey.from_secret(hexseed).pk == E2EKey.from_seed(b"\x01" * 32).pk
+    assert E2EKey.from_secret(MNEMONIC).pk == E2EKey.from_mnemonic(MNEMONIC).pk
     # E2E key is derived from the same mini-secret but is unrelated to the account key
     assert E2EKey.from_mnemonic(MNEMONIC).pk[1:] != Identity.from_mnemonic(MNEMONIC).account
 

@@ -68,7 +68,7 @@ further than that cannot catch up from us -- TON would read its DB).
 Errors: bad remote input never raises out of `receive_datagram`; it is dropped, counted in
 `rejected[reason]` and reported as a RejectedDatagram event. Parsers raise
 CatchainRemoteError (a ValueError) with `.reason`; API misuse raises CatchainUsageError.
-Reasons: non_member, oversize, oversize_payload, malformed, unknown_constructor,
+Reasons: non_member, from_self, rate_limited, oversize, oversize_payload, malformed, unknown_constructor,
 bad_incarnation, bad_src, bad_height, bad_prev, bad_deps, empty_payload, bad_signature,
 bad_dep_signature, unknown_self_block, height_gap, blamed_source, pending_full,
 bad_difference_query, bad_fork_proof.
@@ -516,6 +516,7 @@ class Catchain:
         self._refs: dict[bytes, None] = {}          # REF hashes that pending blocks wait for
         self._pending = 0
         self._peer_delivered = [[0] * self.n for _ in range(self.n)]
+        self._last_answer = [-1e300] * self.n
         self._records: deque[bytes] = deque()
         self._records_bytes = 0
         self._next_block_at: float | None = None
@@ -589,13 +590,13 @@ class Catchain:
             if peer is None:
                 raise CatchainRemoteError("non_member", bytes(src).hex()[:16])
             if peer == self.local_index:
-                raise CatchainRemoteError("non_member", "datagram from our own key id")
+                raise CatchainRemoteError("from_self", "datagram claims our own key id")
             cid, obj = parse_datagram(bytes(data), incarnation=self.session_id, n_sources=self.n,
                                       max_size=self.max_datagram, max_payload=self.max_payload)
             if cid in (BLOCK_UPDATE, BLOCK_RESULT):
                 self._on_block(obj, bytes(src), peer, now)  # type: ignore[arg-type]
             elif cid == GET_DIFFERENCE:
-                self._on_get_difference(obj, bytes(src), peer)  # type: ignore[arg-type]
+                self._on_get_difference(obj, bytes(src), peer, now)  # type: ignore[arg-type]
             elif cid == GET_BLOCK:
                 self._on_get_block(obj, bytes(src))  # type: ignore[arg-type]
             elif cid == DIFFERENCE_FORK:
@@ -929,8 +930,13 @@ class Catchain:
             self.stats["get_block_sent"] += 1
             asked += 1
 
-    def _on_get_difference(self, rt: list[int], sender: bytes, peer: int) -> None:
+    def _on_get_difference(self, rt: list[int], sender: bytes, peer: int, now: float) -> None:
         self.stats["get_difference_received"] += 1
+        # one answer per peer per half sync interval: honest peers ask a random member every
+        # 0.75..1.25 sync_interval, and an answer is up to max_difference_blocks datagrams
+        if now - self._last_answer[peer] < self.sync_interval / 2:
+            raise CatchainRemoteError("rate_limited", "getDifference too often")
+        self._last_answer[peer] = now
         for i, x in enumerate(rt):
             if x >= 0 and self._sources[i].blamed:
                 left, right = self._fork_deps(self._sources[i])

@@ -191,10 +191,10 @@ def test_batches_pending_records_into_one_block_per_interval():
     assert len(mine) == 1 and mine[0].records == tuple(b"rec%d" % k for k in range(10))
 
 
-def test_loss_duplication_reordering_still_deliver_everything():
-    n = 7
+@pytest.mark.parametrize("n", [4, 7])
+def test_loss_duplication_reordering_still_deliver_everything(n):
     net = Net(n, loss=0.2, dup=0.2, reorder=6, seed=3)
-    for rnd in range(8):
+    for rnd in range(25):
         submit_round(net, range(n), f"r{rnd}")
         net.run(0.25)
     total = sum(c.stats["blocks_created"] for c in net.cores)
@@ -203,10 +203,12 @@ def test_loss_duplication_reordering_still_deliver_everything():
         keys = _keys(net.delivered(i))
         assert len(keys) == len(set(keys)) == total
         assert_causal(net, i)
-    pulls = sum(c.stats["difference_blocks_sent"] + c.stats["get_block_received"] for c in net.cores)
-    assert pulls > 0                               # the pull paths did real work
+    by_difference = sum(c.stats["difference_blocks_sent"] for c in net.cores)
+    by_get_block = sum(c.stats["get_block_received"] for c in net.cores)
+    assert by_difference > 0 and by_get_block > 0      # both pull paths did real work
+    pulls = by_difference + by_get_block
     assert sum(c.stats["duplicates"] for c in net.cores) > 0
-    print(f"lossy n=7: {total} blocks, converged {took:.2f}s simulated after last submit, "
+    print(f"lossy n={n}: {total} blocks, converged {took:.2f}s simulated after last submit, "
           f"{net.sent} datagrams, pulled {pulls}")
 
 
@@ -337,7 +339,11 @@ def test_bad_datagrams_are_dropped_with_precise_reasons():
         "unknown_self_block": (sign_block(net.keys[0], SESSION, 0, 1, root, (), cc.pack_records([b"x"]))
                                .encode_update(), net.ids[1]),
         "bad_difference_query": (pack_id(cc.GET_DIFFERENCE) + pack_int(2) + pack_int(0) + pack_int(0), net.ids[2]),
+        "from_self": (good.encode_update(), net.ids[0]),
     }
+    ask = pack_id(cc.GET_DIFFERENCE) + pack_int(4) + b"".join(pack_int(0) for _ in range(4))
+    c.receive_datagram(ask, net.ids[3], 0.1)          # answered
+    cases["rate_limited"] = (ask, net.ids[3])         # same peer again at once: refused
     # height gap: a validly signed chain far ahead of what we delivered
     far = Dep(1, 400, b"\x11" * 32, k1.sign(cc.block_id_bytes(SESSION, k1.key_id, 400, b"\x11" * 32)))
     cases["height_gap"] = (sign_block(k1, SESSION, 1, 401, far, (), cc.pack_records([b"x"])).encode_update(),
@@ -363,6 +369,31 @@ def test_bad_datagrams_are_dropped_with_precise_reasons():
     c.receive_datagram(good.encode_update(), net.ids[1], 0.2)
     e = c.next_event()
     assert isinstance(e, BlockDelivered) and e.records == (b"ok",) and e.source == net.ids[1]
+
+
+def test_pending_buffer_is_capped_and_drains_in_order():
+    net = Net(3, max_pending_blocks=20)
+    c = net.cores[0]
+    k1 = net.keys[1]
+    chain, prev = [], cc.root_dep(SESSION, 3)
+    for h in range(1, 41):
+        b = sign_block(k1, SESSION, 1, h, prev, (), cc.pack_records([b"h%d" % h]))
+        chain.append(b)
+        prev = b.dep()
+    for b in chain[1:]:                       # height 1 missing: nothing deliverable
+        c.receive_datagram(b.encode_update(), net.ids[1], 0.0)
+    assert c.pending_blocks == 20 and c.rejected["pending_full"] == 39 - 20
+    assert c.memory()["wanted_blocks"] == 1   # only height 1 is wanted
+    c.receive_datagram(chain[0].encode_update(), net.ids[1], 0.1)
+    got = []
+    while (e := c.next_event()) is not None:
+        if isinstance(e, BlockDelivered):
+            got.append(e.height)
+    assert got == list(range(1, 22)) and c.pending_blocks == 0
+    for b in chain[21:]:
+        c.receive_datagram(b.encode_update(), net.ids[2], 0.2)
+    got = [e.height for e in iter(c.next_event, None) if isinstance(e, BlockDelivered)]
+    assert got == list(range(22, 41))
 
 
 def test_random_mutations_never_raise():

@@ -594,7 +594,7 @@ class Catchain:
             cid, obj = parse_datagram(bytes(data), incarnation=self.session_id, n_sources=self.n,
                                       max_size=self.max_datagram, max_payload=self.max_payload)
             if cid in (BLOCK_UPDATE, BLOCK_RESULT):
-                self._on_block(obj, bytes(src), peer, now)  # type: ignore[arg-type]
+                self._on_block(obj, bytes(src))  # type: ignore[arg-type]
             elif cid == GET_DIFFERENCE:
                 self._on_get_difference(obj, bytes(src), peer, now)  # type: ignore[arg-type]
             elif cid == GET_BLOCK:
@@ -739,7 +739,7 @@ class Catchain:
 
     # --- internals: blocks ------------------------------------------------------------------
 
-    def _on_block(self, blk: WireBlock, sender: bytes, peer: int, now: float) -> None:
+    def _on_block(self, blk: WireBlock, sender: bytes) -> None:
         s = self._sources[blk.src]
         dh = blk.data_hash()
         h = block_hash(self.session_id, s.key_id, blk.height, dh)

@@ -63,7 +63,11 @@ blocks are held (needed ones up to 2x). Memory: delivered blocks of a source are
 once every member is known (from its getDifference rt or the deps of its blocks) to have
 delivered them and they are `prune_window` below that point, and in any case when more
 than `max_blocks_per_source` delivered blocks of that source are stored (a member lagging
-further than that cannot catch up from us -- TON would read its DB).
+further than that cannot catch up from us -- TON would read its DB). getDifference is
+answered at most once per peer per sync_interval/2 ("rate_limited"): one small request
+can trigger max_difference_blocks datagrams (TON bounds this with allow_send_block).
+State is in memory only: a member restarted with the same key and no state would sign a
+new height 1 and be blamed for a fork -- a restarted daemon must join the next session.
 
 Errors: bad remote input never raises out of `receive_datagram`; it is dropped, counted in
 `rejected[reason]` and reported as a RejectedDatagram event. Parsers raise

@@ -1,0 +1,547 @@
+"""Block consensus (remp_node/consensus.py) and the session schedule (remp_node/schedule.py).
+
+The consensus cores run against each other on an in-memory datagram network with a fake
+clock (event-driven: time jumps to the next delivery or timer), with loss, duplication,
+reordering, crashes, a partitioned member, and one equivocating member. The agreement check
+compares every accepted block id at every seqno across all members and verifies each
+BlockAccepted's signatures against the members' keys.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+from collections import defaultdict
+
+import pytest
+
+from remp_node import consensus as C
+from remp_node import schedule as S
+from remp_node.keys import NodeKey
+from remp_node.tl import BlockIdExt, tl_constructor_id
+
+SHARD0 = 0x4000000000000000
+
+
+def keys(n: int, tag: str = "v") -> list[NodeKey]:
+    return [NodeKey.from_seed(hashlib.sha256(f"{tag}{i}".encode()).digest()) for i in range(n)]
+
+
+class Node:
+    """One member: a real BlockConsensus plus the caller-side block logic a validator has —
+    a message pool (collate takes the oldest pending messages), and validate refusing a
+    candidate that holds a message already in an accepted block."""
+
+    def __init__(self, key, members, *, wc=0, shard=SHARD0, round_timeout=1.0, block_interval=0.2,
+                 pool=None, replay=False, bad=False):
+        self.key = key
+        self.pool = list(pool or [])
+        self.included: set[bytes] = set()
+        self.replay = replay       # collates a message that is already in an accepted block
+        self.bad = bad             # collates a payload everybody refuses
+        self.accepted: dict[int, C.BlockAccepted] = {}
+        self.events: list = []
+        self.core = C.BlockConsensus(wc, shard, [k.public for k in members], key, start_seqno=1,
+                                     prev_block_id=None, round_timeout=round_timeout,
+                                     block_interval=block_interval, collate=self.collate,
+                                     validate=self.validate)
+
+    def collate(self, seqno: int, now: float) -> bytes | None:
+        if self.bad:
+            return b"BAD|" + self.key.key_id[:4]
+        msgs = [m for m in self.pool if m not in self.included][:3]
+        if self.replay and self.included:
+            msgs = [sorted(self.included)[0]] + msgs[:2]
+        return b"blk|" + b",".join(msgs)
+
+    def validate(self, seqno: int, payload: bytes) -> str | None:
+        if not payload.startswith(b"blk|"):
+            return "unparsable payload"
+        msgs = [m for m in payload[4:].split(b",") if m]
+        dup = [m for m in msgs if m in self.included]
+        if dup:
+            return f"message {dup[0].decode()} already in an accepted block"
+        if len(set(msgs)) != len(msgs):
+            return "message twice in one candidate"
+        return None
+
+    def drain(self) -> None:
+        while (ev := self.core.next_event()) is not None:
+            self.events.append(ev)
+            if isinstance(ev, C.BlockAccepted):
+                assert ev.block_id.seqno not in self.accepted
+                self.accepted[ev.block_id.seqno] = ev
+                self.included.update(m for m in ev.payload[4:].split(b",") if m)
+
+
+class Equivocator(Node):
+    """A Byzantine member: runs a real core, but whenever it sends a proposal or a vote
+    for the first time it sends a conflicting, validly signed version (another candidate /
+    another block) to half of the members instead. Its core's resends then deliver the
+    original to everyone, so honest members hold both signed versions."""
+
+    def __init__(self, key, members, **kw):
+        super().__init__(key, members, **kw)
+        self.members = members
+        self.fakes: dict[tuple, bytes] = {}
+        self.evil_blocks: dict[tuple, BlockIdExt] = {}
+        self.originals: set[bytes] = set()
+
+    def fake_for(self, data: bytes) -> bytes:
+        msg = C.parse_message(data)
+        core = self.core
+        if isinstance(msg, C.Proposal):
+            c = msg.candidate
+            ident = ("p", c.seqno, msg.round)
+            if ident not in self.fakes:
+                evil = C.Candidate(c.workchain, c.shard, c.seqno, c.prev, c.collator, c.payload + b",EVIL")
+                self.evil_blocks[(c.seqno, msg.round)] = evil.block_id
+                self.fakes[ident] = C.make_proposal(self.key, core.session_id, msg.round, -1, evil).pack()
+            return self.fakes[ident]
+        if isinstance(msg, C.Vote):
+            ident = ("v", msg.kind, msg.block.seqno, msg.round)
+            if ident not in self.fakes:
+                alt = self.evil_blocks.get((msg.block.seqno, msg.round))
+                if alt is None or alt == msg.block:
+                    alt = (C.nil_block(core.workchain, core.shard, msg.block.seqno) if not C.is_nil(msg.block)
+                           else BlockIdExt(core.workchain, core.shard, msg.block.seqno, b"\x01" * 32, b"\x02" * 32))
+                self.fakes[ident] = C.make_vote(self.key, core.session_id, msg.kind, msg.round, alt).pack()
+            return self.fakes[ident]
+        return data
+
+    def outgoing(self, now):
+        out = []
+        odd = {m.key_id for i, m in enumerate(self.members) if i % 2}
+        batch = self.core.datagrams_to_send(now)
+        for dst, data in batch:
+            if dst in odd and data not in self.originals and not data.startswith(C.pack_id(C.COMMIT)):
+                out.append((dst, self.fake_for(data)))
+            else:
+                out.append((dst, data))
+        self.originals.update(data for _, data in batch)
+        return out
+
+
+class Net:
+    """In-memory datagram network with a fake clock: per-datagram latency (base + jitter,
+    so datagrams reorder), loss and duplication probabilities, crashed members, and
+    partitioned members (all their traffic lost until healed)."""
+
+    def __init__(self, nodes: list[Node], *, seed=1, loss=0.0, dup=0.0, base=0.005, jitter=0.0):
+        self.nodes = {n.key.key_id: n for n in nodes}
+        self.rng = random.Random(seed)
+        self.loss, self.dup, self.base, self.jitter = loss, dup, base, jitter
+        self.q: list = []
+        self.seq = 0
+        self.now = 0.0
+        self.crashed: set[bytes] = set()
+        self.partitioned: set[bytes] = set()
+        self.delivered = 0
+
+    def _enqueue(self, src, dst, data):
+        for copy in range(2 if self.rng.random() < self.dup else 1):
+            if self.rng.random() < self.loss:
+                continue
+            t = self.now + self.base + self.rng.random() * self.jitter + copy * self.rng.random() * 0.05
+            self.seq += 1
+            heapq.heappush(self.q, (t, self.seq, src, dst, data))
+
+    def _flush(self, node: Node):
+        out = node.outgoing(self.now) if isinstance(node, Equivocator) else node.core.datagrams_to_send(self.now)
+        src = node.key.key_id
+        for dst, data in out:
+            if src in self.partitioned or dst in self.partitioned or src in self.crashed:
+                continue
+            self._enqueue(src, dst, data)
+        node.drain()
+
+    def alive(self):
+        return [n for k, n in self.nodes.items() if k not in self.crashed]
+
+    def run(self, until: float, stop=None):
+        for n in self.alive():
+            n.core.handle_timer(self.now)
+            self._flush(n)
+        steps = 0
+        while self.now < until:
+            steps += 1
+            assert steps < 2_000_000
+            t_timer = min((n.core.get_timer() for n in self.alive()), default=until)
+            t_msg = self.q[0][0] if self.q else until
+            self.now = max(self.now, min(t_timer, t_msg, until))
+            while self.q and self.q[0][0] <= self.now:
+                _, _, src, dst, data = heapq.heappop(self.q)
+                node = self.nodes.get(dst)
+                if node is None or dst in self.crashed or dst in self.partitioned or src in self.partitioned:
+                    continue
+                self.delivered += 1
+                node.core.receive_datagram(data, src, self.now)
+                self._flush(node)
+            for n in self.alive():
+                t = n.core.get_timer()
+                if t is not None and t <= self.now:
+                    n.core.handle_timer(self.now)
+                    self._flush(n)
+            if stop is not None and stop(self):
+                return
+
+
+def check_agreement(nodes: list[Node], members: list[NodeKey]) -> int:
+    """Every seqno has one block id across members; each BlockAccepted carries >= quorum
+    valid precommit signatures. Returns the highest seqno accepted by all."""
+    by_seqno = defaultdict(set)
+    for n in nodes:
+        for s, ev in n.accepted.items():
+            by_seqno[s].add(ev.block_id)
+            data = C.vote_signed_data(n.core.session_id, C.PRECOMMIT, ev.round, ev.block_id)
+            pubs = {k.key_id: k.public for k in members}
+            good = [w for w, sig in ev.signatures.items() if w in pubs and C.verify(pubs[w], data, sig)]
+            assert len(good) == len(ev.signatures) >= C.quorum(len(members))
+    for s, ids in by_seqno.items():
+        assert len(ids) == 1, f"two different blocks accepted at seqno {s}: {ids}"
+    heights = [max(n.accepted, default=0) for n in nodes]
+    for n in nodes:   # every member's chain is contiguous and linked
+        for s in sorted(n.accepted):
+            if s - 1 in n.accepted:
+                commit = C.parse_message(n.core.commit_for(s)) if n.core.commit_for(s) else None
+                if commit is not None:
+                    assert commit.candidate.prev == n.accepted[s - 1].block_id
+    return min(heights)
+
+
+def make_net(n=7, *, pool=40, seed=1, **netkw):
+    ks = keys(n)
+    msgs = [f"m{i:03d}".encode() for i in range(pool)]
+    nodes = [Node(k, ks, pool=msgs) for k in ks]
+    return ks, nodes, Net(nodes, seed=seed, **netkw)
+
+
+# --- consensus tests ----------------------------------------------------------------------------
+
+def test_tl_constructor_ids_are_crc32_of_documented_lines():
+    assert C.VOTE == tl_constructor_id(C.TL_VOTE) and C.PROPOSAL == tl_constructor_id(C.TL_PROPOSAL)
+    assert len({C.CANDIDATE, C.PROPOSAL, C.VOTE, C.COMMIT, C.GET_COMMITS, C.PROPOSAL_DATA, C.VOTE_DATA,
+                C.SESSION, C.BLOCK_ROOT, C.MASTER_PAYLOAD}) == 10
+    assert [C.quorum(n) for n in (1, 3, 4, 6, 7, 10)] == [1, 3, 3, 5, 5, 7]
+    ids = [BlockIdExt(0, SHARD0, 5, b"\x01" * 32, b"\x02" * 32), BlockIdExt(0, 0xC000000000000000, 7, b"\x03" * 32, b"\x04" * 32)]
+    assert C.decode_master_payload(C.encode_master_payload(ids)) == ids
+    with pytest.raises(C.ConsensusWireError):
+        C.decode_master_payload(C.encode_master_payload(ids)[:-3])
+
+
+def test_seven_members_agree_on_a_chain():
+    ks, nodes, net = make_net()
+    net.run(6.0)
+    top = check_agreement(nodes, ks)
+    assert top >= 15, top   # block_interval 0.2 s, latency 5 ms: ~1 block per 0.22 s
+    # leaders rotate: block at seqno s collated by members[(s + round) % n]
+    for s, ev in nodes[0].accepted.items():
+        cand = C.parse_message(nodes[0].core.commit_for(s)).candidate
+        assert cand.collator == nodes[0].core.leader(s, ev.round)
+        assert ev.round == 0
+    # no message is included twice; the pool is consumed oldest first
+    seen = [m for s in sorted(nodes[0].accepted) for m in nodes[0].accepted[s].payload[4:].split(b",") if m]
+    assert len(seen) == len(set(seen)) and seen == sorted(seen)
+    assert all(sum(n.core.drops.values()) == 0 for n in nodes)
+
+
+def test_loss_duplication_reordering_progress_and_agreement():
+    ks, nodes, net = make_net(seed=7, loss=0.2, dup=0.1, jitter=0.03)
+    net.run(20.0)
+    top = check_agreement(nodes, ks)
+    assert top >= 10, top
+    assert max(max(n.accepted) for n in nodes) - top <= 2
+    assert sum(n.core.ignored["duplicate"] for n in nodes) > 0
+
+
+def test_two_crashed_members_including_leaders_are_skipped():
+    ks, nodes, net = make_net()
+    net.crashed = {ks[2].key_id, ks[5].key_id}    # leaders of seqno 1 (and every 7th), 4, ...
+    net.run(20.0)
+    alive = net.alive()
+    top = check_agreement(alive, ks)
+    assert top >= 10, top
+    skipped = [e for e in alive[0].events if isinstance(e, C.RoundSkipped)]
+    assert skipped and {e.leader for e in skipped} <= {ks[2].key_id, ks[5].key_id}
+    assert all("no candidate" in e.reason for e in skipped)
+    for s, ev in alive[0].accepted.items():
+        leader0 = alive[0].core.leader(s, 0)
+        assert (ev.round > 0) == (leader0 in net.crashed)
+        assert len(ev.signatures) >= 5 and not set(ev.signatures) & net.crashed
+
+
+def test_equivocating_member_cannot_fork_and_is_named():
+    ks = keys(7)
+    msgs = [f"m{i:03d}".encode() for i in range(60)]
+    byz_key = ks[3]
+    nodes = [Equivocator(k, ks, pool=msgs) if k is byz_key else Node(k, ks, pool=msgs) for k in ks]
+    net = Net(nodes, seed=3, jitter=0.02)
+    net.run(20.0)
+    honest = [n for n in nodes if n.key is not byz_key]
+    top = check_agreement(nodes, ks)
+    assert top >= 10, top
+    odd = {k.key_id for i, k in enumerate(ks) if i % 2}
+    for n in honest:
+        evs = [e for e in n.events if isinstance(e, C.EquivocationDetected)]
+        if n.key.key_id not in odd:
+            assert not evs     # they only ever saw one version
+            continue
+        assert evs, "a member that received both versions records the double-signing"
+        assert {e.member for e in evs} == {byz_key.key_id}
+        for e in evs:
+            assert C.verify_evidence(n.core.session_id, [k.public for k in ks], e.evidence)
+        assert {e.evidence.kind for e in evs} >= {"prevote", "precommit"}
+    kinds = {e.evidence.kind for n in honest for e in n.events if isinstance(e, C.EquivocationDetected)}
+    assert "proposal" in kinds
+    # forged evidence (the member's real message twice, or another member named) is refused
+    witness = next(n for n in honest if n.key.key_id in odd)
+    ev = next(e for e in witness.events if isinstance(e, C.EquivocationDetected)).evidence
+    assert not C.verify_evidence(witness.core.session_id, [k.public for k in ks],
+                                 C.Evidence(ev.member, ev.seqno, ev.round, ev.kind, ev.first, ev.first))
+    assert not C.verify_evidence(witness.core.session_id, [k.public for k in ks],
+                                 C.Evidence(ks[0].key_id, ev.seqno, ev.round, ev.kind, ev.first, ev.second))
+    # EVIL candidates were proposed but never accepted (they never gather a quorum)
+    assert not any(b"EVIL" in ev.payload for n in honest for ev in n.accepted.values())
+
+
+def test_invalid_candidates_are_never_accepted():
+    ks = keys(7)
+    msgs = [f"m{i:03d}".encode() for i in range(60)]
+    nodes = [Node(k, ks, pool=msgs, bad=(i == 1), replay=(i == 4)) for i, k in enumerate(ks)]
+    net = Net(nodes, seed=5, jitter=0.01)
+    net.run(20.0)
+    top = check_agreement(nodes, ks)
+    assert top >= 10, top
+    for n in nodes:
+        payloads = [ev.payload for ev in n.accepted.values()]
+        assert not any(p.startswith(b"BAD") for p in payloads)
+        seen = [m for p in payloads for m in p[4:].split(b",") if m]
+        assert len(seen) == len(set(seen)), "a message was accepted in two blocks"
+    rejected = [e for e in nodes[0].events if isinstance(e, C.CandidateRejected)]
+    assert {e.leader for e in rejected} == {ks[1].key_id, ks[4].key_id}
+    assert any("already in an accepted block" in e.reason for e in rejected)
+    assert any(e.reason == "unparsable payload" for e in rejected)
+    # rounds led by the refused leaders end early (nil quorum), well before the timeout
+    for s, ev in nodes[0].accepted.items():
+        if nodes[0].core.leader(s, 0) == ks[1].key_id:
+            assert ev.round >= 1
+
+
+def test_lagging_member_catches_up_with_commits():
+    ks, nodes, net = make_net(seed=11, jitter=0.01)
+    lag = nodes[6]
+    net.partitioned = {lag.key.key_id}
+    net.run(4.0)
+    others = [n for n in nodes if n is not lag]
+    assert min(max(n.accepted) for n in others) >= 10
+    assert len(lag.accepted) == 0
+    net.partitioned = set()
+    net.run(8.0)
+    top = check_agreement(nodes, ks)
+    assert len(lag.accepted) >= 20 and max(lag.accepted) >= max(max(n.accepted) for n in others) - 1
+    assert top >= 20
+
+
+def test_observer_follows_commits_by_polling():
+    ks, nodes, net = make_net(seed=2)
+    obs_key = keys(1, "observer")[0]
+    observer = Node(obs_key, ks, pool=[])
+    observer.core = C.BlockConsensus(0, SHARD0, [k.public for k in ks], obs_key, start_seqno=1, prev_block_id=None,
+                                     round_timeout=1.0, block_interval=0.2, collate=observer.collate,
+                                     validate=observer.validate)
+    net.nodes[obs_key.key_id] = observer
+    net.run(6.0)
+    assert not observer.core.is_member
+    assert len(observer.accepted) >= 10
+    for s, ev in observer.accepted.items():
+        assert nodes[0].accepted[s].block_id == ev.block_id
+
+
+def test_bad_datagrams_are_dropped_with_counted_reasons():
+    ks, nodes, net = make_net(seed=4)
+    net.run(1.0)
+    target = nodes[0].core
+    src = ks[1].key_id
+    good_commit = target.commit_for(1)
+    assert good_commit is not None
+    commit = C.parse_message(good_commit)
+    stranger = keys(1, "stranger")[0]
+    cases = {
+        "malformed": [b"", b"\x00\x01\x02", good_commit[:-5], b"\xff" * 40],
+        "oversized": [b"\x00" * (C.MAX_DATAGRAM + 1)],
+        "wrong_session": [C.GetCommits(b"\x09" * 32, 0, 4).pack()],
+        "not_member": [C.make_vote(stranger, target.session_id, C.PREVOTE, 0,
+                                   C.nil_block(0, SHARD0, target.height)).pack()],
+        "bad_signature": [C.Vote(target.session_id, C.PREVOTE, 0, ks[1].key_id,
+                                 C.nil_block(0, SHARD0, target.height), b"\x00" * 64).pack()],
+        "wrong_chain": [C.make_vote(ks[1], target.session_id, C.PREVOTE, 0,
+                                    C.nil_block(0, 0xC000000000000000, target.height)).pack()],
+    }
+    # a commit whose certificate is too small, for the next height
+    nxt = C.Candidate(0, SHARD0, target.height, target.prev, ks[1].key_id, b"blk|x")
+    cases["bad_commit"] = [C.Commit(target.session_id, 0, nxt.pack(), commit.signatures[:3], nxt).pack()]
+    before = dict(target.drops)
+    for reason, datas in cases.items():
+        for d in datas:
+            target.receive_datagram(d, src, net.now)
+        assert target.drops[reason] - before.get(reason, 0) == len(datas), reason
+    drops = [e for e in (iter(target.next_event, None)) if isinstance(e, C.DatagramDropped)]
+    assert {e.reason for e in drops} == set(cases)       # reported once per (src, reason)
+    assert len(drops) == len(cases)
+    with pytest.raises(C.ConsensusWireError):
+        C.parse_message(b"\x01\x02\x03\x04")
+    # the chain goes on undisturbed
+    nodes[0].drain()
+    net.run(3.0)
+    assert check_agreement(nodes, ks) >= 8
+
+
+def test_masterchain_commits_shard_block_ids():
+    ks = keys(4, "mc")
+    shard_ids = [BlockIdExt(0, SHARD0, s, hashlib.sha256(b"r%d" % s).digest(), hashlib.sha256(b"f%d" % s).digest())
+                 for s in range(1, 30)]
+
+    class Master(Node):
+        def collate(self, seqno, now):
+            return C.encode_master_payload([b for b in shard_ids if b not in self.included][:2])
+
+        def validate(self, seqno, payload):
+            try:
+                ids = C.decode_master_payload(payload)
+            except C.ConsensusWireError as exc:
+                return str(exc)
+            return "shard block committed twice" if any(b in self.included for b in ids) else None
+
+        def drain(self):
+            while (ev := self.core.next_event()) is not None:
+                self.events.append(ev)
+                if isinstance(ev, C.BlockAccepted):
+                    self.accepted[ev.block_id.seqno] = ev
+                    self.included.update(C.decode_master_payload(ev.payload))
+
+    nodes = []
+    for k in ks:
+        m = Master(k, ks)
+        m.core = C.BlockConsensus(C.MASTER_WORKCHAIN, C.MASTER_SHARD, [x.public for x in ks], k, start_seqno=1,
+                                  prev_block_id=None, round_timeout=1.0, block_interval=0.2,
+                                  collate=m.collate, validate=m.validate)
+        nodes.append(m)
+    net = Net(nodes, seed=9, jitter=0.01)
+    net.run(4.0)
+    check_agreement(nodes, ks)
+    for n in nodes:
+        blk = n.accepted[1].block_id
+        assert blk.workchain == -1 and blk.shard_hex == "8000000000000000"
+    committed = [b for s in sorted(nodes[0].accepted) for b in C.decode_master_payload(nodes[0].accepted[s].payload)]
+    assert committed == shard_ids[:len(committed)] and len(committed) >= 20
+
+
+def test_step_table_refuses_impossible_transition():
+    k = keys(1)[0]
+    core = C.BlockConsensus(0, SHARD0, [k.public], k, start_seqno=1, prev_block_id=None, round_timeout=1.0,
+                            block_interval=0.5, collate=lambda s, t: b"x", validate=lambda s, p: None)
+    with pytest.raises(C.ConsensusStateError) as exc:
+        core._transition("precommit")
+    assert "NEW" in str(exc.value) and "precommit" in str(exc.value)
+    core.handle_timer(0.0)
+    assert core.height == 1 and core.get_timer() <= 0.5
+    core.handle_timer(0.5)   # a single member accepts on its own, one block per interval
+    assert core.height == 2 and isinstance(core.next_event(), C.BlockAccepted)
+    for members, interval in (([k.public, k.public], 0.5), ([k.public], 0.0)):
+        with pytest.raises(C.ConsensusUsageError):
+            C.BlockConsensus(0, SHARD0, members, k, start_seqno=1, prev_block_id=None, round_timeout=1.0,
+                             block_interval=interval, collate=lambda s, t: b"x", validate=lambda s, p: None)
+
+
+# --- schedule tests -----------------------------------------------------------------------------------
+
+def zcfg(n=10, **kw) -> S.ZeroStateConfig:
+    ks = keys(n, "sched")
+    base = dict(workchain=0, shards=S.split_shards(1),
+                validators=[S.ValidatorInfo(k.public, f"127.0.0.1:{30000 + i}") for i, k in enumerate(ks)],
+                shard_group_size=4, mc_catchain_lifetime=10.0, block_interval=0.5, genesis_time=100.0)
+    base.update(kw)
+    return S.ZeroStateConfig(**base)
+
+
+def test_config_roundtrip_and_validation():
+    cfg = zcfg()
+    assert cfg.shards == [0x4000000000000000, 0xC000000000000000]
+    d = cfg.to_dict()
+    assert d["shards"] == ["4000000000000000", "c000000000000000"]
+    assert S.ZeroStateConfig.from_dict(d) == cfg
+    import json
+    assert S.ZeroStateConfig.from_dict(json.loads(json.dumps(d))) == cfg
+    mc = S.ZeroStateConfig.from_dict({**d, "masterchain_validators": [v["public_key"] for v in d["validators"][:3]]})
+    assert S.masterchain_members(mc) == [v.public_key for v in cfg.validators[:3]]
+    assert S.masterchain_members(cfg) == [v.public_key for v in cfg.validators]
+    for bad in ({**d, "shards": ["4000000000000000"]}, {**d, "shards": ["8000000000000000", "4000000000000000"]},
+                {**d, "mc_catchain_lifetime": 0}, {**d, "validators": d["validators"] + d["validators"][:1]},
+                {**d, "masterchain_validators": ["00" * 32]}, {**d, "bogus": 1},
+                {**d, "validators": [{"public_key": "00" * 32, "address": "nohost"}]}):
+        with pytest.raises(S.ScheduleError):
+            S.ZeroStateConfig.from_dict(bad)
+
+
+def test_shard_of_uses_the_prefix():
+    cfg = zcfg()
+    assert cfg.shard_of(b"\x00" + b"\xff" * 31) == 0x4000000000000000
+    assert cfg.shard_of(b"\x7f" + b"\xff" * 31) == 0x4000000000000000
+    assert cfg.shard_of(b"\x80" + b"\x00" * 31) == 0xC000000000000000
+    four = S.split_shards(2)
+    assert four == [0x2000000000000000, 0x6000000000000000, 0xA000000000000000, 0xE000000000000000]
+    assert S.shard_of(four, b"\x40" + bytes(31)) == 0x6000000000000000
+    assert S.shard_of([S.FULL_SHARD], bytes(32)) == S.FULL_SHARD
+
+
+def test_master_session_boundaries():
+    cfg = zcfg(mc_catchain_lifetime=2.5, genesis_time=1000.0)
+    assert S.master_session_at(cfg, 0.0) == 0
+    assert S.master_session_at(cfg, 1000.0) == 0
+    assert S.master_session_at(cfg, 1002.4999) == 0
+    assert S.master_session_at(cfg, 1002.5) == 1
+    assert S.master_session_at(cfg, 1000.0 + 2.5 * 7) == 7
+    assert S.master_session_at(cfg, 1000.0 + 2.5 * 7 - 1e-9) == 6
+    cfg2 = zcfg(mc_catchain_lifetime=0.1, genesis_time=0.0)
+    for n in range(1, 200):    # float boundaries: session_start(n) is in session n
+        assert S.master_session_at(cfg2, S.session_start(cfg2, n)) == n
+    assert S.next_session_switch(cfg, 1003.0) == 1005.0
+    assert S.message_obsolete(3, 5) and not S.message_obsolete(3, 4)
+
+
+def test_shard_groups_deterministic_and_rotating():
+    cfg = zcfg()
+    h1, h2 = hashlib.sha256(b"mc1").digest(), hashlib.sha256(b"mc2").digest()
+    g = S.shard_groups(cfg, 1, h1)
+    assert g == S.shard_groups(S.ZeroStateConfig.from_dict(cfg.to_dict()), 1, h1)
+    assert set(g) == set(cfg.shards)
+    keys_all = {v.public_key for v in cfg.validators}
+    for members in g.values():
+        assert len(members) == 4 and len(set(members)) == 4 and set(members) <= keys_all
+    # the seed changes the groups (session seqno and previous master block hash)
+    assert S.shard_groups(cfg, 1, h2) != g and S.shard_groups(cfg, 2, h1) != g
+    # across many sessions every validator serves each shard at some point
+    served = defaultdict(set)
+    for n in range(40):
+        for shard, members in S.shard_groups(cfg, n, hashlib.sha256(b"%d" % n).digest()).items():
+            served[shard].update(members)
+    assert all(s == keys_all for s in served.values())
+    # a group no larger than the validator set
+    assert all(len(m) == 3 for m in S.shard_groups(zcfg(3, shard_group_size=7), 0, S.GENESIS_MASTER_HASH).values())
+
+
+def test_current_and_previous_groups_union():
+    cfg = zcfg()
+    h0, h1 = S.GENESIS_MASTER_HASH, hashlib.sha256(b"mc-last-of-0").digest()
+    s0 = S.shard_session_groups(cfg, 0, h0)
+    assert all(g.previous == [] and g.remp_members == g.current for g in s0.values())
+    s1 = S.shard_session_groups(cfg, 1, h1, h0)
+    for shard, g in s1.items():
+        assert g.current == S.shard_groups(cfg, 1, h1)[shard]
+        assert g.previous == s0[shard].current
+        rm = g.remp_members
+        assert rm[:len(g.current)] == g.current
+        assert set(rm) == set(g.current) | set(g.previous) and len(rm) == len(set(rm))
+        assert 4 <= len(rm) <= 8
+    with pytest.raises(S.ScheduleError):
+        S.shard_session_groups(cfg, 1, h1)

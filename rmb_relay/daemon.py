@@ -184,6 +184,7 @@ class RelayServer:
         self._qprefix = f"rmb.relay.{self.domains[0]}.queue."
         self._http: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
         self._fed_tasks: set[asyncio.Task] = set()
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
@@ -203,6 +204,7 @@ class RelayServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
+        self._site = site
         self.port = site._server.sockets[0].getsockname()[1]  # aiohttp has no public accessor
         return self.port
 
@@ -216,10 +218,17 @@ class RelayServer:
         `grace` s, then cancel what is left and release Redis, the registry client and
         the HTTP server."""
         self._closing = True
-        for _session, peer in self.table.items():
-            await peer.ws.close(code=WSCloseCode.GOING_AWAY, message=b"relay shutting down")
+        started = self.clock()
+        if self._site is not None:
+            self._site._server.close()   # stop listening; aiohttp has no public "pause"
+        closers = [asyncio.get_running_loop().create_task(
+            peer.ws.close(code=WSCloseCode.GOING_AWAY, message=b"relay shutting down"))
+            for _session, peer in self.table.items()]
+        if closers:
+            await asyncio.wait(closers, timeout=max(0.1, grace))
         if self._fed_tasks:
-            await asyncio.wait(set(self._fed_tasks), timeout=grace)
+            await asyncio.wait(set(self._fed_tasks),
+                               timeout=max(0.0, grace - (self.clock() - started)))
         if self._timer is not None:
             self._timer.cancel()
         for task in list(self._fed_tasks) + list(self._tasks):
@@ -341,12 +350,21 @@ class RelayServer:
             return await self._on_bad_envelope(peer, data, exc)
         size = len(data)
         self.metrics.rx_peer.inc()
-        self.events.emit("rmb.relay.received", env.uid, kind=message_kind(env),
-                         src=address_str(env.source), dst=address_str(env.destination), size=size)
         verdict = self.router.check_inbound(peer.session, env, size, now)
         if type(verdict) is Forward:
+            target = self.table.get(session_of(env.destination))
+            if target is not None and not target.replaying:
+                # the hot path: one event (delivered) per envelope, no Redis, no lookup
+                if await self._send(target, data):
+                    self.metrics.dl_live.inc()
+                    self.events.emit("rmb.relay.delivered", env.uid, dst=target.name,
+                                     size=size, queued_ms=0.0)
+                    return None
+            self._received_event(env, size)
             await self._forward(peer, env, data, now)
-        elif type(verdict) is Reply:
+            return None
+        self._received_event(env, size)
+        if type(verdict) is Reply:
             if verdict.reason == "ping":
                 self.events.emit("rmb.relay.answered", env.uid, kind="pong", dst=peer.name)
             else:
@@ -360,6 +378,11 @@ class RelayServer:
             else:
                 self._reject_event(env, verdict.reason, peer)
         return None
+
+    def _received_event(self, env: Envelope, size: int) -> None:
+        self.events.emit("rmb.relay.received", env.uid, kind=message_kind(env),
+                         src=address_str(env.source) if env.HasField("source") else "",
+                         dst=address_str(env.destination), size=size)
 
     def _reject_event(self, env: Envelope, reason: str, peer: _Peer | None) -> None:
         if reason == ERR_RATE_LIMIT and peer is not None:

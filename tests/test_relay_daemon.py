@@ -435,3 +435,44 @@ async def test_cli_ready_help_and_sigterm(cluster, tmp_path):
     events = [json.loads(x) for x in log.read_text().splitlines()]
     assert any(e["event"] == "rmb.relay.answered" for e in events)
     assert all(e["service"] == "rmb-relay" and e["node"] == "r.test" for e in events)
+
+
+async def test_shutdown_drains_federation_in_flight(cluster):
+    """close(grace) lets a slow federation POST finish (202 logged) and closes peers 1001."""
+    from aiohttp import web
+
+    got = []
+
+    async def slow(request):
+        got.append(await request.read())
+        await asyncio.sleep(0.5)
+        return web.Response(status=202)
+
+    app = web.Application()
+    app.router.add_post("/", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    slow_domain = f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    try:
+        r1 = await cluster.relay()
+        ia, a = await cluster.twin([r1.domain])
+        ib, b = await cluster.twin([slow_domain])
+        async with connect(url(r1, ia, a)) as wa:
+            env = envelope((a,), (b,))
+            await wa.send(env.SerializeToString())
+            for _ in range(100):
+                if got:
+                    break
+                await asyncio.sleep(0.02)
+            assert got == [env.SerializeToString()]
+            cluster.relays.remove(r1)
+            await r1.close(grace=3)
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(wa.recv(), 5)
+            assert wa.close_code == 1001
+        fed = r1.test_events.of("rmb.relay.federated")
+        assert fed and fed[0]["trace_id"] == env.uid and fed[0]["attrs"]["domain"] == slow_domain
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,221 @@
+"""Relay throughput: envelopes/s on the local route, against a raw websockets forwarder.
+
+    .venv/bin/python bench/bench_relay.py [--count 20000] [--seconds 10] [--payload 1024]
+
+Both servers run as their own process on 127.0.0.1 and are driven by the SAME client
+code (websockets library): one sender pipelines binary frames as fast as the socket
+takes them, one receiver counts them; rate = frames received / time from first send to
+last receive. Each run stops at --count envelopes or --seconds, whichever comes first.
+
+- rmb-relay: the real daemon (`python -m rmb_relay.daemon`, event log at info to a file),
+  a real registry, embedded Redis (or $REDIS_URL), two twins connected with real tokens;
+  the sender's envelopes are 1 KiB-payload requests A -> B (the relay parses each one,
+  checks its source, and writes it to B's connection without touching Redis).
+- baseline: a websockets-library server that forwards every binary frame from the first
+  connection to the second, nothing else (`--baseline-server`).
+
+Prints both figures and relay/baseline (target >= 0.70). Not part of the test suite.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+# ------------------------------------------------------------------ baseline server
+async def baseline_server() -> None:
+    from websockets.asyncio.server import serve
+
+    conns: list = []
+    ready = asyncio.Event()
+
+    async def handler(ws):
+        conns.append(ws)
+        if len(conns) == 2:
+            ready.set()
+        if len(conns) == 1:            # the sender: forward each frame to the receiver
+            await ready.wait()
+            async for frame in ws:
+                await conns[1].send(frame)
+        else:
+            await ws.wait_closed()
+
+    async with serve(handler, "127.0.0.1", 0, max_size=2 * 1024 * 1024, compression=None) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        print("READY " + json.dumps({"port": port}), flush=True)
+        await asyncio.Future()
+
+
+# ------------------------------------------------------------------ client side
+def start_proc(args: list[str], env=None) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, env=env)
+    line = proc.stdout.readline()
+    if not line.startswith("READY "):
+        proc.kill()
+        raise RuntimeError(f"{args[:3]} did not start: {line!r} {proc.stderr.read()[-2000:]}")
+    return proc, json.loads(line[6:])
+
+
+def stop_proc(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def main_async(opts) -> None:
+    from daemon_runtime.redis_server import EmbeddedRedis
+    from rmb_peer.envelope import Envelope, new_uid
+    from rmb_peer.identity import Identity
+    from rmb_peer.token import make_token
+    from rmb_peer.twins import TwinDirectory
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-relay-"))
+    redis_srv = None
+    redis_url = os.environ.get("REDIS_URL")
+    if not redis_url:
+        redis_srv = EmbeddedRedis().start()
+        redis_url = redis_srv.url
+    procs: list[subprocess.Popen] = []
+    try:
+        reg, reg_info = start_proc([sys.executable, "-m", "rmb_relay.registry", "--listen",
+                                    "127.0.0.1:0", "--redis", redis_url, "--log", str(tmp / "reg.jsonl")])
+        procs.append(reg)
+        registry = f"http://127.0.0.1:{reg_info['port']}"
+        domain = "bench-relay.local"
+        prof = ["-m", "cProfile", "-o", opts.profile] if opts.profile else []
+        relay, relay_info = start_proc([sys.executable, *prof, "-m", "rmb_relay.daemon", "-m", domain,
+                                        "--listen", "127.0.0.1:0", "--redis", redis_url,
+                                        "--registry", registry, "--log", str(tmp / "relay.jsonl")] + opts.relay_args)
+        procs.append(relay)
+        base, base_info = start_proc([sys.executable, __file__, "--baseline-server"])
+        procs.append(base)
+
+        directory = TwinDirectory(registry)
+        ia = Identity.from_seed(os.urandom(32), "ed25519")
+        ib = Identity.from_seed(os.urandom(32), "ed25519")
+        a = (await directory.create(ia, [domain], None)).id
+        b = (await directory.create(ib, [domain], None)).id
+        await directory.close()
+
+        payload = os.urandom(opts.payload)
+        frames = []
+        now = int(time.time())
+        for _ in range(opts.count):
+            env = Envelope()
+            env.uid = new_uid()
+            env.timestamp = now
+            env.expiration = 300
+            env.source.twin = a
+            env.destination.twin = b
+            env.request.command = "bench.echo"
+            env.plain = payload
+            frames.append(env.SerializeToString())
+
+        rport = relay_info["port"]
+        results = {}
+        for name in ("baseline", "relay", "baseline", "relay"):   # interleaved, best of two
+            if name == "relay":
+                t = int(time.time())
+                send_url = f"ws://127.0.0.1:{rport}/?{make_token(ia, a, None, t, 600)}"
+                recv_url = f"ws://127.0.0.1:{rport}/?{make_token(ib, b, None, t, 600)}"
+            else:
+                send_url = recv_url = ""
+            if name == "baseline":
+                # restart the forwarder so "first connection = sender" holds each run
+                stop_proc(base)
+                procs.remove(base)
+                base, base_info = start_proc([sys.executable, __file__, "--baseline-server"])
+                procs.append(base)
+                send_url = recv_url = f"ws://127.0.0.1:{base_info['port']}/"
+            got, elapsed = await drive(send_url, recv_url, frames, opts.seconds)
+            rate = got / elapsed if elapsed > 0 else 0.0
+            results[name] = max(results.get(name, 0.0), rate)
+            print(f"{name:9s} {got:6d} envelopes of {len(frames[0])} B in {elapsed:6.3f} s "
+                  f"= {rate:9.0f} envelopes/s", flush=True)
+        ratio = results["relay"] / results["baseline"] if results["baseline"] else 0.0
+        print(f"RESULT relay {results['relay']:.0f} envelopes/s, raw websockets forwarding baseline "
+              f"{results['baseline']:.0f} envelopes/s, ratio {ratio:.2f} (target >= 0.70)")
+    finally:
+        for proc in procs:
+            stop_proc(proc)
+        if redis_srv is not None:
+            redis_srv.stop()
+
+
+async def drive(send_url: str, recv_url: str, frames: list[bytes], seconds: float) -> tuple[int, float]:
+    """Connects the sender first (the baseline forwarder's rule), then the receiver; a
+    pipelined sender and a counting receiver. Returns (frames received, elapsed s)."""
+    from websockets.asyncio.client import connect
+
+    tx = await connect(send_url, max_size=None, compression=None)
+    rx = await connect(recv_url, max_size=None, compression=None)
+    try:
+        return await _drive_pair(tx, rx, frames, seconds)
+    finally:
+        await tx.close()
+        await rx.close()
+
+
+async def _drive_pair(tx, rx, frames, seconds):
+    await asyncio.sleep(0.3)
+    total = len(frames)
+    got = 0
+    done = asyncio.Event()
+    start = time.perf_counter()
+    last = start
+
+    async def receiver():
+        nonlocal got, last
+        async for _frame in rx:
+            got += 1
+            last = time.perf_counter()
+            if got >= total:
+                break
+        done.set()
+
+    rtask = asyncio.create_task(receiver())
+    deadline = start + seconds
+    for i, frame in enumerate(frames):
+        await tx.send(frame)
+        if i % 256 == 0 and time.perf_counter() > deadline:
+            break
+    try:
+        await asyncio.wait_for(done.wait(), timeout=max(1.0, seconds - (time.perf_counter() - start)) + 2)
+    except asyncio.TimeoutError:
+        pass
+    rtask.cancel()
+    return got, last - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--count", type=int, default=20000, help="envelopes per run (default 20000)")
+    p.add_argument("--seconds", type=float, default=10.0, help="time bound per run, s (default 10)")
+    p.add_argument("--payload", type=int, default=1024, help="payload bytes (default 1024)")
+    p.add_argument("--relay-arg", dest="relay_args", action="append", default=[],
+                   help="extra rmb-relay flag (repeatable), e.g. --relay-arg=--log-level=warning")
+    p.add_argument("--profile", metavar="PATH", help="run the relay under cProfile, stats to PATH")
+    p.add_argument("--baseline-server", action="store_true", help=argparse.SUPPRESS)
+    opts = p.parse_args()
+    if opts.baseline_server:
+        asyncio.run(baseline_server())
+        return
+    asyncio.run(main_async(opts))
+
+
+if __name__ == "__main__":
+    main()

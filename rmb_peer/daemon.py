@@ -1,0 +1,510 @@
+"""rmb-peer: one twin's gateway between local apps (JSON over Redis lists) and its 1..4
+relays (protobuf envelopes over WebSocket). DESIGN.md section 3; seed: rmb.md, "Peer
+implementation", "redundancy and failover"; flags mirror rmb-rs v1.5.1 `rmb-peer`.
+
+The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio adapter:
+- one websockets client connection per `--relay` (all connected at once; frames go through
+  the first live relay in flag order; failover when it dies; keepalive ping every 20 s,
+  dead after 40 s of silence, reconnect with backoff — decided by the core);
+- BRPOP on `msgbus.system.local` (app requests) and `msgbus.system.reply` (service
+  replies), draining bursts with RPOP COUNT; pushes (LPUSH + LTRIM 0 9999), backlog
+  SET EX / DEL pipelined by rmb_peer.redisq.RedisWriter;
+- twins looked up through rmb_peer.twins.TwinDirectory (TTL cache);
+- at start (unless --no-update) the twin's relay domains and e2e pk are published to the
+  registry (created when the account has no twin yet);
+- `READY {"twin": .., "relays": [...], "status_port": ..}` on stdout once a relay is
+  connected (or after --ready-timeout s with none); /metrics and /health on
+  --status-listen; SIGTERM/SIGINT: stop reading Redis, close relay connections (1001),
+  flush pending Redis writes, exit 0.
+
+In-process use (tests, launcher): `PeerDaemon(parse_args([...])).run(stop_event, announce)`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+import websockets
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from redis.exceptions import RedisError
+from websockets.asyncio.client import connect as ws_connect
+
+from daemon_runtime.eventlog import EventLog
+from rmb_peer.core import (
+    LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, DropBacklog, LookupBacklog, PeerCore,
+    PushQueue, SendFrame, SendPing, StoreBacklog,
+)
+from rmb_peer.envelope import MAX_ENVELOPE_SIZE
+from rmb_peer.events import RMB_EVENTS
+from rmb_peer.identity import E2EKey, Identity
+from rmb_peer.redisq import RedisWriter
+from rmb_peer.token import make_token
+from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
+
+__all__ = ["PeerDaemon", "build_parser", "parse_args", "relay_url", "relay_domain", "main"]
+
+#: Messages taken from Redis per burst after a BRPOP returned (RPOP key COUNT).
+DRAIN_COUNT = 256
+#: Lifetime of the relay authentication token, seconds.
+TOKEN_TTL = 60
+
+
+def relay_url(value: str) -> str:
+    """'ws://host:port', 'wss://host' or bare 'host:port' -> a ws(s):// URL without path."""
+    value = value.strip().rstrip("/")
+    if "://" not in value:
+        value = "ws://" + value
+    parts = urlsplit(value)
+    if parts.scheme not in ("ws", "wss") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"bad relay URL {value!r} (expected ws://host:port)")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def relay_domain(url: str) -> str:
+    """The relay domain published in the twin record: 'host:port' of the URL."""
+    return urlsplit(url).netloc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from daemon_runtime.config import add_common_args
+    p = argparse.ArgumentParser(
+        prog="rmb-peer",
+        description="RMB peer gateway for one twin: connects to its relays over WebSocket and "
+                    "serves local apps and services through Redis queues (msgbus.system.local, "
+                    "msgbus.system.reply, msgbus.<cmd>). Environment variables RMB_PEER_<FLAG> "
+                    "and a --config TOML file may set every flag; flags win.")
+    key = p.add_argument_group("identity")
+    key.add_argument("-m", "--mnemonic", metavar="WORDS",
+                     help="BIP-39 mnemonic of the twin's account; the signing key and the "
+                          "secp256k1 e2e key are both derived from it")
+    key.add_argument("--seed", metavar="HEX",
+                     help="32-byte hex seed (optional 0x) instead of --mnemonic")
+    key.add_argument("--key-type", choices=("sr25519", "ed25519"), default="sr25519",
+                     help="account key type (default: sr25519)")
+    key.add_argument("--twin", type=int, metavar="ID",
+                     help="twin id; default: looked up in the registry by the account key")
+    net = p.add_argument_group("network")
+    net.add_argument("--redis", metavar="URL", default="redis://127.0.0.1:6379/0",
+                     help="Redis holding the msgbus.* queues (default: redis://127.0.0.1:6379/0); "
+                          "one peer per Redis database")
+    net.add_argument("--relay", action="append", type=relay_url, metavar="URL",
+                     help="relay to connect to, ws://host:port (repeatable, 1..4; all are "
+                          "connected, traffic goes through the first live one)")
+    net.add_argument("--registry", metavar="URL", default="http://127.0.0.1:8100",
+                     help="twin registry base URL (default: http://127.0.0.1:8100)")
+    net.add_argument("--no-update", action="store_true",
+                     help="do not publish this twin's relay domains and e2e pk to the registry at start")
+    net.add_argument("--status-listen", metavar="HOST:PORT", default=None,
+                     help="serve /metrics and /health here (port 0 = any free port, announced "
+                          "in the READY line); default: not served")
+    net.add_argument("--twin-cache-ttl", type=float, default=60.0, metavar="SECONDS",
+                     help="how long a looked-up twin record is reused (default: 60)")
+    net.add_argument("--ready-timeout", type=float, default=10.0, metavar="SECONDS",
+                     help="announce READY after this long even if no relay is connected yet (default: 10)")
+    p.add_argument("-d", "--debug", action="store_true",
+                   help="debug: write debug-level events (same as --log-level debug)")
+    add_common_args(p)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and check flags (exit 2 with a message on misuse)."""
+    from daemon_runtime.config import load_args
+    parser = build_parser()
+    args = load_args(parser, argv, env_prefix="RMB_PEER_")
+    if bool(args.mnemonic) == bool(args.seed):
+        parser.error("give exactly one of --mnemonic/-m and --seed")
+    relays = list(dict.fromkeys(args.relay or []))
+    if not 1 <= len(relays) <= 4:
+        parser.error("give 1..4 distinct --relay URLs")
+    args.relay = relays
+    if args.twin is not None and not 0 < args.twin < 2**32:
+        parser.error("--twin must be 1..2^32-1")
+    try:
+        if args.mnemonic:
+            args.identity = Identity.from_mnemonic(args.mnemonic, args.key_type)
+            args.e2e_key = E2EKey.from_mnemonic(args.mnemonic)
+        else:
+            args.identity = Identity.from_seed(args.seed, args.key_type)
+            args.e2e_key = E2EKey.from_seed(args.seed)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.status_listen is not None:
+        from daemon_runtime.lifecycle import parse_hostport
+        try:
+            args.status_hostport = parse_hostport(args.status_listen)
+        except ValueError as exc:
+            parser.error(f"--status-listen: {exc}")
+    if args.debug:
+        args.log_level = "debug"
+    return args
+
+
+class _StatsCollector:
+    """Exposes PeerCore.stats and connection state as Prometheus metrics."""
+
+    def __init__(self, daemon: "PeerDaemon"):
+        self.daemon = daemon
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        core = self.daemon.core
+        c = CounterMetricFamily("rmb_peer_events", "rmb-peer counters by kind", labels=["kind"])
+        g = GaugeMetricFamily("rmb_peer_relays_connected", "relay connections open")
+        p = GaugeMetricFamily("rmb_peer_pending_requests", "requests waiting for replies")
+        if core is not None:
+            for kind, value in sorted(core.stats.items()):
+                c.add_metric([kind], value)
+            g.add_metric([], len(core.live_relays()))
+            p.add_metric([], core.pending_count)
+        yield c
+        yield g
+        yield p
+
+
+class _Conn:
+    __slots__ = ("ws", "attempt")
+
+    def __init__(self, ws, attempt: int):
+        self.ws = ws
+        self.attempt = attempt
+
+
+class PeerDaemon:
+    """The asyncio adapter around PeerCore (see the module docstring). `args` is the
+    namespace of parse_args(); `clock` gives unix seconds (time.time)."""
+
+    def __init__(self, args: argparse.Namespace, clock: Callable[[], float] = time.time):
+        self.args = args
+        self.clock = clock
+        self.core: PeerCore | None = None
+        self.log: EventLog | None = None
+        self.twin_id: int | None = args.twin
+        self.directory = TwinDirectory(args.registry, cache_ttl=args.twin_cache_ttl)
+        self.redis: aioredis.Redis | None = None
+        self.writer: RedisWriter | None = None
+        self._conns: dict[str, _Conn] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._stopping = False
+        self._connected = asyncio.Event()
+        self.metrics = CollectorRegistry()
+        self.metrics.register(_StatsCollector(self))
+        self.status_port: int | None = None
+
+    # ------------------------------------------------------------------ startup
+    async def _resolve_twin(self):
+        ident: Identity = self.args.identity
+        domains = [relay_domain(u) for u in self.args.relay]
+        pk = self.args.e2e_key.pk
+        twin = None
+        if self.twin_id is None:
+            try:
+                twin = await self.directory.get_by_account(ident.account)
+            except UnknownTwin:
+                if self.args.no_update:
+                    raise RuntimeError("no twin is registered for this account key "
+                                       "(register it, pass --twin, or drop --no-update)") from None
+                return await self.directory.create(ident, domains, pk)
+        else:
+            twin = await self.directory.get(self.twin_id)
+            if twin.account != ident.account:
+                raise RuntimeError(f"twin {self.twin_id} belongs to another account key")
+        if not self.args.no_update and (twin.relays != domains or twin.pk != pk):
+            twin = await self.directory.update(ident, twin.id, domains, pk)
+        return twin
+
+    async def run(self, stop: asyncio.Event,
+                  announce: Callable[[dict], None] | None = None) -> None:
+        """Run until `stop` is set; announce(info) once ready (default: the READY line)."""
+        twin = await self._resolve_twin()
+        self.twin_id = twin.id
+        self.log = EventLog("rmb-peer", str(self.twin_id), [RMB_EVENTS], sink=self.args.log,
+                            min_level=self.args.log_level)
+        # e2e only when the registry publishes OUR pk: nobody could decrypt otherwise
+        e2e_key = self.args.e2e_key if twin.pk == self.args.e2e_key.pk else None
+        if e2e_key is None:
+            self.log.emit("rmb.peer.rejected", None, "warning", code=105, src="registry",
+                          reason="the twin record does not hold this peer's e2e pk: "
+                                 "sending plain text (drop --no-update to publish it)")
+        self.core = PeerCore(self.twin_id, self.args.identity, e2e_key,
+                             list(self.args.relay), log=self.log)
+        self.redis = aioredis.Redis.from_url(self.args.redis)
+        await self.redis.ping()
+        self.writer = RedisWriter(self.redis, on_error=self._redis_failed)
+        self.writer.start()
+        status_runner = None
+        if self.args.status_listen is not None:
+            from daemon_runtime.lifecycle import start_status_server
+            host, port = self.args.status_hostport
+            status_runner, self.status_port = await start_status_server(
+                host, port, self.metrics, self.health)
+        self.core.start(self.clock())
+        self._after()
+        local = asyncio.get_running_loop().create_task(self._local_loop())
+        try:
+            try:
+                await asyncio.wait_for(self._connected.wait(), self.args.ready_timeout)
+            except asyncio.TimeoutError:
+                pass
+            info = {"service": "rmb-peer", "twin": self.twin_id,
+                    "relays": self.core.live_relays(), "status_port": self.status_port}
+            if announce is not None:
+                announce(info)
+            else:
+                from daemon_runtime.lifecycle import Ready
+                Ready(**info).announce()
+            stopper = asyncio.get_running_loop().create_task(stop.wait())
+            await asyncio.wait({stopper, local}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if local.done() and local.exception() is not None:
+                raise local.exception()
+        finally:
+            await self._shutdown(local, status_runner)
+
+    async def _shutdown(self, local: asyncio.Task, status_runner) -> None:
+        self._stopping = True
+        local.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        for conn in list(self._conns.values()):
+            try:
+                await asyncio.wait_for(conn.ws.close(code=1001, reason="rmb-peer shutting down"), 2.0)
+            except (asyncio.TimeoutError, OSError, websockets.WebSocketException):
+                pass
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(local, *self._tasks, return_exceptions=True)
+        if self.writer is not None:
+            await self.writer.close()
+        if self.redis is not None:
+            await self.redis.aclose()
+        await self.directory.close()
+        if status_runner is not None:
+            await status_runner.cleanup()
+        if self.log is not None:
+            self.log.close()
+
+    def health(self) -> dict:
+        core = self.core
+        live = core.live_relays() if core else []
+        return {"ok": bool(live) and not self._stopping, "service": "rmb-peer",
+                "twin": self.twin_id, "relays": {n: r.state for n, r in core.relays.items()} if core else {},
+                "pending": core.pending_count if core else 0}
+
+    def _redis_failed(self, exc: Exception, n: int) -> None:
+        if self.log is not None:
+            self.log.emit("rmb.peer.rejected", None, "error", code=500,
+                          reason=f"redis write failed, {n} operations dropped: {exc!r}"[:200], src="redis")
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------------ core plumbing
+    async def _twin(self, twin_id: int) -> Any:
+        try:
+            return await self.directory.get(twin_id)
+        except UnknownTwin:
+            return None
+        except DirectoryError as exc:
+            return exc
+
+    def _after(self) -> None:
+        """Execute the core's events, then re-arm the timer."""
+        core = self.core
+        writer = self.writer
+        while (ev := core.next_event()) is not None:
+            if isinstance(ev, PushQueue):
+                writer.push(ev.queue, ev.payload)
+            elif isinstance(ev, SendFrame):
+                self._send(ev)
+            elif isinstance(ev, StoreBacklog):
+                writer.set(ev.key, ev.record, ev.ttl)
+            elif isinstance(ev, DropBacklog):
+                writer.delete(ev.key)
+            elif isinstance(ev, LookupBacklog):
+                self._spawn(self._lookup_backlog(ev))
+            elif isinstance(ev, Connect):
+                if not self._stopping:
+                    self._spawn(self._connection(ev.relay, ev.attempt))
+            elif isinstance(ev, SendPing):
+                self._ping(ev)
+            elif isinstance(ev, Disconnect):
+                conn = self._conns.get(ev.relay)
+                if conn is not None and conn.attempt == ev.attempt:
+                    conn.ws.transport.abort()
+        deadline = core.get_timer()
+        if deadline != self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._timer_at = deadline
+            if deadline is not None:
+                delay = max(0.0, deadline - self.clock())
+                self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self.core.handle_timer(self.clock())
+        self._after()
+
+    def _send(self, ev: SendFrame) -> None:
+        conn = self._conns.get(ev.relay)
+        if conn is None or conn.attempt != ev.attempt:
+            self.core.relay_lost(ev.relay, ev.attempt, self.clock(), "connection gone before write")
+            self.core.resend(ev, self.clock())
+            return
+        # websockets writes an unfragmented frame to the transport before its first await,
+        # so frames leave in the order the core emitted them.
+        self._spawn(self._write(conn, ev))
+
+    async def _write(self, conn: _Conn, ev: SendFrame) -> None:
+        try:
+            await conn.ws.send(ev.data)
+        except (websockets.ConnectionClosed, OSError) as exc:
+            now = self.clock()
+            self.core.relay_lost(ev.relay, ev.attempt, now, f"write failed: {exc!r}"[:200])
+            self.core.resend(ev, now)
+            self._after()
+
+    def _ping(self, ev: SendPing) -> None:
+        conn = self._conns.get(ev.relay)
+        if conn is None or conn.attempt != ev.attempt:
+            return
+
+        async def ping() -> None:
+            try:
+                waiter = await conn.ws.ping()
+                await waiter
+                self.core.relay_activity(ev.relay, self.clock(), ev.attempt)
+            except (websockets.ConnectionClosed, OSError, RuntimeError):
+                pass  # the connection's reader reports the loss
+        self._spawn(ping())
+
+    async def _lookup_backlog(self, ev: LookupBacklog) -> None:
+        try:
+            record = await self.redis.get(ev.key)
+        except (RedisError, OSError) as exc:
+            self._redis_failed(exc, 1)
+            return
+        if record is not None:
+            self.core.backlog_reply(record, ev)
+        elif self.log is not None:
+            self.log.emit("rmb.peer.rejected", ev.uid, "info", code=102,
+                          reason="reply for an unknown or expired request", src=str(ev.src_twin))
+        self._after()
+
+    # ------------------------------------------------------------------ relays
+    async def _connection(self, relay: str, attempt: int) -> None:
+        core = self.core
+        token = make_token(self.args.identity, self.twin_id, None, int(self.clock()), ttl=TOKEN_TTL)
+        try:
+            ws = await ws_connect(f"{relay}/?{token}", compression=None, ping_interval=None,
+                                  ping_timeout=None, max_size=2 * MAX_ENVELOPE_SIZE,
+                                  open_timeout=10, close_timeout=2, max_queue=64)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # InvalidStatus (401...), OSError, timeouts: retry later
+            core.relay_failed(relay, attempt, self.clock(), f"connect failed: {exc}"[:200])
+            self._after()
+            return
+        conn = _Conn(ws, attempt)
+        self._conns[relay] = conn
+        core.relay_connected(relay, attempt, self.clock())
+        if relay not in core.live_relays() or self._stopping:
+            del self._conns[relay]
+            await ws.close()
+            self._after()
+            return
+        self._connected.set()
+        self._after()
+        reason = "closed"
+        try:
+            async for frame in ws:
+                now = self.clock()
+                if isinstance(frame, str):
+                    core.relay_activity(relay, now, attempt)
+                    if self.log is not None:
+                        self.log.emit("rmb.peer.rejected", None, "warning", code=100,
+                                      reason="text frame from relay", src=relay)
+                    continue
+                env = core.receive(frame, relay, now)
+                if env is not None:
+                    sender = await self._twin(env.source.twin)
+                    core.accept(env, sender, self.clock())
+                self._after()
+        except websockets.ConnectionClosed as exc:
+            reason = f"closed: {exc}"
+        except OSError as exc:
+            reason = f"socket error: {exc!r}"
+        else:
+            reason = f"closed by relay ({ws.close_code} {ws.close_reason})"
+        finally:
+            if self._conns.get(relay) is conn:
+                del self._conns[relay]
+            if not self._stopping:
+                core.relay_lost(relay, attempt, self.clock(), reason[:200])
+                self._after()
+
+    # ------------------------------------------------------------------ local queues
+    async def _local_loop(self) -> None:
+        core = self.core
+        queues = [LOCAL_QUEUE, REPLY_QUEUE]
+        while not self._stopping:
+            try:
+                got = await self.redis.brpop(queues, timeout=1)
+                if got is None:
+                    continue
+                items = [got]
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.rpop(LOCAL_QUEUE, DRAIN_COUNT)
+                pipe.rpop(REPLY_QUEUE, DRAIN_COUNT)
+                more_local, more_reply = await pipe.execute()
+            except (RedisError, OSError) as exc:
+                self._redis_failed(exc, 0)
+                await asyncio.sleep(1.0)
+                continue
+            for raw in more_local or ():
+                items.append((LOCAL_QUEUE.encode(), raw))
+            for raw in more_reply or ():
+                items.append((REPLY_QUEUE.encode(), raw))
+            for queue, raw in items:
+                now = self.clock()
+                if queue == b"msgbus.system.local":
+                    req = core.app_message(raw, now)
+                    if req is not None:
+                        twins = {d: await self._twin(d) for d in set(req.dst)}
+                        core.send_request(req, twins, self.clock())
+                else:
+                    rep = core.service_message(raw, now)
+                    if rep is not None:
+                        core.send_response(rep, await self._twin(rep.dst_twin), self.clock())
+                self._after()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script `rmb-peer` (see --help). Exit 0 after SIGTERM/SIGINT."""
+    from daemon_runtime.lifecycle import run_daemon
+    args = parse_args(argv)
+
+    async def run(stop: asyncio.Event) -> None:
+        await PeerDaemon(args).run(stop)
+
+    return run_daemon(run)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

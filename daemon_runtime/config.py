@@ -44,6 +44,8 @@ def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 def _convert(parser: argparse.ArgumentParser, action: argparse.Action, source: str, raw: Any) -> Any:
     """Converts a file/env value with the action's own type, nargs and choices."""
     many = action.nargs not in (None, "?", 0) or isinstance(action, argparse._AppendAction)
+    if isinstance(action, argparse._ExtendAction):
+        many = True
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
         if isinstance(raw, str):
             low = raw.strip().lower()
@@ -59,7 +61,8 @@ def _convert(parser: argparse.ArgumentParser, action: argparse.Action, source: s
         elif not isinstance(raw, list):
             raw = [raw]
         values = [_one(parser, action, source, v) for v in raw]
-        if isinstance(action, argparse._AppendAction) and action.nargs not in (None, "?"):
+        if (isinstance(action, argparse._AppendAction) and not isinstance(action, argparse._ExtendAction)
+                and action.nargs not in (None, "?")):
             # append + nargs=N: a list of groups; accept one flat group from file/env
             return [values]
         return values
@@ -101,5 +104,14 @@ def load_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None, env_p
         name = env_prefix + dest.upper()
         if dest != "config" and name in os.environ:
             defaults[dest] = _convert(parser, action, f"${name}", os.environ[name])
-    parser.set_defaults(**defaults)
-    return parser.parse_args(argv)
+    # Repeatable options (append/extend) would otherwise add the CLI values to the file's:
+    # parse them with no default and fall back to the file/env value only when the
+    # command line gave none, so flags replace rather than extend.
+    lists = {d: v for d, v in defaults.items()
+             if isinstance(actions[d], (argparse._AppendAction, argparse._ExtendAction))}
+    parser.set_defaults(**{**defaults, **{d: None for d in lists}})
+    args = parser.parse_args(argv)
+    for dest, value in lists.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
+    return args

@@ -48,6 +48,8 @@ from deploy.blocks import BlockError, BlockFile, generated_blocks, load_blocks, 
 from rmb_peer.events import RMB_EVENTS
 
 DEFAULT_CONFIG = Path(__file__).with_name("cluster.toml")
+SHARED_DATA = Path(os.environ.get("RELAYSUITE_SHARED_DATA",
+                                  Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
 
 
 class LaunchError(RuntimeError):
@@ -231,14 +233,20 @@ class Cluster:
         self.twin_ids: dict[str, int] = {}
         self.twin_db: dict[str, int] = {}
         self.counters = Counters()
-        self.events = EventLog("relay-suite-demo", "launcher", [RMB_EVENTS],
-                               sink=str(self.logdir / "demo-apps.jsonl"))
+        self.app_logs: list[EventLog] = []
         self.apps: list = []
         self.stop_apps = asyncio.Event()
         self.app_tasks: list[asyncio.Task] = []
         self.phase = "starting"
 
     # -- start ---------------------------------------------------------------------
+
+    def app_log(self, app: str, twin: str) -> EventLog:
+        """An app service's own event log: service = the app's name, node = its twin id."""
+        log = EventLog(app, str(self.twin_ids[twin]), [RMB_EVENTS],
+                       sink=str(self.logdir / f"app-{app}-{twin}.jsonl"))
+        self.app_logs.append(log)
+        return log
 
     def _redis_db(self, db: int) -> str:
         return f"{self.redis_base}/{db}"
@@ -319,7 +327,7 @@ class Cluster:
             if "blocks" not in twin.get("services", []):
                 continue
             svc = RmbService(self._redis_db(self.twin_db[twin["name"]]), name=f"blocks@{twin['name']}",
-                             events=self.events)
+                             log=self.app_log("blocks", twin["name"]))
 
             @svc.handler("block.verify")
             async def _verify(data: bytes) -> bytes:
@@ -383,7 +391,7 @@ class Cluster:
         got = 0
         for reply in replies:
             got += 1
-            code = reply.error_code
+            code = reply.code
             if code is None:
                 self.counters.answered += 1
                 if json.loads(reply.data).get("hash") != expect:
@@ -415,8 +423,8 @@ class Cluster:
         servers = [t["name"] for t in twins if t.get("role") == "server"]
         offline = [t["name"] for t in twins if t.get("role") == "offline"]
         rng = random.Random(1)
-        client = RmbClient(self._redis_db(self.twin_db[clients[0]]), events=self.events,
-                           name=f"demo-client@{clients[0]}")
+        client = RmbClient(self._redis_db(self.twin_db[clients[0]]),
+                           log=self.app_log("demo-client", clients[0]), name=f"demo-client@{clients[0]}")
         blocks = self.blocks
         try:
             # 1. request/response, spread over the serving twins
@@ -456,10 +464,8 @@ class Cluster:
                      int(traffic["expiring_ttl"])) for i in range(n_exp)]
             await self.run_phase("expiring", jobs, conc)
             # 6. a block the service refuses (corrupted) -> an error reply
-            bad = bytearray(blocks[0].data)
-            bad[len(bad) // 2] ^= 0xFF
             await self.run_phase("refused block", [(client, clients[0], [servers[0]], "block.verify",
-                                                    BlockFile("corrupted", bytes(bad)), ttl)], 1)
+                                                    corrupted_block(), ttl)], 1)
         finally:
             self.phase = "stopping"
             await client.close()
@@ -485,7 +491,8 @@ class Cluster:
                 task.cancel()
         for group in (list(self.peers.values()), list(self.relays.values()), [self.registry]):
             await asyncio.gather(*(d.stop(self.grace) for d in group if d))
-        self.events.close()
+        for log in self.app_logs:
+            log.close()
         if self.redis:
             self.redis.stop()
 
@@ -523,12 +530,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def corrupted_block() -> BlockFile:
+    """A block the service must refuse: the real corrupted Bitcoin block from ../shared/data
+    when present (merkle root mismatch), else a generated block with a flipped body byte."""
+    real = SHARED_DATA / "btc" / "block413567_corrupted_btc2arc.raw"
+    if real.exists():
+        return BlockFile(real.name, real.read_bytes())
+    block = generated_blocks(1)[0]
+    data = bytearray(block.data)
+    data[-1] ^= 0xFF
+    return BlockFile("corrupted-" + block.name, bytes(data))
+
+
 def default_blocks() -> list[BlockFile]:
-    shared = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
     blocks: list[BlockFile] = []
     for sub in ("eth", "btc"):
-        if (shared / sub).is_dir():
-            blocks += [b for b in load_blocks(shared / sub) if "corrupted" not in b.name]
+        if (SHARED_DATA / sub).is_dir():
+            blocks += [b for b in load_blocks(SHARED_DATA / sub) if "corrupted" not in b.name]
     return blocks
 
 

@@ -16,6 +16,7 @@ from daemon_runtime.lifecycle import Ready, parse_hostport, start_status_server
 def make_parser():
     p = argparse.ArgumentParser(prog="demo")
     p.add_argument("--domain", action="append", default=None)
+    p.add_argument("--relay", action="extend", nargs="+", default=None)
     p.add_argument("--limit", nargs=2, type=int, metavar=("COUNT", "SIZE"))
     p.add_argument("--ranker-period", type=float, default=3600.0)
     p.add_argument("--no-update", action="store_true")
@@ -31,17 +32,20 @@ def test_precedence_file_env_flags(tmp_path, monkeypatch):
         domain = ["a.example", "b.example"]
         limit = [10, 1000]
         key_type = "ed25519"
+        relay = ["ws://a", "ws://b"]
     """))
     args = load_args(make_parser(), ["--config", str(cfg)], "DEMO_")
     assert args.ranker_period == 1800.0 and args.domain == ["a.example", "b.example"]
     assert args.limit == [10, 1000] and args.key_type == "ed25519" and args.no_update is False
+    assert args.relay == ["ws://a", "ws://b"]
+    assert load_args(make_parser(), ["--config", str(cfg), "--relay", "ws://c"], "DEMO_").relay == ["ws://c"]
     monkeypatch.setenv("DEMO_RANKER_PERIOD", "60")
     monkeypatch.setenv("DEMO_NO_UPDATE", "true")
     args = load_args(make_parser(), ["--config", str(cfg)], "DEMO_")
     assert args.ranker_period == 60.0 and args.no_update is True
     args = load_args(make_parser(), ["--config", str(cfg), "--ranker-period", "5", "--domain", "c"], "DEMO_")
     assert args.ranker_period == 5.0
-    assert args.domain[-1] == "c"
+    assert args.domain == ["c"]  # a repeatable flag replaces the file's list, not extends it
 
 
 def test_bad_config_is_refused_with_the_key_named(tmp_path, capsys):

@@ -321,8 +321,8 @@ class ReliableMessageQueue:
             return AddResult.DUPLICATE
         entry = outcome.entry
         if outcome.result is AddResult.KNOWN:
-            if entry.status is CacheStatus.DUPLICATE:
-                return AddResult.KNOWN
+            if entry.status in (CacheStatus.DUPLICATE, CacheStatus.ACCEPTED, CacheStatus.FINALIZED):
+                return AddResult.KNOWN   # replay protection: never put into the queue again
             if self.cache.obsolete(entry.master_seqno, self.master_seqno):
                 self._events.append(MessageRejectedByQueue(mid, origin, "message lifetime is over"))
                 return None
@@ -560,7 +560,7 @@ class ReliableMessageQueue:
         if outcome.result is AddResult.DUPLICATE:
             self._events.append(MessageDuplicate(q.message_id, outcome.original.message_id, q.origin))
             return
-        if outcome.entry.status is CacheStatus.DUPLICATE:
+        if outcome.entry.status in (CacheStatus.DUPLICATE, CacheStatus.FINALIZED):
             return
         self._events.append(MessageQueued(q.message_id, q.uid, q.origin, q.master_seqno, via,
                                           outcome.result is AddResult.NEW))

@@ -1,0 +1,940 @@
+"""The REMP validator node core: RMQs, message cache, shard and masterchain consensus,
+session switches and signed receipts, composed behind one datagram API. No I/O, no clock.
+
+Sources: DESIGN.md sections 2 and 4; seeds/remp-overview.md (statuses, RMQ, message cache,
+forwarding); seeds/remp-protocol-b.txt (status sequences, "Rejection sequences").
+
+What one `ValidatorCore` runs (REMP-A/B/C modules underneath):
+- per shard and master session N where it is a member: a ReliableMessageQueue over a
+  Catchain (members = current group + previous session's group, schedule.py);
+- per shard and session where it is in the current group: a BlockConsensus for the shard
+  chain; the round leader collates the oldest pending messages of the RMQ, executing them on
+  a copy of its shard state (state.ShardState); failed executions -> RejectedByCollator with
+  the executor's error text; validators re-execute and refuse candidates holding a message
+  that is already in an accepted block (cache.MessageCache.block_refusal);
+- one BlockConsensus for the masterchain (member or observer); a master block commits
+  accepted shard blocks by carrying their commit certificates (consensus.Commit datagrams),
+  checked with consensus.verify_commit against the shard's group -> Finalized;
+- master session switch at schedule.session_start(N): groups for N are seeded by the first
+  master block of session N-1 ("start block", genesis for N <= 1); pending RMQ messages are
+  forwarded to the new RMQ (rmq.forward_records), the message cache is garbage collected
+  (a message received in N is dropped at N+2; unfinished ones get Timeout from every
+  validator that said New). The shard chain of session N starts on top of the shard block
+  committed by the start block of N; accepted shard blocks of older sessions that it did not
+  commit are orphaned (their messages: IgnoredByMasterchain, back to the queue).
+
+Session rule for master blocks (ours): a master block carries a session tag (the
+collator's master_session_at(now)), tags never decrease, and a master block may only commit
+shard blocks whose session tag is >= the tag of the previous master block (so the start
+block of N takes the last blocks of N-1, and nothing of N-1 can be committed after it).
+
+Receipts: every status of every message this validator handles is signed
+(receipts.make_signed_receipt) and sent to the full node(s) the message came from (the
+origin travels in RMQ records and shard blocks). Sequence per validator for a finalized
+message: PutIntoQueue (New), AcceptedByQueue, IncludedIntoBlock, IncludedIntoAcceptedBlock,
+Finalized.
+
+Multiplexing: every datagram between REMP nodes starts with a 33-byte prefix: one channel
+kind byte (CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE) and the 32-byte session id of
+the sub-protocol instance (zeros for CH_CLIENT and CH_ANNOUNCE). `mux`/`demux` are the
+helpers; a full node wraps its wire.py datagrams with CH_CLIENT.
+
+Errors: remote garbage never raises out of receive_datagram (it becomes a `Dropped` event);
+local misuse raises ValidatorError.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import consensus as cons
+from .cache import CacheStatus, MessageCache
+from .keys import NodeKey, key_id
+from .messages import MessageRejected, parse_external_message
+from .receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, Timeout,
+                       make_signed_receipt, truncate_error)
+from .rmq import (MessageAcceptedByQueue, MessageDuplicate, MessageQueued, MessageRejectedByQueue,
+                  RecordDropped, ReliableMessageQueue, SourceBlamed)
+from .schedule import (GENESIS_MASTER_HASH, ZeroStateConfig, masterchain_members, master_session_at,
+                       session_start, shard_groups)
+from .state import ShardState, ZeroState
+from .tl import (ZERO_BLOCK_ID, BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int,
+                 pack_int256, pack_long, tl_constructor_id)
+from .wire import RempMessageDatagram, WireError, decode_datagram, encode_receipt
+
+__all__ = ["ValidatorCore", "ValidatorError", "ValidatorEvent", "ReceiptSent", "ForkBlamed",
+           "ShardBlockAccepted", "MasterBlockAccepted", "SessionStarted", "Dropped",
+           "mux", "demux", "CH_CLIENT", "CH_RMQ", "CH_SHARD", "CH_MASTER", "CH_ANNOUNCE",
+           "encode_shard_payload", "decode_shard_payload", "encode_master_block", "decode_master_block"]
+
+CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE = 1, 2, 3, 4, 5
+CHANNEL_NAMES = {CH_CLIENT: "client", CH_RMQ: "rmq", CH_SHARD: "shard", CH_MASTER: "master",
+                 CH_ANNOUNCE: "announce"}
+ZERO32 = bytes(32)
+PREFIX = 33
+#: most messages a collator puts into one shard block
+MAX_BLOCK_MESSAGES = 64
+#: client messages buffered while no RMQ of their shard exists on this node
+MAX_EARLY = 4096
+
+SHARD_BLOCK = tl_constructor_id(
+    "remp.node.shardBlock session:int gen_utime_ms:long collator:int256 "
+    "messages:(vector remp.node.blockMessage) = remp.node.ShardBlock")
+MASTER_BLOCK = tl_constructor_id(
+    "remp.node.masterBlock session:int gen_utime_ms:long shard_commits:(vector bytes) = remp.node.MasterBlock")
+MAX_SHARD_PAYLOAD = 8 << 20
+
+
+class ValidatorError(Exception):
+    """Local misuse of the validator core."""
+
+
+class PayloadError(ValueError):
+    """A malformed shard or master block payload (remote input)."""
+
+
+def mux(kind: int, session_id: bytes, payload: bytes) -> bytes:
+    """Prefix a sub-protocol datagram: kind byte + 32-byte session id + payload."""
+    if len(session_id) != 32:
+        raise ValidatorError("session id must be 32 bytes")
+    return bytes([kind]) + session_id + payload
+
+
+def demux(data: bytes) -> tuple[int, bytes, bytes]:
+    """(kind, session id, payload); ValueError when shorter than the prefix."""
+    if len(data) < PREFIX:
+        raise ValueError(f"datagram of {len(data)} bytes is shorter than the {PREFIX}-byte prefix")
+    return data[0], bytes(data[1:PREFIX]), bytes(data[PREFIX:])
+
+
+# --- block payloads ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BlockMessage:
+    message_id: bytes
+    uid: bytes
+    origin: bytes
+    boc: bytes
+
+
+@dataclass(frozen=True)
+class ShardPayload:
+    """A shard block's payload: session tag, generation time (ms, Unix), collator key id and
+    the messages in execution order."""
+
+    session: int
+    gen_utime_ms: int
+    collator: bytes
+    messages: tuple[BlockMessage, ...]
+
+
+def encode_shard_payload(p: ShardPayload) -> bytes:
+    out = [pack_id(SHARD_BLOCK), pack_int(p.session), pack_long(p.gen_utime_ms), pack_int256(p.collator),
+           pack_int(len(p.messages))]
+    for m in p.messages:
+        out.append(pack_int256(m.message_id) + pack_int256(m.uid) + pack_int256(m.origin) + pack_bytes(m.boc))
+    return b"".join(out)
+
+
+def decode_shard_payload(data: bytes) -> ShardPayload:
+    """Raises PayloadError."""
+    try:
+        r = TLReader(data, MAX_SHARD_PAYLOAD)
+        if r.constructor() != SHARD_BLOCK:
+            raise PayloadError("not a remp.node.shardBlock")
+        session, gen, collator, n = r.int(), r.long(), r.int256(), r.uint()
+        if n > 4096:
+            raise PayloadError(f"{n} messages in a shard block")
+        msgs = tuple(BlockMessage(r.int256(), r.int256(), r.int256(), r.bytes()) for _ in range(n))
+        r.finish()
+    except TLError as exc:
+        raise PayloadError(f"shard block: {exc}") from None
+    return ShardPayload(session, gen, collator, msgs)
+
+
+@dataclass(frozen=True)
+class MasterPayload:
+    session: int
+    gen_utime_ms: int
+    shard_commits: tuple[bytes, ...]
+
+
+def encode_master_block(p: MasterPayload) -> bytes:
+    return (pack_id(MASTER_BLOCK) + pack_int(p.session) + pack_long(p.gen_utime_ms)
+            + pack_int(len(p.shard_commits)) + b"".join(pack_bytes(c) for c in p.shard_commits))
+
+
+def decode_master_block(data: bytes) -> MasterPayload:
+    try:
+        r = TLReader(data, cons.MAX_PAYLOAD)
+        if r.constructor() != MASTER_BLOCK:
+            raise PayloadError("not a remp.node.masterBlock")
+        session, gen, n = r.int(), r.long(), r.uint()
+        if n > 1024:
+            raise PayloadError(f"{n} shard commits in a master block")
+        commits = tuple(r.bytes() for _ in range(n))
+        r.finish()
+    except TLError as exc:
+        raise PayloadError(f"master block: {exc}") from None
+    return MasterPayload(session, gen, commits)
+
+
+@dataclass(frozen=True)
+class _ShardCommit:
+    block_id: BlockIdExt
+    prev: BlockIdExt
+    payload: ShardPayload
+    raw: bytes
+
+
+# --- events ----------------------------------------------------------------------------------------
+
+class ValidatorEvent:
+    """Base class of validator core events."""
+
+
+@dataclass(frozen=True)
+class ReceiptSent(ValidatorEvent):
+    """A signed receipt this validator produced. kind: JSON kind; message_id: 32 bytes;
+    dst: full node key ids it was sent to; shard: shard ident; signed: receipts.SignedReceipt."""
+
+    message_id: bytes
+    kind: str
+    shard: int
+    dst: tuple[bytes, ...]
+    signed: object
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ForkBlamed(ValidatorEvent):
+    """An RMQ catchain proved that `source` (key id) signed two blocks at one height."""
+
+    shard: int
+    session: int
+    source: bytes
+    proof: object
+
+
+@dataclass(frozen=True)
+class ShardBlockAccepted(ValidatorEvent):
+    block_id: BlockIdExt
+    session: int
+    messages: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class MasterBlockAccepted(ValidatorEvent):
+    """A master block; shard_blocks: the shard block ids it committed; messages: their
+    message ids."""
+
+    block_id: BlockIdExt
+    session: int
+    shard_blocks: tuple[BlockIdExt, ...]
+    messages: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class SessionStarted(ValidatorEvent):
+    """This node switched to master session `session`; roles: shard -> "current" |
+    "previous" membership of its RMQ."""
+
+    session: int
+    roles: dict
+
+
+@dataclass(frozen=True)
+class Dropped(ValidatorEvent):
+    """Remote input dropped: channel name, source key id, reason."""
+
+    channel: str
+    src: bytes
+    reason: str
+
+
+@dataclass
+class _Ann:
+    """What this validator told the full nodes about one message."""
+
+    origins: set = field(default_factory=set)
+    said_new: bool = False
+    ended: bool = False         # source-final (Rejected*/Timeout/Finalized) on this node
+    last: object = None         # last SignedReceipt
+    shard: int = 0
+    master_seqno: int = 0
+
+
+@dataclass
+class _ShardSession:
+    shard: int
+    session: int
+    consensus: object
+    tip: ShardState
+    accepted: list = field(default_factory=list)     # _ShardCommit of this session, uncommitted
+
+
+class ValidatorCore:
+    """One validator. ValidatorCore(key, config, zerostate, *, catchain_factory,
+    full_nodes=None, rmq_block_interval=0.05, shard_round_timeout=0.6,
+    master_round_timeout=1.0, master_block_interval=None, wall_clock=lambda now: now).
+
+    config: schedule.ZeroStateConfig (validators, shards, group size, mc_catchain_lifetime,
+    block_interval, genesis_time); zerostate: state.ZeroState (the node's own copy is
+    taken); catchain_factory(session_id, members, local, block_interval=...) -> Catchain;
+    full_nodes: key id -> public key of full nodes whose rempMessage signatures are checked
+    (None: accept any sender, signature unchecked). Times in seconds; `wall_clock(now)` ->
+    Unix seconds for receipts and the executor.
+    """
+
+    def __init__(self, key: NodeKey, config: ZeroStateConfig, zerostate: ZeroState, *,
+                 catchain_factory: Callable[..., object], full_nodes: dict[bytes, bytes] | None = None,
+                 rmq_block_interval: float = 0.05, shard_round_timeout: float = 0.6,
+                 master_round_timeout: float = 1.0, master_block_interval: float | None = None,
+                 wall_clock: Callable[[float], float] = lambda now: now):
+        if key.public not in [v.public_key for v in config.validators]:
+            raise ValidatorError("key is not a validator of the zerostate config")
+        self.key = key
+        self.cfg = config
+        self.workchain = config.workchain
+        self.catchain_factory = catchain_factory
+        self.full_nodes = full_nodes
+        self.rmq_block_interval = rmq_block_interval
+        self.shard_round_timeout = shard_round_timeout
+        self.master_round_timeout = master_round_timeout
+        self.master_block_interval = master_block_interval if master_block_interval is not None else config.block_interval
+        self.wall_clock = wall_clock
+        self.cache = MessageCache()
+        self.bodies: dict[bytes, bytes] = {}
+        self._parsed: dict[bytes, object] = {}
+        self.committed = {s: zerostate.states[s].copy() for s in config.shards}
+        self.tops = {s: BlockIdExt(self.workchain, s, 0, ZERO32, ZERO32) for s in config.shards}
+        self.validator_keys = {v.key_id: v.public_key for v in config.validators}
+        # master chain view
+        self.master_members = masterchain_members(config)
+        self.master_ids = [key_id(m) for m in self.master_members]
+        self.master_tag = -1                    # session tag of the last master block
+        self.master_blocks: list[tuple[BlockIdExt, MasterPayload]] = []
+        self.start_blocks: dict[int, bytes] = {0: GENESIS_MASTER_HASH}   # session -> start block hash
+        self._groups: dict[int, dict[int, list[bytes]]] = {}
+        self.master: cons.BlockConsensus | None = None
+        self._known_commits: dict[int, dict[int, _ShardCommit]] = {s: {} for s in config.shards}
+        # sessions
+        self.session = -1
+        self.rmqs: dict[tuple[int, int], ReliableMessageQueue] = {}
+        self._rmq_by_sid: dict[bytes, ReliableMessageQueue] = {}
+        self.shard_sessions: dict[tuple[int, int], _ShardSession] = {}
+        self._shard_by_sid: dict[bytes, _ShardSession] = {}
+        self._early: list[tuple[object, bytes, float]] = []
+        self.ann: dict[bytes, _Ann] = {}
+        self.blamed: set[bytes] = set()
+        self._out: list[tuple[bytes, bytes]] = []
+        self._events: deque[ValidatorEvent] = deque()
+        self._now = 0.0
+        self.crashed = False
+        self.stats = {"receipts": 0, "shard_blocks": 0, "master_blocks": 0, "collator_rejects": 0,
+                      "orphaned_blocks": 0, "dropped": 0}
+
+    # -- schedule ------------------------------------------------------------------------------
+    def groups(self, session: int) -> dict[int, list[bytes]] | None:
+        """shard -> current group public keys of master session `session`, or None while
+        the seed (start block of session-1) is unknown to this node."""
+        g = self._groups.get(session)
+        if g is not None:
+            return g
+        if session < 0:
+            return {s: [] for s in self.cfg.shards}
+        seed = GENESIS_MASTER_HASH if session <= 1 else self.start_blocks.get(session - 1)
+        if seed is None:
+            return None
+        g = shard_groups(self.cfg, session, seed)
+        self._groups[session] = g
+        return g
+
+    def client_groups(self, shard: int, now: float) -> tuple[list[bytes], list[bytes]]:
+        """(current, next) groups of `shard` as this node sees them at `now` (for a full
+        node's RempClient.groups): next is given during the last 20% of a session."""
+        n = max(self.session, 0)
+        cur = (self.groups(n) or {}).get(shard, [])
+        nxt: list[bytes] = []
+        if now >= session_start(self.cfg, n + 1) - 0.2 * self.cfg.mc_catchain_lifetime:
+            g = self.groups(n + 1)
+            if g is not None:
+                nxt = [k for k in g[shard] if k not in cur]
+        return list(cur), nxt
+
+    # -- datagram API -------------------------------------------------------------------------
+    def receive_datagram(self, data: bytes, src: bytes, now: float) -> None:
+        """One datagram addressed to this node (mux prefix first). Never raises for remote input."""
+        self._advance(now)
+        try:
+            kind, sid, body = demux(data)
+        except ValueError as exc:
+            self._drop("mux", src, str(exc))
+            return
+        if kind == CH_CLIENT:
+            self._on_client(body, src, now)
+        elif kind == CH_RMQ:
+            q = self._rmq_by_sid.get(sid)
+            if q is None:
+                self._drop("rmq", src, "unknown RMQ session")
+            else:
+                q.receive_datagram(body, src, now)
+        elif kind == CH_SHARD:
+            s = self._shard_by_sid.get(sid)
+            if s is None:
+                self._drop("shard", src, "unknown shard consensus session")
+            else:
+                s.consensus.receive_datagram(body, src, now)
+        elif kind == CH_MASTER:
+            if self.master is None or sid != self.master.session_id:
+                self._drop("master", src, "unknown master session")
+            else:
+                self.master.receive_datagram(body, src, now)
+        elif kind == CH_ANNOUNCE:
+            self._on_announce(body, src)
+        else:
+            self._drop("mux", src, f"unknown channel kind {kind}")
+        self._pump(now)
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, bytes]]:
+        self._advance(now)
+        self._pump(now)
+        out, self._out = self._out, []
+        for q in list(self.rmqs.values()):
+            out.extend((dst, mux(CH_RMQ, q.session_id, d)) for dst, d in q.datagrams_to_send(now))
+        for s in list(self.shard_sessions.values()):
+            out.extend((dst, mux(CH_SHARD, s.consensus.session_id, d)) for dst, d in s.consensus.datagrams_to_send(now))
+        if self.master is not None:
+            out.extend((dst, mux(CH_MASTER, self.master.session_id, d)) for dst, d in self.master.datagrams_to_send(now))
+        self._pump(now)
+        out.extend(self._out)
+        self._out = []
+        return out
+
+    def get_timer(self) -> float | None:
+        ts = [session_start(self.cfg, self.session + 1) if self.session >= 0 else self._now]
+        for q in self.rmqs.values():
+            t = q.get_timer()
+            if t is not None:
+                ts.append(t)
+        for s in self.shard_sessions.values():
+            t = s.consensus.get_timer()
+            if t is not None:
+                ts.append(t)
+        if self.master is not None:
+            t = self.master.get_timer()
+            if t is not None:
+                ts.append(t)
+        return min(ts)
+
+    def handle_timer(self, now: float) -> None:
+        self._advance(now)
+        for q in list(self.rmqs.values()):
+            t = q.get_timer()
+            if t is not None and t <= now:
+                q.handle_timer(now)
+        for s in list(self.shard_sessions.values()):
+            t = s.consensus.get_timer()
+            if t is not None and t <= now:
+                s.consensus.handle_timer(now)
+        if self.master is not None:
+            t = self.master.get_timer()
+            if t is not None and t <= now:
+                self.master.handle_timer(now)
+        self._pump(now)
+
+    def next_event(self) -> ValidatorEvent | None:
+        return self._events.popleft() if self._events else None
+
+    # -- time and sessions ----------------------------------------------------------------------
+    def _advance(self, now: float) -> None:
+        self._now = now
+        if self.master is None:
+            self.master = cons.BlockConsensus(
+                -1, cons.MASTER_SHARD, self.master_members, self.key, start_seqno=1, prev_block_id=None,
+                round_timeout=self.master_round_timeout, block_interval=self.master_block_interval,
+                collate=self._collate_master, validate=self._validate_master, start_time=now)
+        target = master_session_at(self.cfg, now)
+        while self.session < target:
+            if not self._switch(self.session + 1, now):
+                break
+
+    def _switch(self, n: int, now: float) -> bool:
+        """Enter master session n (RMQs, forwarding, GC). False while the seed is unknown."""
+        groups = self.groups(n)
+        prev_groups = self.groups(n - 1)
+        if groups is None or prev_groups is None:
+            return False
+        old = self.session
+        self.session = n
+        roles = {}
+        for shard in self.cfg.shards:
+            cur, prev = groups[shard], prev_groups[shard]
+            if self.key.public not in cur and self.key.public not in prev:
+                continue
+            roles[shard] = "current" if self.key.public in cur else "previous"
+            q = ReliableMessageQueue(
+                self.workchain, shard, n, cur, prev, self.key, self.cache, self._parse,
+                self.catchain_factory, block_interval=self.rmq_block_interval, bodies=self.bodies,
+                shard_check=lambda p, s=shard: self._in_shard(p, s))
+            self.rmqs[(shard, n)] = q
+            self._rmq_by_sid[q.session_id] = q
+            oldq = self.rmqs.get((shard, old))
+            if oldq is not None and oldq.local_is_current:
+                q.add_forwarded(oldq.forward_records(n), now)
+        # the lifetime of messages received in n-2 is over
+        for entry in self.cache.gc(n):
+            a = self.ann.get(entry.message_id)
+            if (a is not None and a.said_new and not a.ended
+                    and entry.status not in (CacheStatus.FINALIZED, CacheStatus.DUPLICATE)):
+                self._send_receipt(entry.message_id, Timeout(), a.shard, final=True)
+            self.ann.pop(entry.message_id, None)
+            self._parsed.pop(entry.message_id, None)
+            self.bodies.pop(entry.message_id, None)
+        for key in [k for k in self.rmqs if k[1] <= n - 2]:
+            q = self.rmqs.pop(key)
+            self._rmq_by_sid.pop(q.session_id, None)
+        for key in [k for k in self.shard_sessions if k[1] <= n - 2]:
+            s = self.shard_sessions.pop(key)
+            self._shard_by_sid.pop(s.consensus.session_id, None)
+        for key in [k for k in self._groups if k < n - 3]:
+            del self._groups[key]
+        self._events.append(SessionStarted(n, roles))
+        # client messages that waited for an RMQ of their shard
+        early, self._early = self._early, []
+        for parsed, origin, t in early:
+            if now - t < 2 * self.cfg.mc_catchain_lifetime:
+                self._route_client(parsed, origin, now)
+        if n == 0:
+            self._start_shard_sessions(0, now)
+        elif n in self.start_blocks:
+            self._start_shard_sessions(n, now)
+        return True
+
+    def _start_shard_sessions(self, n: int, now: float) -> None:
+        groups = self.groups(n)
+        if groups is None:
+            return
+        for shard in self.cfg.shards:
+            if self.key.public not in groups[shard] or (shard, n) in self.shard_sessions:
+                continue
+            top = self.tops[shard]
+            sess = _ShardSession(shard, n, None, self.committed[shard].copy())
+            sess.consensus = cons.BlockConsensus(
+                self.workchain, shard, groups[shard], self.key, start_seqno=top.seqno + 1, prev_block_id=top,
+                round_timeout=self.shard_round_timeout, block_interval=self.cfg.block_interval,
+                collate=lambda seqno, t, s=sess: self._collate_shard(s, seqno, t),
+                validate=lambda seqno, payload, s=sess: self._validate_shard(s, seqno, payload),
+                start_time=now)
+            self.shard_sessions[(shard, n)] = sess
+            self._shard_by_sid[sess.consensus.session_id] = sess
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _in_shard(self, parsed, shard: int) -> bool:
+        from .messages import shard_contains
+        return parsed.workchain == self.workchain and shard_contains(shard, parsed.account)
+
+    def _shard_of(self, parsed) -> int | None:
+        for s in self.cfg.shards:
+            if self._in_shard(parsed, s):
+                return s
+        return None
+
+    def _parse(self, boc: bytes):
+        p = parse_external_message(boc, (self.workchain,))
+        self._parsed.setdefault(p.id, p)
+        return p
+
+    def _parsed_of(self, m: BlockMessage):
+        p = self._parsed.get(m.message_id)
+        if p is None or p.boc != m.boc:
+            p = parse_external_message(m.boc, (self.workchain,))
+        return p
+
+    def _drop(self, channel: str, src: bytes, reason: str) -> None:
+        self.stats["dropped"] += 1
+        self._events.append(Dropped(channel, src, reason))
+
+    def _ms(self) -> int:
+        return int(round(self.wall_clock(self._now) * 1000))
+
+    def _send_receipt(self, mid: bytes, status, shard: int, *, final: bool = False, reason: str = "",
+                      only: bytes | None = None) -> None:
+        a = self.ann.get(mid)
+        if a is None or not a.origins:
+            return
+        signed = make_signed_receipt(self.key, mid, status, self._ms())
+        a.last = signed
+        if final:
+            a.ended = True
+        dsts = (only,) if only is not None else tuple(sorted(a.origins))
+        data = mux(CH_CLIENT, ZERO32, encode_receipt(signed))
+        for d in dsts:
+            self._out.append((d, data))
+        self.stats["receipts"] += 1
+        self._events.append(ReceiptSent(mid, status.kind, shard, dsts, signed, reason))
+
+    def _ann(self, mid: bytes, origin: bytes | None, shard: int, master_seqno: int) -> _Ann:
+        a = self.ann.get(mid)
+        if a is None:
+            a = self.ann[mid] = _Ann(shard=shard, master_seqno=master_seqno)
+        if origin is not None and origin != ZERO32:
+            a.origins.add(origin)
+        return a
+
+    # -- client channel --------------------------------------------------------------------------------
+    def _on_client(self, body: bytes, src: bytes, now: float) -> None:
+        try:
+            dg = decode_datagram(body)
+        except WireError as exc:
+            self._drop("client", src, str(exc))
+            return
+        if not isinstance(dg, RempMessageDatagram):
+            self._drop("client", src, "a validator accepts only tonNode.rempMessage from full nodes")
+            return
+        if self.full_nodes is not None:
+            pk = self.full_nodes.get(src)
+            if pk is None or not dg.verify(pk):
+                self._drop("client", src, "rempMessage from an unknown full node or with a bad signature")
+                return
+        try:
+            parsed = self._parse(dg.boc)
+        except MessageRejected as exc:
+            self._drop("client", src, f"bad message: {exc.reason}")
+            return
+        if parsed.id != dg.message_id:
+            self._drop("client", src, "rempMessage id is not the BOC's root hash")
+            return
+        self._route_client(parsed, src, now)
+
+    def _route_client(self, parsed, origin: bytes, now: float) -> None:
+        shard = self._shard_of(parsed)
+        if shard is None:
+            self._drop("client", origin, f"message to workchain {parsed.workchain}")
+            return
+        q = self.rmqs.get((shard, self.session))
+        if q is None:
+            if len(self._early) < MAX_EARLY:
+                self._early.append((parsed, origin, now))
+            return
+        a = self.ann.get(parsed.id)
+        if a is not None:
+            a.origins.add(origin)
+            if a.last is not None:      # a resent message: repeat our latest status to it
+                self._out.append((origin, mux(CH_CLIENT, ZERO32, encode_receipt(a.last))))
+                return
+        e = self.cache.get(parsed.id)
+        if e is not None and e.in_accepted_block:
+            # replay of a message already in an accepted block: never queued again
+            self._ann(parsed.id, origin, shard, e.master_seqno)
+            bid = e.block_id if isinstance(e.block_id, BlockIdExt) else ZERO_BLOCK_ID
+            self._send_receipt(parsed.id, Duplicate(bid), shard, only=origin)
+            return
+        if q.local_is_current:
+            self._ann(parsed.id, origin, shard, self.session)
+        q.add_client_message(parsed, origin, now)
+
+    # -- RMQ / consensus events ----------------------------------------------------------------------
+    def _pump(self, now: float) -> None:
+        for (shard, n), q in list(self.rmqs.items()):
+            while (ev := q.next_event()) is not None:
+                self._on_rmq_event(q, shard, n, ev)
+        for key, s in list(self.shard_sessions.items()):
+            while (ev := s.consensus.next_event()) is not None:
+                self._on_shard_event(s, ev, now)
+        if self.master is not None:
+            while (ev := self.master.next_event()) is not None:
+                self._on_master_event(ev, now)
+
+    def _on_rmq_event(self, q: ReliableMessageQueue, shard: int, n: int, ev) -> None:
+        if isinstance(ev, SourceBlamed):
+            self.blamed.add(ev.source)
+            self._events.append(ForkBlamed(shard, n, ev.source, ev.proof))
+            return
+        if isinstance(ev, RecordDropped):
+            self._drop("rmq", ev.source, ev.reason)
+            return
+        if not q.local_is_current:
+            return
+        if isinstance(ev, MessageQueued):
+            a = self._ann(ev.message_id, ev.origin, shard, ev.master_seqno)
+            if not a.said_new:
+                a.said_new = True
+                a.ended = False
+                self._send_receipt(ev.message_id, New(), shard)
+        elif isinstance(ev, MessageAcceptedByQueue):
+            a = self._ann(ev.message_id, ev.origin, shard, n)
+            e = self.cache.get(ev.message_id)
+            if a.said_new and e is not None and e.status is CacheStatus.PENDING:
+                self._send_receipt(ev.message_id, Accepted(Level.QUEUE), shard)
+        elif isinstance(ev, MessageDuplicate):
+            a = self._ann(ev.message_id, ev.origin, shard, n)
+            orig = self.cache.get(ev.original_id)
+            bid = orig.block_id if orig is not None and isinstance(orig.block_id, BlockIdExt) else ZERO_BLOCK_ID
+            self._send_receipt(ev.message_id, Duplicate(bid), shard)
+        elif isinstance(ev, MessageRejectedByQueue):
+            a = self._ann(ev.message_id, ev.origin, shard, n)
+            self._send_receipt(ev.message_id, Rejected(Level.QUEUE, ZERO_BLOCK_ID, truncate_error(ev.reason)),
+                               shard, final=True, reason=ev.reason)
+
+    # -- shard chain ----------------------------------------------------------------------------------
+    def _collate_shard(self, s: _ShardSession, seqno: int, now: float) -> bytes | None:
+        if master_session_at(self.cfg, now) != s.session or self.session != s.session:
+            return None
+        q = self.rmqs.get((s.shard, s.session))
+        if q is None:
+            return None
+        gen_ms = int(round(self.wall_clock(now) * 1000))
+        state = s.tip.copy()
+        msgs: list[BlockMessage] = []
+        for qm in q.pending(limit=4 * MAX_BLOCK_MESSAGES):
+            if len(msgs) >= MAX_BLOCK_MESSAGES:
+                break
+            if self.cache.collation_refusal(qm.message_id, qm.uid) is not None:
+                continue
+            parsed = qm.parsed or self._parse(qm.body)
+            res = state.execute(parsed, gen_ms / 1000.0)
+            if not res.ok:
+                self.stats["collator_rejects"] += 1
+                self.cache.set_status(qm.message_id, CacheStatus.REJECTED)
+                self._ann(qm.message_id, qm.origin, s.shard, qm.master_seqno)
+                self._send_receipt(qm.message_id, Rejected(Level.COLLATOR, ZERO_BLOCK_ID, truncate_error(res.error)),
+                                   s.shard, final=True, reason=res.error)
+                continue
+            msgs.append(BlockMessage(qm.message_id, qm.uid, qm.origin, qm.body))
+        if not msgs:
+            return None
+        payload = encode_shard_payload(ShardPayload(s.session, gen_ms, self.key.key_id, tuple(msgs)))
+        bid = cons.Candidate(self.workchain, s.shard, seqno, s.consensus.prev, self.key.key_id, payload).block_id
+        for m in msgs:
+            self._included(m, s, bid)
+        return payload
+
+    def _included(self, m: BlockMessage, s: _ShardSession, bid: BlockIdExt) -> None:
+        e = self.cache.get(m.message_id)
+        if e is None:
+            self.cache.add(m.message_id, m.uid, s.session)
+            e = self.cache.get(m.message_id)
+        if e.status in (CacheStatus.PENDING, CacheStatus.COLLATED, CacheStatus.REJECTED):
+            self.cache.set_status(m.message_id, CacheStatus.COLLATED, block_id=bid)
+        a = self._ann(m.message_id, m.origin, s.shard, e.master_seqno)
+        a.ended = False
+        self._send_receipt(m.message_id, Accepted(Level.COLLATOR, bid), s.shard)
+
+    def _validate_shard(self, s: _ShardSession, seqno: int, payload: bytes) -> str | None:
+        if self.session != s.session:
+            return f"shard session {s.session} is over (now {self.session})"
+        try:
+            p = decode_shard_payload(payload)
+        except PayloadError as exc:
+            return str(exc)
+        if p.session != s.session:
+            return f"block of session {p.session} in session {s.session}"
+        if not p.messages:
+            return "empty block"
+        reason = self.cache.block_refusal([(m.message_id, m.uid) for m in p.messages])
+        if reason is not None:
+            return reason
+        state = s.tip.copy()
+        for m in p.messages:
+            try:
+                parsed = self._parsed_of(m)
+            except MessageRejected as exc:
+                return f"message {m.message_id.hex()}: {exc.reason}"
+            if parsed.id != m.message_id or parsed.uid != m.uid or not self._in_shard(parsed, s.shard):
+                return f"message {m.message_id.hex()} does not match its BOC or shard"
+            res = state.execute(parsed, p.gen_utime_ms / 1000.0)
+            if not res.ok:
+                return f"message {m.message_id.hex()} fails: {res.error}"
+        bid = cons.Candidate(self.workchain, s.shard, seqno, s.consensus.prev, p.collator, payload).block_id
+        for m in p.messages:
+            self._included(m, s, bid)
+        return None
+
+    def _on_shard_event(self, s: _ShardSession, ev, now: float) -> None:
+        if isinstance(ev, cons.BlockAccepted):
+            try:
+                p = decode_shard_payload(ev.payload)
+            except PayloadError as exc:
+                self._drop("shard", ZERO32, f"accepted block with bad payload: {exc}")
+                return
+            for m in p.messages:
+                try:
+                    parsed = self._parsed_of(m)
+                    s.tip.execute(parsed, p.gen_utime_ms / 1000.0)
+                except (MessageRejected, ValueError):
+                    pass
+                e = self.cache.get(m.message_id)
+                if e is None:
+                    self.cache.add(m.message_id, m.uid, s.session)
+                    e = self.cache.get(m.message_id)
+                if e.status is not CacheStatus.FINALIZED and e.status is not CacheStatus.DUPLICATE:
+                    self.cache.set_status(m.message_id, CacheStatus.ACCEPTED, block_id=ev.block_id)
+                a = self._ann(m.message_id, m.origin, s.shard, e.master_seqno)
+                a.ended = False
+                self._send_receipt(m.message_id, Accepted(Level.SHARDCHAIN, ev.block_id), s.shard)
+            raw = s.consensus.commit_for(ev.block_id.seqno)
+            if raw is not None:
+                sc = _ShardCommit(ev.block_id, cons.parse_message(raw).candidate.prev, p, raw)
+                s.accepted.append(sc)
+                self._known_commits[s.shard][ev.block_id.seqno] = sc
+                data = mux(CH_ANNOUNCE, ZERO32, raw)
+                group_ids = {key_id(k) for k in s.consensus.members}
+                for mid in self.master_ids:
+                    if mid not in group_ids and mid != self.key.key_id:
+                        self._out.append((mid, data))
+            self.stats["shard_blocks"] += 1
+            self._events.append(ShardBlockAccepted(ev.block_id, s.session, tuple(m.message_id for m in p.messages)))
+        elif isinstance(ev, cons.EquivocationDetected):
+            self.blamed.add(ev.member)
+            self._events.append(ForkBlamed(s.shard, s.session, ev.member, ev.evidence))
+
+    # -- shard commits and the masterchain -------------------------------------------------------------
+    def _check_commit(self, raw: bytes, min_tag: int, max_tag: int) -> _ShardCommit:
+        """Parse and verify a shard block commit certificate (raises PayloadError)."""
+        try:
+            c = cons.parse_message(raw)
+        except cons.ConsensusWireError as exc:
+            raise PayloadError(f"shard commit: {exc}") from None
+        if not isinstance(c, cons.Commit):
+            raise PayloadError("not a commit")
+        cand = c.candidate
+        if cand.workchain != self.workchain or cand.shard not in self.tops:
+            raise PayloadError(f"commit of unknown chain {cand.workchain}:{cand.shard:016x}")
+        p = decode_shard_payload(cand.payload)
+        if not min_tag <= p.session <= max_tag:
+            raise PayloadError(f"shard block of session {p.session} outside [{min_tag}, {max_tag}]")
+        groups = self.groups(p.session)
+        if groups is None:
+            raise PayloadError(f"groups of session {p.session} unknown")
+        try:
+            bid = cons.verify_commit(c.session_id, groups[cand.shard], c)
+        except cons.ConsensusWireError as exc:
+            raise PayloadError(str(exc)) from None
+        return _ShardCommit(bid, cand.prev, p, raw)
+
+    def _on_announce(self, raw: bytes, src: bytes) -> None:
+        try:
+            sc = self._check_commit(raw, max(self.master_tag, 0), self.session + 1)
+        except PayloadError as exc:
+            self._drop("announce", src, str(exc))
+            return
+        if sc.block_id.seqno > self.tops[sc.block_id.shard].seqno:
+            self._known_commits[sc.block_id.shard].setdefault(sc.block_id.seqno, sc)
+
+    def _collate_master(self, seqno: int, now: float) -> bytes | None:
+        tag = max(master_session_at(self.cfg, now), self.master_tag)
+        if self.groups(tag) is None:
+            return None
+        commits = []
+        for shard in self.cfg.shards:
+            top = self.tops[shard]
+            while True:
+                sc = self._known_commits[shard].get(top.seqno + 1)
+                if sc is None or sc.prev != top or not max(self.master_tag, 0) <= sc.payload.session <= tag:
+                    break
+                commits.append(sc.raw)
+                top = sc.block_id
+        if not commits and tag == self.master_tag:
+            return None
+        return encode_master_block(MasterPayload(tag, int(round(self.wall_clock(now) * 1000)), tuple(commits)))
+
+    def _validate_master(self, seqno: int, payload: bytes) -> str | None:
+        try:
+            self._master_commits(payload)
+        except PayloadError as exc:
+            return str(exc)
+        return None
+
+    def _master_commits(self, payload: bytes) -> tuple[MasterPayload, list[_ShardCommit]]:
+        p = decode_master_block(payload)
+        if p.session < self.master_tag:
+            raise PayloadError(f"master block session {p.session} < previous {self.master_tag}")
+        if p.session > master_session_at(self.cfg, self._now) + 1:
+            raise PayloadError(f"master block session {p.session} is in the future")
+        tops = dict(self.tops)
+        out = []
+        for raw in p.shard_commits:
+            sc = self._check_commit(raw, max(self.master_tag, 0), p.session)
+            shard = sc.block_id.shard
+            if sc.prev != tops[shard] or sc.block_id.seqno != tops[shard].seqno + 1:
+                raise PayloadError(f"shard block {sc.block_id.seqno} of {shard:016x} does not extend the committed top")
+            tops[shard] = sc.block_id
+            out.append(sc)
+        return p, out
+
+    def _on_master_event(self, ev, now: float) -> None:
+        if not isinstance(ev, cons.BlockAccepted):
+            if isinstance(ev, cons.EquivocationDetected):
+                self.blamed.add(ev.member)
+            return
+        try:
+            p, commits = self._master_commits(ev.payload)
+        except PayloadError as exc:
+            # accepted by a quorum; only a node with a diverging view gets here
+            self._drop("master", ZERO32, f"accepted master block we cannot apply: {exc}")
+            return
+        first_of_session = p.session > self.master_tag
+        self.master_tag = p.session
+        self.master_blocks.append((ev.block_id, p))
+        mids = []
+        for sc in commits:
+            shard = sc.block_id.shard
+            self.tops[shard] = sc.block_id
+            st = self.committed[shard]
+            groups = self.groups(sc.payload.session) or {}
+            in_group = self.key.public in groups.get(shard, [])
+            for m in sc.payload.messages:
+                mids.append(m.message_id)
+                try:
+                    st.execute(self._parsed_of(m), sc.payload.gen_utime_ms / 1000.0)
+                except (MessageRejected, ValueError):
+                    pass
+                e = self.cache.get(m.message_id)
+                if e is None:
+                    self.cache.add(m.message_id, m.uid, p.session)
+                    e = self.cache.get(m.message_id)
+                if e.status is not CacheStatus.DUPLICATE:
+                    self.cache.set_status(m.message_id, CacheStatus.FINALIZED, block_id=sc.block_id,
+                                          master_block_id=ev.block_id)
+                a = self.ann.get(m.message_id)
+                if in_group or (a is not None and a.said_new):
+                    a = self._ann(m.message_id, m.origin, shard, e.master_seqno)
+                    self._send_receipt(m.message_id, Accepted(Level.MASTERCHAIN, sc.block_id, ev.block_id),
+                                       shard, final=True)
+            for s in self.shard_sessions.values():
+                if s.shard == shard:
+                    s.accepted = [x for x in s.accepted if x.block_id.seqno > sc.block_id.seqno]
+            for seq in [k for k in self._known_commits[shard] if k <= sc.block_id.seqno]:
+                del self._known_commits[shard][seq]
+        self.stats["master_blocks"] += 1
+        self._events.append(MasterBlockAccepted(ev.block_id, p.session, tuple(sc.block_id for sc in commits),
+                                                tuple(mids)))
+        if first_of_session:
+            self.start_blocks.setdefault(p.session, ev.block_id.root_hash)
+            self._orphan_before(p.session)
+            if self.session >= p.session:
+                self._start_shard_sessions(p.session, now)
+            # a switch may have waited for this seed
+            self._advance(now)
+
+    def _orphan_before(self, n: int) -> None:
+        """Accepted shard blocks of sessions < n that the start block of n did not commit can
+        never be committed: their messages return to the queue (IgnoredByMasterchain)."""
+        for key in [k for k in self.shard_sessions if k[1] < n]:
+            s = self.shard_sessions.pop(key)
+            self._shard_by_sid.pop(s.consensus.session_id, None)
+            for sc in s.accepted:
+                if sc.block_id.seqno <= self.tops[s.shard].seqno:
+                    continue
+                self.stats["orphaned_blocks"] += 1
+                for m in sc.payload.messages:
+                    e = self.cache.get(m.message_id)
+                    if e is not None and e.status is CacheStatus.ACCEPTED:
+                        self.cache.set_status(m.message_id, CacheStatus.PENDING)
+                        self._send_receipt(m.message_id, Ignored(Level.MASTERCHAIN, sc.block_id), s.shard)
+        for shard in self.cfg.shards:
+            for seq in [k for k, sc in self._known_commits[shard].items() if sc.payload.session < n]:
+                del self._known_commits[shard][seq]

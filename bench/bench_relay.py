@@ -14,7 +14,9 @@ last receive. Each run stops at --count envelopes or --seconds, whichever comes 
 - baseline: a websockets-library server that forwards every binary frame from the first
   connection to the second, nothing else (`--baseline-server`).
 
-Prints both figures and relay/baseline (target >= 0.70). Not part of the test suite.
+Prints both figures and relay/baseline (target >= 0.70), plus each server's CPU time per
+envelope (from /proc, robust on a shared machine where wall-clock rates swing).
+Not part of the test suite.
 """
 from __future__ import annotations
 
@@ -57,6 +59,15 @@ async def baseline_server() -> None:
 
 
 # ------------------------------------------------------------------ client side
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process so far (Linux /proc), 0 elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_proc(args: list[str], env=None) -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=REPO, env=env)
@@ -126,8 +137,9 @@ async def main_async(opts) -> None:
             frames.append(env.SerializeToString())
 
         rport = relay_info["port"]
-        results = {}
-        for name in ("baseline", "relay", "baseline", "relay"):   # interleaved, best of two
+        results: dict[str, float] = {}
+        cpu_us: dict[str, float] = {}
+        for name in ("baseline", "relay") * opts.rounds:   # interleaved, best of the rounds
             if name == "relay":
                 t = int(time.time())
                 send_url = f"ws://127.0.0.1:{rport}/?{make_token(ia, a, None, t, 600)}"
@@ -141,14 +153,22 @@ async def main_async(opts) -> None:
                 base, base_info = start_proc([sys.executable, __file__, "--baseline-server"])
                 procs.append(base)
                 send_url = recv_url = f"ws://127.0.0.1:{base_info['port']}/"
+            server = relay if name == "relay" else base
+            cpu0 = cpu_seconds(server.pid)
             got, elapsed = await drive(send_url, recv_url, frames, opts.seconds)
+            cpu = cpu_seconds(server.pid) - cpu0
             rate = got / elapsed if elapsed > 0 else 0.0
+            us = cpu / got * 1e6 if got else float("inf")
             results[name] = max(results.get(name, 0.0), rate)
+            cpu_us[name] = min(cpu_us.get(name, float("inf")), us)
             print(f"{name:9s} {got:6d} envelopes of {len(frames[0])} B in {elapsed:6.3f} s "
-                  f"= {rate:9.0f} envelopes/s", flush=True)
+                  f"= {rate:9.0f} envelopes/s; server CPU {us:6.1f} us/envelope", flush=True)
         ratio = results["relay"] / results["baseline"] if results["baseline"] else 0.0
+        cpu_ratio = cpu_us["baseline"] / cpu_us["relay"] if cpu_us["relay"] else 0.0
         print(f"RESULT relay {results['relay']:.0f} envelopes/s, raw websockets forwarding baseline "
-              f"{results['baseline']:.0f} envelopes/s, ratio {ratio:.2f} (target >= 0.70)")
+              f"{results['baseline']:.0f} envelopes/s, ratio {ratio:.2f} (target >= 0.70); "
+              f"server CPU per envelope relay {cpu_us['relay']:.1f} us, baseline "
+              f"{cpu_us['baseline']:.1f} us, CPU-efficiency ratio {cpu_ratio:.2f}")
     finally:
         for proc in procs:
             stop_proc(proc)
@@ -205,6 +225,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--count", type=int, default=20000, help="envelopes per run (default 20000)")
     p.add_argument("--seconds", type=float, default=10.0, help="time bound per run, s (default 10)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; best of them (default 3)")
     p.add_argument("--payload", type=int, default=1024, help="payload bytes (default 1024)")
     p.add_argument("--relay-arg", dest="relay_args", action="append", default=[],
                    help="extra rmb-relay flag (repeatable), e.g. --relay-arg=--log-level=warning")

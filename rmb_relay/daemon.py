@@ -336,7 +336,7 @@ class RelayServer:
         await self._send(peer, env.SerializeToString())
 
     def _rejected(self, env: Envelope, reason: str, level: str = "warning") -> None:
-        self.metrics.rejected.labels(reason[:60]).inc()
+        self.metrics.rejected.labels(_reason_label(reason)).inc()
         self.events.emit("rmb.relay.rejected", env.uid or None, level=level, reason=reason,
                          src=address_str(env.source) if env.HasField("source") else "",
                          dst=address_str(env.destination) if env.HasField("destination") else "")
@@ -636,6 +636,22 @@ class RelayServer:
         if not await self._deliver(dst, env, data, now, target):
             return web.Response(status=503, text="offline queue unavailable\n")
         return web.Response(status=202)
+
+
+_KNOWN_REASONS = {ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE,
+                  ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, "message wrong source",
+                  "relay info is not set for this twin"}
+
+
+def _reason_label(reason: str) -> str:
+    """A bounded set of metric label values (reasons with variable text are grouped)."""
+    if reason in _KNOWN_REASONS:
+        return reason
+    if reason.startswith("envelope too large"):
+        return "envelope too large"
+    if reason.startswith("failed to get twin details"):
+        return "twin lookup failed"
+    return "other"
 
 
 def _lenient_uid(data: bytes) -> str | None:

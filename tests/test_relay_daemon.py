@@ -30,7 +30,6 @@ from rmb_peer.twins import TwinDirectory
 from rmb_relay.daemon import RelayServer
 from rmb_relay.registry import RegistryServer
 
-pytestmark = pytest.mark.asyncio
 
 
 class Events:
@@ -476,3 +475,19 @@ async def test_shutdown_drains_federation_in_flight(cluster):
         assert fed and fed[0]["trace_id"] == env.uid and fed[0]["attrs"]["domain"] == slow_domain
     finally:
         await runner.cleanup()
+
+
+def test_cli_config_precedence(tmp_path, monkeypatch):
+    """--domain takes several values and repeats; env and a TOML file fill the rest; flags win."""
+    from daemon_runtime.config import load_args
+    from rmb_relay.daemon import _flatten, build_parser
+
+    cfg = tmp_path / "relay.toml"
+    cfg.write_text('ranker-period = 1800\nlimit = [10, 2000]\ngrace = 3\n')
+    monkeypatch.setenv("RMB_RELAY_REDIS", "redis://127.0.0.1:1/2")
+    monkeypatch.setenv("RMB_RELAY_GRACE", "4")
+    args = load_args(build_parser(), ["--config", str(cfg), "-m", "a.example", "b.example",
+                                      "--domain", "c.example", "--grace", "5"], "RMB_RELAY_")
+    assert _flatten(args.domain) == ["a.example", "b.example", "c.example"]
+    assert args.ranker_period == 1800 and list(args.limit) == [10, 2000]
+    assert args.redis == "redis://127.0.0.1:1/2" and args.grace == 5

@@ -74,6 +74,8 @@ CLOSE_UNSUPPORTED = 1003       # text frame
 CLOSE_INVALID = 1007           # bytes that are not an envelope
 CLOSE_REPLACED = 4000          # a newer connection with the same (twin, sid) took over
 FED_CONTENT_TYPE = "application/x-protobuf"
+#: seconds between the relay's WebSocket pings to each peer (rmb-peer itself pings every 20 s)
+HEARTBEAT = 60.0
 
 
 def _is_fail_fast(env: Envelope) -> bool:
@@ -280,7 +282,10 @@ class RelayServer:
             twin_id, sid = verify_token(token, twin.account, int(now))
         except TokenError as exc:
             return self._refuse_auth(exc.status, exc.reason)
-        ws = web.WebSocketResponse(max_msg_size=2 * self.max_size, autoping=True, compress=False)
+        # heartbeat: a WS ping every HEARTBEAT s; no pong within half of it closes the
+        # connection (a silently lost peer is detected instead of queueing into a dead socket)
+        ws = web.WebSocketResponse(max_msg_size=2 * self.max_size, autoping=True, compress=False,
+                                   heartbeat=HEARTBEAT)
         if not ws.can_prepare(request).ok:
             return self._refuse_auth(400, "expected a WebSocket upgrade")
         await ws.prepare(request)
@@ -531,7 +536,9 @@ class RelayServer:
     # ------------------------------------------------------------------ federation out
     def _pump_federation(self) -> None:
         now = self.clock()
-        for att in self.federation.attempts_due(now):
+        # while shutting down only the attempts already in flight are drained
+        due = [] if self._closing else self.federation.attempts_due(now)
+        for att in due:
             task = asyncio.get_running_loop().create_task(self._post(att))
             self._fed_tasks.add(task)
             task.add_done_callback(self._fed_tasks.discard)

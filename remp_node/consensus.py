@@ -66,7 +66,10 @@ Equivocation
     Two signed proposals by one leader, or two signed votes of one kind by one member, for
     different blocks at one (seqno, round) are recorded as Evidence (both signed messages,
     verifiable with verify_evidence) and reported once as EquivocationDetected. Only the
-    first message is counted.
+    first proposal is used; every distinct signed vote (up to MAX_VOTES_PER_MEMBER) counts
+    for its block — safe by (a), since two quorums for different blocks would need f + 1
+    double-signers, and needed for liveness: a member that first received an equivocator's
+    other vote must still see the polka the others locked on.
 
 Block id (document for verifiers)
     candidate bytes = boxed `remp.consensus.candidate workchain:int shard:long seqno:int
@@ -78,8 +81,12 @@ Block id (document for verifiers)
 
 Wire (every datagram is one boxed TL object; ids = tl_constructor_id of the TL_* lines below;
     ed25519 signatures over the boxed *Data objects)
-    remp.consensus.proposal  session_id:int256 round:int pol_round:int candidate:bytes signature:int512
+    remp.consensus.proposal  session_id:int256 round:int pol_round:int candidate:bytes
+                             pol_signatures:(vector remp.consensus.signature) signature:int512
         signed: remp.consensus.proposalData session_id:int256 round:int pol_round:int block:tonNode.blockIdExt
+        pol_signatures: for pol_round >= 0, the q prevotes of pol_round for the candidate (the
+        polka certificate; each is a prevote signature, so a member that lost the old round's
+        votes can still check the lock rule), empty for pol_round = -1
     remp.consensus.vote      session_id:int256 kind:int round:int who:int256 block:tonNode.blockIdExt signature:int512
         signed: remp.consensus.voteData session_id:int256 kind:int round:int block:tonNode.blockIdExt
         kind 0 = prevote, 1 = precommit; nil = block id with zero root and file hash
@@ -121,7 +128,7 @@ TL_PROPOSAL_DATA = ("remp.consensus.proposalData session_id:int256 round:int pol
 TL_VOTE_DATA = ("remp.consensus.voteData session_id:int256 kind:int round:int block:tonNode.blockIdExt "
                 "= remp.consensus.SignedData")
 TL_PROPOSAL = ("remp.consensus.proposal session_id:int256 round:int pol_round:int candidate:bytes "
-               "signature:int512 = remp.consensus.Message")
+               "pol_signatures:(vector remp.consensus.signature) signature:int512 = remp.consensus.Message")
 TL_VOTE = ("remp.consensus.vote session_id:int256 kind:int round:int who:int256 block:tonNode.blockIdExt "
            "signature:int512 = remp.consensus.Message")
 TL_SIGNATURE = "remp.consensus.signature who:int256 signature:int512 = remp.consensus.Signature"
@@ -159,6 +166,8 @@ MAX_ROUND_AHEAD = 64
 FUTURE_HEIGHTS = 2
 """Proposals/votes are kept for heights up to this far ahead (a member about to catch up)."""
 FUTURE_COMMITS = 256
+MAX_VOTES_PER_MEMBER = 4
+"""Distinct signed votes kept per member, kind and round (more than one = equivocation)."""
 CATCHUP_BATCH = 16
 """Commits sent per getCommits answer / per push."""
 KEEP_COMMITS = 4096
@@ -266,10 +275,11 @@ class Proposal:
     candidate_bytes: bytes
     signature: bytes
     candidate: Candidate = field(compare=False, repr=False)
+    pol_signatures: tuple = ()   # ((who key id, prevote signature of pol_round), ...)
 
     def pack(self) -> bytes:
         return (pack_id(PROPOSAL) + pack_int256(self.session_id) + pack_int(self.round) + pack_int(self.pol_round)
-                + pack_bytes(self.candidate_bytes) + pack_int512(self.signature))
+                + pack_bytes(self.candidate_bytes) + _pack_sigs(self.pol_signatures) + pack_int512(self.signature))
 
     def signed_data(self, block: BlockIdExt | None = None) -> bytes:
         return proposal_signed_data(self.session_id, self.round, self.pol_round, block or self.candidate.block_id)
@@ -301,10 +311,19 @@ class Commit:
     candidate: Candidate = field(compare=False, repr=False)
 
     def pack(self) -> bytes:
-        out = [pack_id(COMMIT), pack_int256(self.session_id), pack_int(self.round),
-               pack_bytes(self.candidate_bytes), pack_int(len(self.signatures))]
-        out += [pack_int256(w) + pack_int512(s) for w, s in self.signatures]
-        return b"".join(out)
+        return (pack_id(COMMIT) + pack_int256(self.session_id) + pack_int(self.round)
+                + pack_bytes(self.candidate_bytes) + _pack_sigs(self.signatures))
+
+
+def _pack_sigs(sigs) -> bytes:
+    return pack_int(len(sigs)) + b"".join(pack_int256(w) + pack_int512(s) for w, s in sigs)
+
+
+def _read_sigs(r: TLReader, allow_empty: bool) -> tuple:
+    count = r.int()
+    if not (0 if allow_empty else 1) <= count <= MAX_MEMBERS:
+        raise ConsensusWireError(f"bad signature count {count}")
+    return tuple((r.int256(), r.int512()) for _ in range(count))
 
 
 @dataclass(frozen=True)
@@ -324,11 +343,13 @@ def parse_message(data: bytes) -> Proposal | Vote | Commit | GetCommits:
     try:
         cid = r.constructor()
         if cid == PROPOSAL:
-            sid, rnd, pol, cb, sig = r.int256(), r.int(), r.int(), r.bytes(), r.int512()
+            sid, rnd, pol, cb = r.int256(), r.int(), r.int(), r.bytes()
+            pol_sigs = _read_sigs(r, allow_empty=True)
+            sig = r.int512()
             r.finish()
-            if rnd < 0 or not -1 <= pol < rnd:
-                raise ConsensusWireError(f"proposal: bad round {rnd} / pol_round {pol}")
-            return Proposal(sid, rnd, pol, cb, sig, Candidate.parse(cb))
+            if rnd < 0 or not -1 <= pol < rnd or (pol < 0) != (not pol_sigs):
+                raise ConsensusWireError(f"proposal: bad round {rnd} / pol_round {pol} / {len(pol_sigs)} pol signatures")
+            return Proposal(sid, rnd, pol, cb, sig, Candidate.parse(cb), pol_sigs)
         if cid == VOTE:
             sid, kind, rnd, who, blk, sig = r.int256(), r.int(), r.int(), r.int256(), BlockIdExt.read(r), r.int512()
             r.finish()
@@ -336,11 +357,11 @@ def parse_message(data: bytes) -> Proposal | Vote | Commit | GetCommits:
                 raise ConsensusWireError(f"vote: bad kind {kind} or round {rnd}")
             return Vote(sid, kind, rnd, who, blk, sig)
         if cid == COMMIT:
-            sid, rnd, cb, count = r.int256(), r.int(), r.bytes(), r.int()
-            if rnd < 0 or not 0 < count <= MAX_MEMBERS:
-                raise ConsensusWireError(f"commit: bad round {rnd} or signature count {count}")
-            sigs = tuple((r.int256(), r.int512()) for _ in range(count))
+            sid, rnd, cb = r.int256(), r.int(), r.bytes()
+            sigs = _read_sigs(r, allow_empty=False)
             r.finish()
+            if rnd < 0:
+                raise ConsensusWireError(f"commit: bad round {rnd}")
             return Commit(sid, rnd, cb, sigs, Candidate.parse(cb))
         if cid == GET_COMMITS:
             sid, frm, mx = r.int256(), r.int(), r.int()
@@ -353,10 +374,12 @@ def parse_message(data: bytes) -> Proposal | Vote | Commit | GetCommits:
         raise ConsensusWireError(str(exc)) from None
 
 
-def make_proposal(key: NodeKey, session_id: bytes, round: int, pol_round: int, candidate: Candidate) -> Proposal:
-    """A proposal signed by `key` (the round's leader)."""
+def make_proposal(key: NodeKey, session_id: bytes, round: int, pol_round: int, candidate: Candidate,
+                  pol_signatures: tuple = ()) -> Proposal:
+    """A proposal signed by `key` (the round's leader); pol_signatures: the prevotes of
+    pol_round for the candidate ((key id, signature), ...) when pol_round >= 0."""
     sig = key.sign(proposal_signed_data(session_id, round, pol_round, candidate.block_id))
-    return Proposal(session_id, round, pol_round, candidate.pack(), sig, candidate)
+    return Proposal(session_id, round, pol_round, candidate.pack(), sig, candidate, tuple(pol_signatures))
 
 
 def make_vote(key: NodeKey, session_id: bytes, kind: int, round: int, block: BlockIdExt) -> Vote:
@@ -555,7 +578,8 @@ class _Height:
         self.seqno = seqno
         self.candidates: dict[BlockIdExt, _Cand] = {}
         self.proposals: dict[int, tuple[Proposal, BlockIdExt, bytes]] = {}
-        self.votes: dict[tuple[int, int], dict[bytes, tuple[BlockIdExt, bytes]]] = {}
+        # (kind, round) -> voter key id -> {block id: signed vote}; first entry = first vote
+        self.votes: dict[tuple[int, int], dict[bytes, dict[BlockIdExt, bytes]]] = {}
         self.round_senders: dict[int, set[bytes]] = {}
         self.evidenced: set[tuple] = set()
 
@@ -844,6 +868,15 @@ class BlockConsensus:
             else:
                 self._record_evidence(h, leader, p.round, "proposal", prior[2], raw)
             return
+        if p.pol_round >= 0:
+            pol_votes = [Vote(self.session_id, PREVOTE, p.pol_round, who, bid, sig) for who, sig in p.pol_signatures]
+            for v in pol_votes:
+                if v.who not in self._pub or not verify(self._pub[v.who], v.signed_data(), v.signature):
+                    raise _Drop("bad_signature", "proposal carries an invalid pol_round prevote")
+            if len({v.who for v in pol_votes}) < self.quorum:
+                raise _Drop("bad_candidate", "re-proposal without a polka certificate")
+            for v in pol_votes:
+                self._store_vote(h, v, v.pack())
         h.proposals[p.round] = (p, bid, raw)
         if bid not in h.candidates:
             h.candidates[bid] = _Cand(cand, p.candidate_bytes, p.round, leader)
@@ -857,16 +890,22 @@ class BlockConsensus:
             return
         if not verify(self._pub[v.who], v.signed_data(), v.signature):
             raise _Drop("bad_signature", f"{KIND_NAMES[v.kind]} signature invalid")
-        h = self._h(v.block.seqno)
-        box = h.votes.setdefault((v.kind, v.round), {})
-        prior = box.get(v.who)
-        if prior is not None:
-            if prior[0] == v.block:
-                self.ignored["duplicate"] += 1
-            else:
-                self._record_evidence(h, v.who, v.round, KIND_NAMES[v.kind], prior[1], raw)
+        self._store_vote(self._h(v.block.seqno), v, raw)
+
+    def _store_vote(self, h: _Height, v: Vote, raw: bytes) -> None:
+        """Record a verified vote (first per member, round and kind; a different second one
+        is evidence)."""
+        mine = h.votes.setdefault((v.kind, v.round), {}).setdefault(v.who, {})
+        if v.block in mine:
+            self.ignored["duplicate"] += 1
             return
-        box[v.who] = (v.block, raw)
+        if mine:
+            first = next(iter(mine.values()))
+            self._record_evidence(h, v.who, v.round, KIND_NAMES[v.kind], first, raw)
+            if len(mine) >= MAX_VOTES_PER_MEMBER:
+                self.ignored["equivocation_cap"] += 1
+                return
+        mine[v.block] = raw
         h.round_senders.setdefault(v.round, set()).add(v.who)
 
     def _on_commit(self, c: Commit, raw: bytes, src: bytes, now: float) -> None:
@@ -944,8 +983,8 @@ class BlockConsensus:
     def _tally(self, h: _Height, kind: int, round: int) -> tuple[Counter, int, dict]:
         box = h.votes.get((kind, round), {})
         counts: Counter = Counter()
-        for b, _raw in box.values():
-            counts[b] += 1
+        for blocks in box.values():
+            counts.update(blocks.keys())
         return counts, len(box), box
 
     def _polka(self, h: _Height, round: int) -> BlockIdExt | None:
@@ -964,7 +1003,7 @@ class BlockConsensus:
         v = make_vote(self.local, self.session_id, kind, self.round, block)
         raw = v.pack()
         h = self._h(self.height)
-        h.votes.setdefault((kind, self.round), {})[self.me] = (block, raw)
+        h.votes.setdefault((kind, self.round), {})[self.me] = {block: raw}
         h.round_senders.setdefault(self.round, set()).add(self.me)
         self._my[KIND_NAMES[kind]] = raw
         self._transition(KIND_NAMES[kind])
@@ -1023,15 +1062,15 @@ class BlockConsensus:
                 cand = h.candidates.get(b)
                 if cand is None or cand.candidate.prev != self.prev:
                     # a quorum exists but we lack the candidate: fetch the commit
-                    for who, (vb, _r) in box.items():
-                        if vb == b and who != self.me:
+                    for who, blocks in box.items():
+                        if b in blocks and who != self.me:
                             self._pull(who, now)
                             break
                     continue
                 sigs = {}
-                for who, (vb, vraw) in box.items():
-                    if vb == b:
-                        sigs[who] = vraw[-64:]
+                for who, blocks in box.items():
+                    if b in blocks:
+                        sigs[who] = blocks[b][-64:]
                 self._accept(cand.candidate, rnd, sigs, None, now, broadcast=True)
                 return True
         return False
@@ -1051,8 +1090,11 @@ class BlockConsensus:
                 or now < self._propose_at or now < self._next_collate):
             return False
         vr, vb = self._valid
+        pol_sigs: tuple = ()
         if vb is not None and vb in h.candidates:
             cand, pol = h.candidates[vb].candidate, vr
+            box = h.votes.get((PREVOTE, vr), {})
+            pol_sigs = tuple((who, blocks[vb][-64:]) for who, blocks in box.items() if vb in blocks)
         else:
             payload = self._collate(self.height, now)
             if payload is None:
@@ -1061,7 +1103,7 @@ class BlockConsensus:
             if not isinstance(payload, (bytes, bytearray)) or len(payload) > MAX_PAYLOAD:
                 raise ConsensusUsageError(f"collate must return bytes of <= {MAX_PAYLOAD} bytes or None")
             cand, pol = Candidate(self.workchain, self.shard, self.height, self.prev, self.me, bytes(payload)), -1
-        p = make_proposal(self.local, self.session_id, self.round, pol, cand)
+        p = make_proposal(self.local, self.session_id, self.round, pol, cand, pol_sigs)
         raw = p.pack()
         bid = cand.block_id
         if bid not in h.candidates:
@@ -1112,9 +1154,14 @@ class BlockConsensus:
         return False
 
     def _update_valid(self, h: _Height) -> None:
-        b = self._polka(h, self.round)
-        if b is not None and self._valid[0] < self.round and b in h.candidates and self._verdict(h, b) is True:
-            self._valid = (self.round, b)
+        """valid := the candidate of the latest polka seen (any round up to ours)."""
+        for kind, r in sorted(h.votes, key=lambda kr: -kr[1]):
+            if kind != PREVOTE or r <= self._valid[0] or r > self.round:
+                continue
+            b = self._polka(h, r)
+            if b is not None and b in h.candidates and self._verdict(h, b) is True:
+                self._valid = (r, b)
+                return
 
     def _progress(self, now: float) -> None:
         for _ in range(10000):

@@ -304,6 +304,20 @@ def test_equivocating_member_cannot_fork_and_is_named():
     assert not any(b"EVIL" in ev.payload for n in honest for ev in n.accepted.values())
 
 
+@pytest.mark.parametrize("seed", [2, 5])
+def test_equivocator_with_loss_and_a_crash_still_progresses(seed):
+    """Regression: members that first got the equivocator's other prevote must still count
+    the polka the others locked on (all distinct signed votes count), or a locked block is
+    re-proposed forever without a quorum. Seed 2 stalled at 2 blocks before the fix."""
+    ks = keys(7)
+    msgs = [f"m{i:03d}".encode() for i in range(200)]
+    nodes = [Equivocator(k, ks, pool=msgs) if i == 3 else Node(k, ks, pool=msgs) for i, k in enumerate(ks)]
+    net = Net(nodes, seed=seed, loss=0.25, dup=0.1, jitter=0.05)
+    net.crashed = {ks[seed % 3].key_id}
+    net.run(15.0)
+    assert check_agreement(net.alive(), ks) >= 10
+
+
 def test_invalid_candidates_are_never_accepted():
     ks = keys(7)
     msgs = [f"m{i:03d}".encode() for i in range(60)]

@@ -19,12 +19,16 @@ builds its read schema from the same catalogues (`spark_schema_fields`).
 """
 from __future__ import annotations
 
-import logging
-import logging.handlers
+import atexit
+import os
 import sys
+import threading
+import time
+import weakref
 from dataclasses import dataclass, field
 from typing import IO, Iterable, Mapping
 
+import orjson
 import structlog
 
 #: Top-level fields of every line, in order, with their JSON types.
@@ -95,6 +99,8 @@ class Catalogue:
 
 
 _PY_TYPES = {"string": (str,), "long": (int,), "double": (int, float), "boolean": (bool,)}
+_LEVEL_RANK = {name: i for i, name in enumerate(LEVELS)}
+_LEVEL_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
 def attr_types(catalogues: Iterable[Catalogue]) -> dict[str, str]:
@@ -112,27 +118,132 @@ def attr_types(catalogues: Iterable[Catalogue]) -> dict[str, str]:
     return merged
 
 
-def _stream_logger(name: str, sink: IO[str] | str | None, max_bytes: int, backups: int) -> logging.Logger:
-    logger = logging.Logger(name)  # private: not registered globally, no propagation
-    logger.propagate = False
-    if sink is None or sink == "-":
-        handler: logging.Handler = logging.StreamHandler(sys.stdout)
-    elif isinstance(sink, str):
-        handler = logging.handlers.RotatingFileHandler(
-            sink, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
-    else:
-        handler = logging.StreamHandler(sink)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    return logger
+class _Sink:
+    """The byte stream under structlog's BytesLogger: a file rotated by size, or a stream.
+
+    Lines are buffered and flushed at most every FLUSH_INTERVAL s by the writer, by a
+    background flusher thread (so an idle daemon's last lines reach the file promptly),
+    and on close, instead of one flush per line: a flush per line cost more than the
+    relay's own work per envelope (bench/bench_relay.py). Rotation (file sinks): when the
+    file would exceed max_bytes it is renamed PATH.1 (PATH.1 -> PATH.2, ... up to
+    `backups`) and a new file is opened: RotatingFileHandler's naming, so log tools and
+    the Spark job's globs see the usual layout."""
+
+    FLUSH_INTERVAL = 0.1
+
+    def __init__(self, sink: IO[str] | str | None, max_bytes: int, backups: int):
+        self.path = sink if isinstance(sink, str) and sink != "-" else None
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self.lock = threading.Lock()
+        self.closed = False
+        self.last_flush = time.monotonic()
+        if self.path:
+            self.stream = open(self.path, "ab", buffering=1 << 16)
+            self.size = self.stream.tell()
+        else:
+            text = sys.stdout if sink is None or sink == "-" else sink
+            self.stream = getattr(text, "buffer", None) or _TextAdapter(text)
+            self.size = 0
+        _FLUSHER.add(self)
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            if self.path and self.size > 0 and self.size + len(data) > self.max_bytes:
+                self._rotate()
+            self.stream.write(data)
+            self.size += len(data)
+            now = time.monotonic()
+            if now - self.last_flush >= self.FLUSH_INTERVAL:
+                self.stream.flush()
+                self.last_flush = now
+
+    def flush(self) -> None:
+        """Called by BytesLogger after every line: deliberately a no-op (see the class doc)."""
+
+    def force_flush(self) -> None:
+        with self.lock:
+            if not self.closed:
+                self.stream.flush()
+                self.last_flush = time.monotonic()
+
+    def _rotate(self) -> None:
+        self.stream.close()
+        for i in range(self.backups - 1, 0, -1):
+            if os.path.exists(f"{self.path}.{i}"):
+                os.replace(f"{self.path}.{i}", f"{self.path}.{i + 1}")
+        if self.backups > 0:
+            os.replace(self.path, f"{self.path}.1")
+        else:
+            os.remove(self.path)
+        self.stream = open(self.path, "ab", buffering=1 << 16)
+        self.size = 0
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.stream.flush()
+            if self.path:
+                self.stream.close()
+            self.closed = True
+        _FLUSHER.discard(self)
 
 
-def _order_fields(_logger, _method, event_dict):
-    ordered = {k: event_dict.pop(k, None) for k, _ in LINE_FIELDS}
-    if ordered["attrs"] is None:
-        ordered["attrs"] = {}
-    return ordered
+class _TextAdapter:
+    """Bytes onto a text stream that has no .buffer (e.g. io.StringIO in tests)."""
+
+    def __init__(self, text: IO[str]):
+        self.text = text
+
+    def write(self, data: bytes) -> None:
+        self.text.write(data.decode())
+
+    def flush(self) -> None:
+        self.text.flush()
+
+
+class _Flusher:
+    """One daemon thread flushing every open sink every FLUSH_INTERVAL s."""
+
+    def __init__(self):
+        self.sinks: "weakref.WeakSet[_Sink]" = weakref.WeakSet()
+        self.thread: threading.Thread | None = None
+        self.guard = threading.Lock()
+
+    def add(self, sink: _Sink) -> None:
+        with self.guard:
+            self.sinks.add(sink)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="eventlog-flusher", daemon=True)
+                self.thread.start()
+
+    def discard(self, sink: _Sink) -> None:
+        with self.guard:
+            self.sinks.discard(sink)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(_Sink.FLUSH_INTERVAL)
+            with self.guard:
+                sinks = list(self.sinks)
+            for sink in sinks:
+                try:
+                    sink.force_flush()
+                except (OSError, ValueError):
+                    pass
+
+
+_FLUSHER = _Flusher()
+atexit.register(lambda: [sink.close() for sink in list(_FLUSHER.sinks)])
+
+
+def _order_fields(_logger, method, event_dict):
+    return {"ts": event_dict["ts"], "level": method, "service": event_dict["service"],
+            "node": event_dict["node"], "event": event_dict["event"],
+            "trace_id": event_dict["trace_id"], "attrs": event_dict["attrs"]}
 
 
 class EventLog:
@@ -144,7 +255,10 @@ class EventLog:
 
     `emit(event, trace_id=None, level="info", **attrs)` writes one line; raises
     EventLogError for an event not in the catalogues or an undeclared/mistyped attribute
-    (a programming error, caught by tests). Rotation: by size (RotatingFileHandler).
+    (a programming error, caught by tests). Rendering: structlog's filtering bound logger,
+    TimeStamper and JSONRenderer (orjson) onto a BytesLogger. Rotation: by size (PATH.1 ..
+    PATH.<backups>); lines are buffered and flushed at least every 0.1 s and on close.
+    Cost: about 7 us of CPU per event (one core, Python 3.11).
     """
 
     def __init__(self, service: str, node: str, catalogues: Iterable[Catalogue],
@@ -157,36 +271,43 @@ class EventLog:
         self.specs: dict[str, EventSpec] = {}
         for cat in catalogues:
             self.specs.update(cat.specs)
-        self._min = LEVELS.index(min_level)
-        self._std = _stream_logger(f"eventlog.{service}.{node}.{id(self)}", sink, max_bytes, backups)
+        self._min = _LEVEL_RANK[min_level]
+        self._sink = _Sink(sink, max_bytes, backups)
         self._log = structlog.wrap_logger(
-            self._std,
+            structlog.BytesLogger(self._sink),
+            wrapper_class=structlog.make_filtering_bound_logger(_LEVEL_NUMBERS[min_level]),
             processors=[
-                structlog.processors.add_log_level,
                 structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
                 _order_fields,
-                structlog.processors.JSONRenderer(separators=(",", ":")),
+                structlog.processors.JSONRenderer(serializer=orjson.dumps),
             ],
             context_class=dict,
-        )
+        ).bind()  # the concrete bound logger: no lazy proxy on every call
 
     def emit(self, event: str, trace_id: str | None = None, level: str = "info", **attrs) -> None:
         spec = self.specs.get(event)
         if spec is None:
             raise EventLogError(f"event {event!r} is not in this daemon's catalogues")
+        declared = spec.attrs
         for key, value in attrs.items():
-            typ = spec.attrs.get(key)
+            typ = declared.get(key)
             if typ is None:
                 raise EventLogError(f"{event}: attr {key!r} is not declared")
             if value is not None and (not isinstance(value, _PY_TYPES[typ])
-                                      or (typ != "boolean" and isinstance(value, bool))):
+                                      or (typ != "boolean" and value.__class__ is bool)):
                 raise EventLogError(f"{event}: attr {key!r} must be {typ}, got {type(value).__name__}")
-        if LEVELS.index(level) < self._min:
+        rank = _LEVEL_RANK.get(level)
+        if rank is None:
+            raise EventLogError(f"level {level!r} is not one of {LEVELS}")
+        if rank < self._min:
             return
         getattr(self._log, level)(event=event, service=self.service, node=self.node,
                                   trace_id=trace_id, attrs=attrs)
 
+    def flush(self) -> None:
+        """Writes buffered lines out now (also done every 0.1 s and on close)."""
+        self._sink.force_flush()
+
     def close(self) -> None:
-        for handler in list(self._std.handlers):
-            handler.close()
-            self._std.removeHandler(handler)
+        """Flushes and closes the sink (stdout is flushed, not closed)."""
+        self._sink.close()

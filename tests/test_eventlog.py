@@ -65,3 +65,17 @@ def test_catalogue_doc_is_in_sync_with_code():
     doc = Path(__file__).resolve().parent.parent / "docs" / "event-catalogue.md"
     assert doc.read_text() == render_markdown(), \
         "regenerate: python -m daemon_runtime.catalogues > docs/event-catalogue.md"
+
+
+def test_idle_lines_reach_the_file_without_close(tmp_path):
+    import time
+    path = tmp_path / "idle.jsonl"
+    log = EventLog("demo-svc", "n1", [CAT], sink=str(path))
+    log.emit("demo.node.sent", "t-1", size=1)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and not path.read_text():
+        time.sleep(0.02)
+    assert json.loads(path.read_text())["trace_id"] == "t-1"  # flushed by the background flusher
+    log.close()
+    log.emit("demo.node.sent", "t-2", size=2)  # after close: dropped, not an error
+    assert len(path.read_text().splitlines()) == 1

@@ -50,13 +50,13 @@ from rmb_peer.envelope import (
 from rmb_peer.identity import E2EKey, Identity, SignatureError
 
 __all__ = [
-    "PeerCore", "PeerEvent", "SendFrame", "PushQueue", "StoreBacklog", "DropBacklog",
+    "PeerCore", "PeerEvent", "SendFrame", "PushQueue", "StoreBacklog",
     "LookupBacklog", "Connect", "SendPing", "Disconnect", "AppRequest", "ServiceReply",
     "AppMessageError", "PeerStateError", "LOCAL_QUEUE", "REPLY_QUEUE", "BACKLOG_PREFIX",
     "QUEUE_MAX_LEN", "VERSION", "ERR_INVALID_MESSAGE", "ERR_BAD_PAYLOAD", "ERR_EXPIRED",
     "ERR_UNKNOWN_TWIN", "ERR_BAD_SIGNATURE", "ERR_NO_PUBLIC_KEY", "ERR_E2E", "ERR_OTHER",
     "DEFAULT_TTL", "MAX_TTL", "RESPONSE_TTL", "PING_INTERVAL", "DEAD_AFTER",
-    "parse_address", "b64", "unb64",
+    "parse_address", "b64", "unb64", "SharedKeyCache",
 ]
 
 #: rmb-peer queue names (DESIGN.md section 3).
@@ -99,6 +99,7 @@ MAX_DESTINATIONS = 1024
 MAX_CMD_LEN = 256
 MAX_APP_MESSAGE = 2 * 1024 * 1024  # bytes of JSON from the app (base64 of a 1 MiB payload fits)
 MAX_OUTBOX = 10000  # frames held while no relay is connected
+MAX_DONE = 200_000  # finished request uids remembered (late/duplicate reply filter)
 
 _MAX_TWIN = 2**32 - 1
 
@@ -151,13 +152,6 @@ class StoreBacklog(PeerEvent):
     key: str
     record: bytes
     ttl: int
-    uid: str
-
-
-@dataclass
-class DropBacklog(PeerEvent):
-    """DEL `key`: every reply of the request arrived (or it expired)."""
-    key: str
     uid: str
 
 
@@ -293,6 +287,29 @@ def parse_address(text: Any) -> tuple[int, str | None]:
     return twin, (sid if sep else None)
 
 
+class SharedKeyCache:
+    """An E2EKey whose ECDH shared keys are memoized per peer pk (the ECDH point
+    multiplication dominates e2e cost; the AES-GCM format stays rmb_peer.e2e's).
+    Duck-types E2EKey for rmb_peer.e2e.encrypt/decrypt: `pk`, `shared_key(peer_pk)`.
+    size: peer keys remembered (the cache is cleared when full)."""
+
+    def __init__(self, key: E2EKey, size: int = 4096):
+        self.key = key
+        self.pk = key.pk
+        self.size = size
+        self._cache: dict[bytes, bytes] = {}
+
+    def shared_key(self, peer_pk: bytes) -> bytes:
+        peer_pk = bytes(peer_pk)
+        hit = self._cache.get(peer_pk)
+        if hit is None:
+            hit = self.key.shared_key(peer_pk)  # raises ValueError for a malformed pk
+            if len(self._cache) >= self.size:
+                self._cache.clear()
+            self._cache[peer_pk] = hit
+        return hit
+
+
 def _dumps(obj: dict) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
@@ -342,7 +359,8 @@ class PeerCore:
     twin_id: our twin; identity: account key (signs envelopes); e2e_key: secp256k1 key
     (decrypts incoming ciphers, encrypts to twins with a pk) or None for a peer without e2e
     (it publishes no pk and sends plain text only); relays: relay names in
-    preference order (the daemon uses the ws:// URLs); log: an EventLog (rmb.peer.*) or None.
+    preference order (the daemon uses the ws:// URLs); log: an EventLog (rmb.peer.*) or None;
+    debug: also emit per-frame debug events (rmb.peer.received).
 
     Inputs (all take `now`, unix seconds): start, relay_connected/relay_failed/relay_lost/
     relay_activity, receive + accept (relay frames), app_message + send_request (app
@@ -351,15 +369,16 @@ class PeerCore:
     """
 
     def __init__(self, twin_id: int, identity: Identity, e2e_key: E2EKey | None,
-                 relays: list[str], log=None, version: str = VERSION):
+                 relays: list[str], log=None, version: str = VERSION, debug: bool = False):
         if not 0 < int(twin_id) <= _MAX_TWIN:
             raise PeerStateError(f"bad twin id {twin_id}")
         if not 1 <= len(relays) <= 4 or len(set(relays)) != len(relays):
             raise PeerStateError(f"need 1..4 distinct relays, got {relays!r}")
         self.twin_id = int(twin_id)
         self.identity = identity
-        self.e2e_key = e2e_key
+        self.e2e_key = SharedKeyCache(e2e_key) if isinstance(e2e_key, E2EKey) else e2e_key
         self.log = log
+        self._debug = log is not None and debug
         self.version = version
         self.relays: dict[str, _Relay] = {name: _Relay(name) for name in relays}
         self._order = list(relays)
@@ -367,6 +386,7 @@ class PeerCore:
         self._pending: dict[str, _Pending] = {}
         self._deadlines: list[tuple[float, str]] = []  # heap, lazy deletion
         self._outbox: deque[tuple[float, Envelope, str, int]] = deque()
+        self._done: dict[str, float] = {}  # finished uid -> its deadline (insertion order)
         #: counters for /metrics and tests
         self.stats: Counter = Counter()
 
@@ -526,7 +546,7 @@ class PeerCore:
             self._answer_app(pending, src, b"", None, int(now), (ERR_EXPIRED, "request expired"))
             self._emit("rmb.peer.expired", pending.uid, "warning", dst=src, code=ERR_EXPIRED)
         self.stats["expired"] += 1
-        self._events.append(DropBacklog(BACKLOG_PREFIX + pending.uid, pending.uid))
+        self._completed(pending, now)
 
     # ------------------------------------------------------------------ sending
     def _stamp_sign(self, env: Envelope, now: float) -> None:
@@ -645,7 +665,7 @@ class PeerCore:
                 code, text = ((ERR_UNKNOWN_TWIN, f"unknown twin {dst}") if twin is None
                               else (ERR_OTHER, f"twin {dst} lookup failed: {twin}"))
                 self._reject(code, text, str(dst), uid)
-                self._reply_to_pending(pending, dst, b"", None, int(now), (code, text))
+                self._reply_to_pending(pending, dst, b"", None, int(now), (code, text), now)
                 continue
             env = Envelope(uid=uid, expiration=req.ttl)
             env.request.command = req.cmd
@@ -658,7 +678,8 @@ class PeerCore:
                 encrypted = self._set_payload(env, req.data, twin)
             except E2EError as exc:
                 self._reject(ERR_E2E, f"e2e error: {exc}", str(dst), uid)
-                self._reply_to_pending(pending, dst, b"", None, int(now), (ERR_E2E, f"e2e error: {exc}"))
+                self._reply_to_pending(pending, dst, b"", None, int(now),
+                                       (ERR_E2E, f"e2e error: {exc}"), now)
                 continue
             self._stamp_sign(env, now)
             self._send(env, "request", dst, now, encrypted)
@@ -680,7 +701,7 @@ class PeerCore:
 
     def _reply_to_pending(self, pending: _Pending, src_twin: int, data: bytes,
                           schema: str | None, stamp: int, err: tuple[int, str] | None,
-                          src: str | None = None) -> None:
+                          now: float, src: str | None = None) -> None:
         if pending.outstanding[src_twin] > 0:
             pending.outstanding[src_twin] -= 1
             if pending.outstanding[src_twin] == 0:
@@ -689,7 +710,21 @@ class PeerCore:
         self._answer_app(pending, src or str(src_twin), data, schema, stamp, err)
         if pending.left <= 0:
             self._pending.pop(pending.uid, None)
-            self._events.append(DropBacklog(BACKLOG_PREFIX + pending.uid, pending.uid))
+            self._completed(pending, now)
+
+    def _completed(self, pending: _Pending, now: float) -> None:
+        """Remember a finished request until its TTL is over, so late or duplicated
+        replies are dropped without a backlog lookup. The Redis backlog record is left to
+        expire by itself (no DEL on the hot path)."""
+        done = self._done
+        done[pending.uid] = pending.deadline
+        if len(done) > MAX_DONE:
+            del done[next(iter(done))]
+        while done:
+            uid = next(iter(done))
+            if done[uid] > now:
+                break
+            del done[uid]
 
     def backlog_reply(self, record: bytes, event: LookupBacklog) -> None:
         """The Backlog record found for an untracked reply: push the reply to its
@@ -723,8 +758,9 @@ class PeerCore:
         kind = message_kind(env)
         src_twin = env.source.twin if env.HasField("source") else 0
         self.stats["received_" + kind] += 1
-        self._emit("rmb.peer.received", env.uid, kind=kind, src=address_str(env.source),
-                   size=len(frame), relay=relay)
+        if self._debug:  # hot path: delivered/answered/rejected carry the trace at info
+            self._emit("rmb.peer.received", env.uid, "debug", kind=kind,
+                       src=address_str(env.source), size=len(frame), relay=relay)
         if kind in ("ping", "pong"):
             return None
         if env.destination.twin != self.twin_id:
@@ -760,7 +796,7 @@ class PeerCore:
         src_twin = distinct[0] if len(distinct) == 1 else 0
         self.stats["relay_errors"] += 1
         self._reply_to_pending(pending, src_twin, b"", None, int(now),
-                               (code, f"relay: {text}"), src=str(src_twin))
+                               (code, f"relay: {text}"), now, src=str(src_twin))
 
     def _send_error(self, env: Envelope, code: int, text: str, now: float) -> None:
         """A signed error envelope answering a refused request (rmb-rs Downstream)."""
@@ -843,6 +879,11 @@ class PeerCore:
         err = (env.error.code, env.error.message) if message_kind(env) == "error" else None
         schema = env.schema if env.HasField("schema") else None
         pending = self._pending.get(env.uid)
+        if pending is None and env.uid in self._done:
+            self.stats["late_replies"] += 1
+            self._reject(ERR_EXPIRED, "reply for a request that already completed or expired",
+                         src, env.uid, "info")
+            return
         if pending is None:
             reply = {"ver": 1, "dat": b64(data), "src": src, "shm": schema, "now": env.timestamp}
             if err is not None:
@@ -854,7 +895,8 @@ class PeerCore:
             self._reject(ERR_INVALID_MESSAGE, "reply from a twin the request was not sent to",
                          src, env.uid)
             return
-        self._reply_to_pending(pending, env.source.twin, data, schema, env.timestamp, err, src=src)
+        self._reply_to_pending(pending, env.source.twin, data, schema, env.timestamp, err, now,
+                               src=src)
 
     # ------------------------------------------------------------------ service replies
     def service_message(self, raw: bytes | str, now: float) -> ServiceReply | None:

@@ -37,7 +37,7 @@ from websockets.asyncio.client import connect as ws_connect
 
 from daemon_runtime.eventlog import EventLog
 from rmb_peer.core import (
-    LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, DropBacklog, LookupBacklog, PeerCore,
+    LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, LookupBacklog, PeerCore,
     PushQueue, SendFrame, SendPing, StoreBacklog,
 )
 from rmb_peer.envelope import MAX_ENVELOPE_SIZE
@@ -237,7 +237,8 @@ class PeerDaemon:
                           reason="the twin record does not hold this peer's e2e pk: "
                                  "sending plain text (drop --no-update to publish it)")
         self.core = PeerCore(self.twin_id, self.args.identity, e2e_key,
-                             list(self.args.relay), log=self.log)
+                             list(self.args.relay), log=self.log,
+                             debug=self.args.log_level == "debug")
         self.redis = aioredis.Redis.from_url(self.args.redis)
         await self.redis.ping()
         self.writer = RedisWriter(self.redis, on_error=self._redis_failed)
@@ -332,8 +333,6 @@ class PeerDaemon:
                 self._send(ev)
             elif isinstance(ev, StoreBacklog):
                 writer.set(ev.key, ev.record, ev.ttl)
-            elif isinstance(ev, DropBacklog):
-                writer.delete(ev.key)
             elif isinstance(ev, LookupBacklog):
                 self._spawn(self._lookup_backlog(ev))
             elif isinstance(ev, Connect):

@@ -132,7 +132,8 @@ class RmbCluster:
             from rmb_relay.daemon import RelayServer
             server = RelayServer(domains=[domain], host="127.0.0.1", port=port,
                                  redis_url=self.redis_url, registry_url=self.registry_url,
-                                 events=EventLog("rmb-relay", domain, [RMB_EVENTS], sink=sink),
+                                 events=EventLog("rmb-relay", domain, [RMB_EVENTS],
+                                                 sink=str(sink) if isinstance(sink, Path) else sink),
                                  directory=TwinDirectory(self.registry_url, cache_ttl=1.0), **kw)
             server._own_directory = True
             if capture:
@@ -201,7 +202,7 @@ class RmbCluster:
         else:
             from rmb_peer.daemon import PeerDaemon, parse_args
             ns = parse_args(args + ["--log", "-"])
-            ns.log = sink
+            ns.log = str(sink) if isinstance(sink, Path) else sink
             daemon = PeerDaemon(ns, clock=clock or time.time)
             stop = asyncio.Event()
             ready: asyncio.Future = asyncio.get_running_loop().create_future()

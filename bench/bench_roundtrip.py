@@ -1,0 +1,252 @@
+"""RMB round-trip benchmark: app -> rmb-peer A -> rmb-relay -> rmb-peer B -> service and
+back, through a real Redis, a real relay and real peers (each a subprocess) on 127.0.0.1,
+payloads end-to-end encrypted (both twins publish a pk).
+
+Prints:
+  1. max sustained requests/s with many calls in flight (closed loop, --inflight workers);
+  2. latency p50/p99/max at a fixed offered load (open loop, --rate requests/s);
+  3. the same-run baseline: a bare Redis LPUSH/BRPOP echo round trip (client -> echo task ->
+     client through two Redis lists) at the same offered load, and its max throughput.
+Targets: >= 2,000 requests/s sustained; p99 <= 20 ms at 1,000 requests/s.
+
+    .venv/bin/python bench/bench_roundtrip.py [--duration 8] [--rate 1000] [--inflight 256]
+
+Each phase is bounded (--duration seconds, default 8; <= 20 s). Not part of the test suite.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import redis.asyncio as aioredis  # noqa: E402
+
+from daemon_runtime.redis_server import EmbeddedRedis  # noqa: E402
+from rmb_peer.client import RmbClient  # noqa: E402
+from rmb_peer.redisq import RedisWriter  # noqa: E402
+from tests.rmb_harness import RmbCluster  # noqa: E402
+
+PAYLOAD = b"x" * 64
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, seconds (/proc/<pid>/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def closed_loop(call, inflight: int, duration: float) -> tuple[float, int, int]:
+    """`inflight` workers calling back to back for `duration` s -> (req/s, ok, errors)."""
+    ok = errors = 0
+    stop_at = time.perf_counter() + duration
+
+    async def worker():
+        nonlocal ok, errors
+        while time.perf_counter() < stop_at:
+            if await call():
+                ok += 1
+            else:
+                errors += 1
+    started = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(inflight)])
+    elapsed = time.perf_counter() - started
+    return ok / elapsed, ok, errors
+
+
+async def open_loop(call, rate: float, duration: float) -> tuple[list[float], int, float]:
+    """Issue calls at `rate`/s for `duration` s regardless of completions ->
+    (latencies ms of successful calls, errors, achieved completion rate /s)."""
+    lat: list[float] = []
+    errors = 0
+    tasks = []
+    n = int(rate * duration)
+    interval = 1.0 / rate
+
+    async def one():
+        nonlocal errors
+        t0 = time.perf_counter()
+        good = await call()
+        if good:
+            lat.append((time.perf_counter() - t0) * 1000.0)
+        else:
+            errors += 1
+    start = time.perf_counter()
+    for i in range(n):
+        target = start + i * interval
+        delay = target - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.get_running_loop().create_task(one()))
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    return lat, errors, len(lat) / elapsed
+
+
+class RedisEcho:
+    """The baseline: LPUSH a request, an echo task BRPOPs it and LPUSHes it to the
+    caller's reply list, the caller's reader BRPOPs it; pushes batched the same way the
+    RMB client and peers batch them (RedisWriter pipelines)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.r = aioredis.Redis.from_url(url)
+        self.ret = f"bench.echo.ret.{uuid.uuid4()}"
+        self.pending: dict[str, asyncio.Future] = {}
+        self.tasks: list[asyncio.Task] = []
+        self.running = True
+
+    async def start(self):
+        loop = asyncio.get_running_loop()
+        self.writer = RedisWriter(self.r)
+        self.writer.start()
+        self.tasks = [loop.create_task(self._echo()), loop.create_task(self._read())]
+
+    async def _echo(self):
+        r = aioredis.Redis.from_url(self.url)
+        while self.running:
+            got = await r.brpop(["bench.echo.req"], timeout=0.5)
+            if got is None:
+                continue
+            items = [got[1]] + (await r.rpop("bench.echo.req", 256) or [])
+            pipe = r.pipeline(transaction=False)
+            for raw in items:
+                pipe.lpush(self.ret, raw)
+                pipe.ltrim(self.ret, 0, 9999)
+            await pipe.execute()
+        await r.aclose()
+
+    async def _read(self):
+        r = aioredis.Redis.from_url(self.url)
+        while self.running:
+            got = await r.brpop([self.ret], timeout=0.5)
+            if got is None:
+                continue
+            for raw in [got[1]] + (await r.rpop(self.ret, 256) or []):
+                fut = self.pending.pop(raw[:36].decode(), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(raw)
+        await r.aclose()
+
+    async def call(self) -> bool:
+        ref = str(uuid.uuid4())
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[ref] = fut
+        self.writer.push("bench.echo.req", ref.encode() + b" " + PAYLOAD)  # LPUSH + LTRIM, pipelined
+        await asyncio.wait_for(fut, 10)
+        return True
+
+    async def close(self):
+        self.running = False
+        await self.writer.close()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.r.aclose()
+
+
+def service_main(redis_url: str) -> None:
+    """The echo service behind peer B, in its own process (like a real deployment)."""
+    from rmb_peer.client import RmbService
+
+    async def run():
+        svc = RmbService(redis_url, "bench-echo", concurrency=512)
+
+        @svc.handler("bench.echo")
+        async def echo(data: bytes) -> bytes:
+            return data
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        import signal
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        print("READY {}", flush=True)
+        await svc.run(stop)
+    asyncio.run(run())
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds per phase (<= 20)")
+    ap.add_argument("--rate", type=float, default=1000.0, help="offered load for latency, req/s")
+    ap.add_argument("--inflight", type=int, default=256, help="concurrent calls for throughput")
+    opts = ap.parse_args()
+    duration = min(opts.duration, 20.0)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-rmb-"))
+    with EmbeddedRedis() as srv:
+        async with RmbCluster(srv.url, tmp, log_to_files=True) as c:
+            relay = await c.start_relay(subprocess_mode=True)
+            a = await c.new_twin([relay])
+            b = await c.new_twin([relay])
+            pa = await c.start_peer(a, [relay], subprocess_mode=True)
+            pb = await c.start_peer(b, [relay], subprocess_mode=True)
+            from tests.rmb_harness import _spawn_ready
+            svc_proc, _ = await _spawn_ready(
+                [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+                 f"from bench.bench_roundtrip import service_main; service_main({pb.redis_url!r})"])
+            client = RmbClient(pa.redis_url, name="bench")
+            failures: list[str] = []
+
+            async def rmb_call() -> bool:
+                [reply] = await client.call(b.id, "bench.echo", PAYLOAD, ttl=30)
+                if not reply.ok and len(failures) < 5:
+                    failures.append(f"{reply.code} {reply.message}")
+                return reply.ok and reply.data == PAYLOAD
+
+            try:
+                for _ in range(200):  # warm up: caches, connections
+                    await rmb_call()
+                print(f"rmb round trip: app -> peer -> relay -> peer -> service and back "
+                      f"(e2e encrypted, {len(PAYLOAD)} B payload, 4 processes + Redis, {os.cpu_count()} cores)")
+                procs = {"client": os.getpid(), "peer A": pa.proc.pid, "relay": relay.proc.pid,
+                         "peer B": pb.proc.pid, "service": svc_proc.pid}
+                before = {k: cpu_seconds(p) for k, p in procs.items()}
+                rps, ok, err = await closed_loop(rmb_call, opts.inflight, duration)
+                print(f"  max sustained: {rps:,.0f} requests/s ({ok} ok, {err} errors, "
+                      f"{opts.inflight} in flight, {duration:.0f} s)   target >= 2,000/s")
+                cost = {k: (cpu_seconds(p) - before[k]) / max(ok, 1) * 1e6 for k, p in procs.items()}
+                print("  CPU per round trip (us): " + ", ".join(f"{k} {v:.0f}" for k, v in cost.items())
+                      + f"; total {sum(cost.values()):.0f} us (+ Redis)"
+                      + f" -> CPU-bound ceiling on {os.cpu_count()} idle cores ~ "
+                      + f"{os.cpu_count() * 1e6 / max(sum(cost.values()), 1):,.0f}/s")
+                await asyncio.sleep(1.0)
+                lat, err, achieved = await open_loop(rmb_call, opts.rate, duration)
+                print(f"  at {opts.rate:,.0f} req/s offered: p50 {pct(lat, .50):.2f} ms, "
+                      f"p99 {pct(lat, .99):.2f} ms, max {max(lat):.2f} ms "
+                      f"({len(lat)} ok, {err} errors, {achieved:,.0f}/s completed)   target p99 <= 20 ms")
+                if failures:
+                    print("  sample failures:", failures)
+            finally:
+                await client.close()
+                svc_proc.terminate()
+                svc_proc.wait(10)
+        echo = RedisEcho(srv.url.rsplit("/", 1)[0] + "/15")
+        await echo.start()
+        for _ in range(200):
+            await echo.call()
+        print("baseline: bare Redis LPUSH/BRPOP echo round trip (same Redis, same machine)")
+        lat, err, achieved = await open_loop(echo.call, opts.rate, duration)
+        print(f"  at {opts.rate:,.0f} req/s offered: p50 {pct(lat, .50):.2f} ms, "
+              f"p99 {pct(lat, .99):.2f} ms, max {max(lat):.2f} ms ({len(lat)} ok, {err} errors)")
+        rps, ok, err = await closed_loop(echo.call, opts.inflight, min(duration, 5.0))
+        print(f"  max sustained: {rps:,.0f} requests/s ({opts.inflight} in flight)")
+        await echo.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -321,6 +321,8 @@ def _loads_object(raw: bytes | str) -> dict:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise AppMessageError(ERR_INVALID_MESSAGE, "message is not JSON") from None
+    except RecursionError:
+        raise AppMessageError(ERR_INVALID_MESSAGE, "message JSON is nested too deeply") from None
     if not isinstance(obj, dict):
         raise AppMessageError(ERR_INVALID_MESSAGE, "message is not a JSON object")
     return obj

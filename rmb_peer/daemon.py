@@ -307,6 +307,11 @@ class PeerDaemon:
             self.log.emit("rmb.peer.rejected", None, "error", code=500,
                           reason=f"redis write failed, {n} operations dropped: {exc!r}"[:200], src="redis")
 
+    def _internal_error(self, what: str, where: str, exc: Exception) -> None:
+        if self.log is not None:
+            self.log.emit("rmb.peer.rejected", None, "error", code=500, src=where,
+                          reason=f"internal error on {what}: {type(exc).__name__}: {exc}"[:200])
+
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
@@ -440,10 +445,13 @@ class PeerDaemon:
                         self.log.emit("rmb.peer.rejected", None, "warning", code=100,
                                       reason="text frame from relay", src=relay)
                     continue
-                env = core.receive(frame, relay, now)
-                if env is not None:
-                    sender = await self._twin(env.source.twin)
-                    core.accept(env, sender, self.clock())
+                try:
+                    env = core.receive(frame, relay, now)
+                    if env is not None:
+                        sender = await self._twin(env.source.twin)
+                        core.accept(env, sender, self.clock())
+                except Exception as exc:  # the one boundary: a bug on one frame drops only it
+                    self._internal_error("relay frame", relay, exc)
                 self._after()
         except websockets.ConnectionClosed as exc:
             reason = f"closed: {exc}"
@@ -482,15 +490,18 @@ class PeerDaemon:
                 items.append((REPLY_QUEUE.encode(), raw))
             for queue, raw in items:
                 now = self.clock()
-                if queue == b"msgbus.system.local":
-                    req = core.app_message(raw, now)
-                    if req is not None:
-                        twins = {d: await self._twin(d) for d in set(req.dst)}
-                        core.send_request(req, twins, self.clock())
-                else:
-                    rep = core.service_message(raw, now)
-                    if rep is not None:
-                        core.send_response(rep, await self._twin(rep.dst_twin), self.clock())
+                try:
+                    if queue == b"msgbus.system.local":
+                        req = core.app_message(raw, now)
+                        if req is not None:
+                            twins = {d: await self._twin(d) for d in set(req.dst)}
+                            core.send_request(req, twins, self.clock())
+                    else:
+                        rep = core.service_message(raw, now)
+                        if rep is not None:
+                            core.send_response(rep, await self._twin(rep.dst_twin), self.clock())
+                except Exception as exc:  # the one boundary: a bug on one message drops only it
+                    self._internal_error("local message", queue.decode(), exc)
                 self._after()
 
 

@@ -245,3 +245,47 @@ async def test_peer_publishes_twin_and_serves_status(cluster):
             assert resp.status == 200 and (await resp.json())["relays"] == {r1.url: "up"}
         async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
             assert "rmb_peer_relays_connected 1.0" in await resp.text()
+
+
+async def test_garbage_on_the_queues_never_stops_the_peer(cluster):
+    """Bad input gets a precise error, is logged once, and other traffic flows."""
+    import redis.asyncio as aioredis
+    r1 = await cluster.start_relay()
+    a = await cluster.new_twin([r1])
+    b = await cluster.new_twin([r1])
+    pa = await cluster.start_peer(a, [r1])
+    pb = await cluster.start_peer(b, [r1])
+    cluster.service(pb, "upper", {"text.upper": echo_upper})
+    r = aioredis.Redis.from_url(pa.redis_url)
+    garbage = [b"not json", b"\xff\xfe", b"[" * 100_000 + b"]" * 100_000, b"{}", b"null",
+               json.dumps({"cmd": "x", "dst": [b.id], "ret": "app.bad", "ref": "r1", "dat": "%%%"}).encode(),
+               json.dumps({"cmd": "x", "dst": "nope", "ret": "app.bad", "ref": "r2"}).encode()]
+    for g in garbage:
+        await r.lpush("msgbus.system.local", g)
+        await r.lpush("msgbus.system.reply", g)
+    client = cluster.client(pa)
+    [reply] = await client.call(b.id, "text.upper", b"still alive", ttl=20)
+    assert reply.ok and reply.data == b"STILL ALIVE"
+    errs = [json.loads(x) for x in reversed(await r.lrange("app.bad", 0, -1))]
+    assert [(e["ref"], e["err"]["code"]) for e in errs] == [("r1", 101), ("r2", 100)]
+    rejected = [e for e in events_of(pa.log) if e["event"] == "rmb.peer.rejected"]
+    assert len(rejected) >= 2 * len(garbage) - 2
+    assert not any(e["attrs"]["code"] == 500 for e in rejected)   # no internal errors
+    await r.aclose()
+
+
+async def test_rmb_peer_cli_ready_serves_and_exits_0_on_sigterm(cluster):
+    """The console script: READY line, real traffic, SIGTERM -> graceful exit 0."""
+    r1 = await cluster.start_relay()
+    a = await cluster.new_twin([r1])
+    b = await cluster.new_twin([r1])
+    pa = await cluster.start_peer(a, [r1], subprocess_mode=True, update=True)
+    assert pa.ready["twin"] == a.id and pa.ready["relays"] == [r1.url]
+    pb = await cluster.start_peer(b, [r1])
+    cluster.service(pb, "upper", {"text.upper": echo_upper})
+    client = cluster.client(pa)
+    [reply] = await client.call(b.id, "text.upper", b"via the cli", ttl=20)
+    assert reply.ok and reply.data == b"VIA THE CLI"
+    proc = pa.proc
+    await cluster.stop_peer(pa)
+    assert proc.returncode == 0

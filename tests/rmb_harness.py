@@ -171,8 +171,9 @@ class RmbCluster:
 
     # ------------------------------------------------------------------ peers
     def peer_args(self, twin: TwinInfo, relays: list[RelayHandle], redis_url: str,
-                  update: bool = False, extra: list[str] = ()) -> list[str]:
-        args = ["--seed", twin.seed, "--key-type", twin.key_type, "--twin", str(twin.id),
+                  update: bool = False, extra: list[str] = (), by_account: bool = False) -> list[str]:
+        args = ["--seed", twin.seed, "--key-type", twin.key_type,
+                *([] if by_account else ["--twin", str(twin.id)]),
                 "--redis", redis_url, "--registry", self.registry_url,
                 "--twin-cache-ttl", "2", "--ready-timeout", "5"]
         for r in relays:
@@ -184,17 +185,18 @@ class RmbCluster:
     async def start_peer(self, twin: TwinInfo, relays: list[RelayHandle], *, db: int | None = None,
                          update: bool = False, subprocess_mode: bool = False,
                          extra: list[str] = (), log_name: str | None = None,
-                         clock=None) -> PeerHandle:
+                         clock=None, by_account: bool = False) -> PeerHandle:
         """Start rmb-peer for `twin` on its own Redis database (db: reuse one, e.g. to
         restart a peer). In-process by default; subprocess_mode runs `python -m
         rmb_peer.daemon`. clock: the in-process peer's unix-seconds source (e.g. a skewed
-        one). Returns when the peer announced READY."""
+        one); by_account: omit --twin (the peer looks its twin up by account key).
+        Returns when the peer announced READY."""
         if db is None:
             db = self._next_db
             self._next_db += 1
         url = redis_db(self.redis_url, db)
         sink = self._log_sink(log_name or f"peer-{twin.id}-{len(self.peers)}")
-        args = self.peer_args(twin, relays, url, update, extra)
+        args = self.peer_args(twin, relays, url, update, extra, by_account)
         if subprocess_mode:
             log_arg = str(sink) if isinstance(sink, Path) else os.devnull
             proc, info = await _spawn_ready([sys.executable, "-m", "rmb_peer.daemon", *args, "--log", log_arg])

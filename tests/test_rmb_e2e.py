@@ -4,7 +4,7 @@ daemons (rmb_peer.daemon.PeerDaemon) and apps (rmb_peer.client) over a real Redi
 from __future__ import annotations
 
 import asyncio
-import base64
+import io
 import json
 import time
 
@@ -13,10 +13,12 @@ import websockets
 
 pytest.importorskip("rmb_relay.daemon", reason="rmb_relay.daemon (the relay) has not landed yet")
 
+from daemon_runtime.eventlog import EventLog  # noqa: E402
 from rmb_peer.challenge import sign_envelope  # noqa: E402
-from rmb_peer.client import RmbClient, ServiceError  # noqa: E402
+from rmb_peer.client import ServiceError  # noqa: E402
 from rmb_peer.core import VERSION  # noqa: E402
 from rmb_peer.envelope import Envelope, new_uid, parse_envelope  # noqa: E402
+from rmb_peer.events import RMB_EVENTS  # noqa: E402
 from rmb_peer.identity import Identity  # noqa: E402
 from rmb_peer.token import make_token  # noqa: E402
 from tests.rmb_harness import RmbCluster, events_of  # noqa: E402
@@ -48,12 +50,22 @@ async def test_two_peers_one_relay_e2e_encrypted(cluster):
     b = await cluster.new_twin([r1])
     pa = await cluster.start_peer(a, [r1])
     pb = await cluster.start_peer(b, [r1])
-    cluster.service(pb, "upper", {"text.upper": echo_upper})
-    client = cluster.client(pa)
+    app_log, svc_log = io.StringIO(), io.StringIO()
+    cluster.service(pb, "upper", {"text.upper": echo_upper},
+                    log=EventLog("upper", str(b.id), [RMB_EVENTS], sink=svc_log))
+    client = cluster.client(pa, log=EventLog("app", str(a.id), [RMB_EVENTS], sink=app_log))
     secret = b"the quick brown fox " + new_uid().encode()
     [reply] = await client.call(b.id, "text.upper", secret, ttl=20)
     assert reply.ok, reply
     assert reply.src == str(b.id) and reply.data == secret.upper()
+    # one trace id end to end: app request = envelope uid at peers, relay and service
+    [requested] = [e for e in events_of(app_log) if e["event"] == "rmb.app.requested"]
+    uid = requested["trace_id"]
+    assert [e["trace_id"] for e in events_of(app_log) if e["event"] == "rmb.app.replied"] == [uid]
+    assert [e["trace_id"] for e in events_of(svc_log) if e["event"] == "rmb.app.handled"] == [uid]
+    assert {e["event"] for e in events_of(r1.log) if e["trace_id"] == uid} >= {"rmb.relay.delivered"}
+    assert {e["event"] for e in events_of(pa.log) if e["trace_id"] == uid} == {"rmb.peer.sent", "rmb.peer.answered"}
+    assert {e["event"] for e in events_of(pb.log) if e["trace_id"] == uid} == {"rmb.peer.delivered", "rmb.peer.sent"}
     # what the relay handled: a request and a response, both ciphertext
     frames = [parse_envelope(f) for f in r1.seen]
     kinds = sorted(env.WhichOneof("message") for env in frames)
@@ -279,7 +291,7 @@ async def test_rmb_peer_cli_ready_serves_and_exits_0_on_sigterm(cluster):
     r1 = await cluster.start_relay()
     a = await cluster.new_twin([r1])
     b = await cluster.new_twin([r1])
-    pa = await cluster.start_peer(a, [r1], subprocess_mode=True, update=True)
+    pa = await cluster.start_peer(a, [r1], subprocess_mode=True, update=True, by_account=True)
     assert pa.ready["twin"] == a.id and pa.ready["relays"] == [r1.url]
     pb = await cluster.start_peer(b, [r1])
     cluster.service(pb, "upper", {"text.upper": echo_upper})

@@ -19,7 +19,9 @@ Heights, rounds, leaders
 
 One round (n members, quorum q = 2n // 3 + 1, i.e. weight > 2/3; f = n - q faults tolerated)
     1. The leader proposes: if it knows a `valid` candidate (one that had q prevotes in an
-       earlier round of this height) it re-proposes it with pol_round = that round, else it
+       earlier round of this height) it re-proposes it with pol_round = that round and those
+       q prevote signatures (the polka certificate, so the lock rule can be checked by a
+       member that lost the old round's votes), else it
        calls collate(seqno, now) (None = nothing yet, retried) and proposes a new candidate
        with pol_round = -1. The proposal is signed by the leader.
     2. Every member prevotes once per round: for the candidate if validate(seqno, payload)

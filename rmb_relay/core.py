@@ -295,7 +295,8 @@ class FederationScheduler:
     connection error or timeout downvotes the domain and moves to the next relay
     (`FederationAttemptFailed`). After a failed pass the job waits a jittered backoff:
     the first `fast_passes` (3) passes are `base_backoff` * 2**(pass-1) s apart, later
-    passes `slow_backoff` s apart, each times a uniform jitter in [0.5, 1.5). Passes
+    passes `slow_backoff` (5) s apart, each times a uniform jitter in [0.5, 1.5): short
+    enough that a relay restart of a few seconds is bridged within a typical TTL. Passes
     repeat until the deadline: min(envelope timestamp + expiration, submit + max_job_ttl);
     then `FederationExpired` (reply `message has expired` for requests).
 
@@ -317,7 +318,7 @@ class FederationScheduler:
     }
 
     def __init__(self, ranker: Ranker, rng: random.Random | None = None, *,
-                 fast_passes: int = 3, base_backoff: float = 0.5, slow_backoff: float = 30.0,
+                 fast_passes: int = 3, base_backoff: float = 0.5, slow_backoff: float = 5.0,
                  attempt_timeout: float = 10.0, max_job_ttl: float = 3600.0,
                  max_jobs: int = 10000):
         self.ranker = ranker

@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how long a looked-up twin record is reused (default: 60)")
     net.add_argument("--ready-timeout", type=float, default=10.0, metavar="SECONDS",
                      help="announce READY after this long even if no relay is connected yet (default: 10)")
+    net.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                     help="asyncio event loop implementation: uvloop (faster I/O), the standard "
+                          "asyncio loop, or auto = uvloop when installed (default: auto)")
     p.add_argument("-d", "--debug", action="store_true",
                    help="debug: write debug-level events (same as --log-level debug)")
     add_common_args(p)
@@ -171,11 +174,16 @@ class _StatsCollector:
 
 
 class _Conn:
-    __slots__ = ("ws", "attempt")
+    """One open relay connection: the websocket, its attempt number and its outgoing
+    frames (written in order by one writer task)."""
+    __slots__ = ("ws", "attempt", "outq", "wake", "writer")
 
     def __init__(self, ws, attempt: int):
         self.ws = ws
         self.attempt = attempt
+        self.outq: list[SendFrame] = []
+        self.wake = asyncio.Event()
+        self.writer: asyncio.Task | None = None
 
 
 class PeerDaemon:
@@ -371,18 +379,32 @@ class PeerDaemon:
             self.core.relay_lost(ev.relay, ev.attempt, self.clock(), "connection gone before write")
             self.core.resend(ev, self.clock())
             return
-        # websockets writes an unfragmented frame to the transport before its first await,
-        # so frames leave in the order the core emitted them.
-        self._spawn(self._write(conn, ev))
+        conn.outq.append(ev)
+        conn.wake.set()
 
-    async def _write(self, conn: _Conn, ev: SendFrame) -> None:
-        try:
-            await conn.ws.send(ev.data)
-        except (websockets.ConnectionClosed, OSError) as exc:
-            now = self.clock()
-            self.core.relay_lost(ev.relay, ev.attempt, now, f"write failed: {exc!r}"[:200])
+    async def _writer(self, relay: str, conn: _Conn) -> None:
+        """Writes the connection's frames in order; on a failed write the connection is
+        reported lost and its unsent frames are re-routed through another relay."""
+        while True:
+            await conn.wake.wait()
+            conn.wake.clear()
+            while conn.outq:
+                frames, conn.outq = conn.outq, []
+                for i, ev in enumerate(frames):
+                    try:
+                        await conn.ws.send(ev.data)
+                    except (websockets.ConnectionClosed, OSError) as exc:
+                        conn.outq = frames[i:] + conn.outq
+                        self._requeue(relay, conn, f"write failed: {exc!r}")
+                        return
+
+    def _requeue(self, relay: str, conn: _Conn, reason: str) -> None:
+        now = self.clock()
+        self.core.relay_lost(relay, conn.attempt, now, reason[:200])
+        frames, conn.outq = conn.outq, []
+        for ev in frames:
             self.core.resend(ev, now)
-            self._after()
+        self._after()
 
     def _ping(self, ev: SendPing) -> None:
         conn = self._conns.get(ev.relay)
@@ -426,10 +448,12 @@ class PeerDaemon:
             self._after()
             return
         conn = _Conn(ws, attempt)
+        conn.writer = self._spawn(self._writer(relay, conn))
         self._conns[relay] = conn
         core.relay_connected(relay, attempt, self.clock())
         if relay not in core.live_relays() or self._stopping:
             del self._conns[relay]
+            conn.writer.cancel()
             await ws.close()
             self._after()
             return
@@ -462,9 +486,9 @@ class PeerDaemon:
         finally:
             if self._conns.get(relay) is conn:
                 del self._conns[relay]
+            conn.writer.cancel()
             if not self._stopping:
-                core.relay_lost(relay, attempt, self.clock(), reason[:200])
-                self._after()
+                self._requeue(relay, conn, reason)
 
     # ------------------------------------------------------------------ local queues
     async def _local_loop(self) -> None:
@@ -505,10 +529,26 @@ class PeerDaemon:
                 self._after()
 
 
+def use_event_loop(kind: str) -> str:
+    """Install the event loop policy for `kind` ("auto" | "uvloop" | "asyncio") before
+    asyncio.run; returns the one in use. "uvloop" without uvloop installed exits 2."""
+    if kind in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise SystemExit("rmb-peer: --event-loop uvloop: uvloop is not installed")
+            return "asyncio"
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        return "uvloop"
+    return "asyncio"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console script `rmb-peer` (see --help). Exit 0 after SIGTERM/SIGINT."""
     from daemon_runtime.lifecycle import run_daemon
     args = parse_args(argv)
+    use_event_loop(args.event_loop)
 
     async def run(stop: asyncio.Event) -> None:
         await PeerDaemon(args).run(stop)

@@ -229,13 +229,17 @@ async def test_peer_refuses_bad_signature_and_expired_multi_dest_version(cluster
     assert rejected[bad_uid] == 104 and rejected[old_uid] == 102
 
 
-async def test_unknown_twin_and_expiry_reach_the_app(cluster):
+async def test_unknown_twin_relay_error_and_expiry_reach_the_app(cluster):
     r1 = await cluster.start_relay()
     a = await cluster.new_twin([r1])
     b = await cluster.new_twin([r1])
+    c = await cluster.new_twin([r1])    # registered, but its peer never runs
     pa = await cluster.start_peer(a, [r1])
     await cluster.start_peer(b, [r1])   # B's peer runs but no service serves "nobody.home"
     client = cluster.client(pa)
+    # a relay error (source twin 0, unsigned) reaches the app as an err reply
+    [offline] = await client.call(c.id, "x.y", b"", ttl=10, tags="fail-fast")
+    assert offline.code == 500 and offline.message.startswith("relay: ") and offline.src == str(c.id)
     [unknown] = await client.call(999_999, "x.y", b"", ttl=5)
     assert unknown.code == 103 and unknown.src == "999999"
     started = time.monotonic()

@@ -38,7 +38,7 @@ import json
 import math
 import uuid
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from rmb_peer.challenge import sign_envelope, verify_envelope

@@ -12,7 +12,7 @@ import pytest
 from daemon_runtime.eventlog import EventLog
 from rmb_peer.challenge import sign_envelope
 from rmb_peer.core import (
-    BACKLOG_PREFIX, DEAD_AFTER, LOCAL_QUEUE, PING_INTERVAL, REPLY_QUEUE, VERSION, Connect,
+    BACKLOG_PREFIX, DEAD_AFTER, PING_INTERVAL, REPLY_QUEUE, VERSION, Connect,
     Disconnect, LookupBacklog, PeerCore, PeerStateError, PushQueue, SendFrame,
     SendPing, StoreBacklog,
 )
@@ -420,7 +420,7 @@ def test_relay_error_becomes_app_err(sim):
     req = Envelope()
     req.ParseFromString(a.sent[0].data)
     sim.mangle = None
-    a.core.accept  # relay errors never need accept(): receive() handles them
+    # relay errors never need accept(): receive() handles them itself
     assert a.core.receive(relay_error(req, "message has expired").SerializeToString(), "r1", sim.now) is None
     sim.pump()
     [reply] = a.all("app.ret")

@@ -297,17 +297,24 @@ class ReliableMessageQueue:
         self._events: deque[RmqEvent] = deque()
         self._fetches: dict[bytes, _Fetch] = {}
         self.blamed: set[bytes] = set()
-        self.stats = {"records_submitted": 0, "bodies_fetched": 0}
+        self.stats = {"records_submitted": 0, "bodies_fetched": 0, "forwarded_in": 0, "forwarded_out": 0}
         self._now = 0.0
         self.closed = False
 
     # -- input from the validator core ----------------------------------------------------
-    def add_client_message(self, parsed: object, origin: bytes, now: float) -> AddResult | None:
+    def add_client_message(self, parsed: object, origin: bytes, now: float,
+                           received_in: int | None = None) -> AddResult | None:
         """A full node sent `parsed` (REMP-A ExternalMessage: id, uid, boc, account).
         Puts it into the catchain unless this node already has it (a copy seen first in
-        the catchain is not re-broadcast). Returns the cache's AddResult (None if refused
-        with a MessageRejectedByQueue event)."""
+        the catchain is not re-broadcast). received_in: master session the node received it
+        in (default: this RMQ's session; earlier for messages buffered before this RMQ
+        existed) -- the message's lifetime starts there. Returns the cache's AddResult
+        (None if refused with a MessageRejectedByQueue event)."""
         self._now = now
+        received_in = self.master_seqno if received_in is None else received_in
+        if self.cache.obsolete(received_in, self.master_seqno):
+            self._events.append(MessageRejectedByQueue(parsed.id, origin, "message lifetime is over"))
+            return None
         mid, uid = parsed.id, parsed.uid
         if self.shard_check is not None and not self.shard_check(parsed):
             self._events.append(MessageRejectedByQueue(mid, origin, f"message is not for shard {self.shard:016x}"))
@@ -315,7 +322,7 @@ class ReliableMessageQueue:
         known = self.queue.get(mid)
         if known is not None and known.body is not None:
             return AddResult.KNOWN
-        outcome = self.cache.add(mid, uid, self.master_seqno)
+        outcome = self.cache.add(mid, uid, received_in)
         if outcome.result is AddResult.DUPLICATE:
             self._events.append(MessageDuplicate(mid, outcome.original.message_id, origin))
             return AddResult.DUPLICATE
@@ -342,6 +349,7 @@ class ReliableMessageQueue:
         for rec in records:
             if self.cache.obsolete(rec.master_seqno, self.master_seqno):
                 continue
+            self.stats["forwarded_in"] += 1
             if rec.body is not None:
                 q = self.queue.get(rec.message_id)
                 if q is None:
@@ -371,6 +379,7 @@ class ReliableMessageQueue:
                 out.append(Record(q.message_id, q.uid, q.master_seqno, q.origin, q.body))
             else:
                 out.append(Record(q.message_id, q.uid, q.master_seqno, q.origin, None, False))
+        self.stats["forwarded_out"] += len(out)
         return out
 
     def pending(self, limit: int | None = None) -> list[QueuedMessage]:

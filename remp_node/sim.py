@@ -51,8 +51,9 @@ class SimConfig:
 
     validators: total validators; shard_count: shards of workchain 0; group_size: validators
     per shard group; masterchain_validators: "all" or a count (the first k validators);
-    mc_catchain_lifetime, block_interval: zerostate config; loss/duplicate/reorder:
-    per-datagram probabilities; seed: randomness of keys and network."""
+    mc_catchain_lifetime, block_interval: zerostate config; latency + uniform(0, jitter):
+    datagram delay (jitter 0 keeps every link FIFO); loss/duplicate/reorder: per-datagram
+    probabilities; seed: randomness of keys and network."""
 
     validators: int = 14
     shard_count: int = 2
@@ -65,6 +66,8 @@ class SimConfig:
     shard_round_timeout: float = 0.6
     master_round_timeout: float = 1.0
     resend_interval: float = 2.0
+    latency: float = 0.005
+    jitter: float = 0.005
     loss: float = 0.0
     duplicate: float = 0.0
     reorder: float = 0.0
@@ -99,7 +102,7 @@ class Simulation:
             genesis_time=cfg.t0)
         self.zerostate: ZeroState = build_zero_state(0, cfg.shard_count, wallets, open_accounts)
         self.net = SimNetwork(cfg.seed, loss=cfg.loss, duplicate=cfg.duplicate, reorder=cfg.reorder,
-                              classify=classify_datagram)
+                              latency=cfg.latency, jitter=cfg.jitter, classify=classify_datagram)
         self.fullnode_key = NodeKey.from_seed(hashlib.sha256(f"remp-sim-fullnode:{cfg.seed}".encode()).digest())
         factory = cfg.catchain_factory or default_catchain_factory
         self.validators = [

@@ -504,9 +504,9 @@ class ValidatorCore:
         self._events.append(SessionStarted(n, roles))
         # client messages that waited for an RMQ of their shard
         early, self._early = self._early, []
-        for parsed, origin, t in early:
-            if now - t < 2 * self.cfg.mc_catchain_lifetime:
-                self._route_client(parsed, origin, now)
+        for parsed, origin, received_in in early:
+            if not self.cache.obsolete(received_in, n):
+                self._route_client(parsed, origin, now, received_in)
         if n == 0:
             self._start_shard_sessions(0, now)
         elif n in self.start_blocks:
@@ -609,7 +609,8 @@ class ValidatorCore:
             return
         self._route_client(parsed, src, now)
 
-    def _route_client(self, parsed, origin: bytes, now: float) -> None:
+    def _route_client(self, parsed, origin: bytes, now: float, received_in: int | None = None) -> None:
+        received_in = self.session if received_in is None else received_in
         shard = self._shard_of(parsed)
         if shard is None:
             self._drop("client", origin, f"message to workchain {parsed.workchain}")
@@ -617,7 +618,7 @@ class ValidatorCore:
         q = self.rmqs.get((shard, self.session))
         if q is None:
             if len(self._early) < MAX_EARLY:
-                self._early.append((parsed, origin, now))
+                self._early.append((parsed, origin, received_in))
             return
         a = self.ann.get(parsed.id)
         if a is not None:
@@ -633,8 +634,8 @@ class ValidatorCore:
             self._send_receipt(parsed.id, Duplicate(bid), shard, only=origin)
             return
         if q.local_is_current:
-            self._ann(parsed.id, origin, shard, self.session)
-        q.add_client_message(parsed, origin, now)
+            self._ann(parsed.id, origin, shard, received_in)
+        q.add_client_message(parsed, origin, now, received_in)
 
     # -- RMQ / consensus events ----------------------------------------------------------------------
     def _pump(self, now: float) -> None:

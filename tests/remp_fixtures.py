@@ -86,3 +86,48 @@ class RmqHarness:
 
 def parse(boc: bytes):
     return parse_external_message(boc)
+
+
+# --- simulation scenarios -------------------------------------------------------------------
+
+KIND_SEQUENCE = ["PutIntoQueue", "AcceptedByQueue", "IncludedIntoBlock", "IncludedIntoAcceptedBlock",
+                 "Finalized"]
+
+
+class WalletSet:
+    """`n` wallets (deterministic keys) with `balance` each; builds signed transfers."""
+
+    def __init__(self, n: int, tag: str, balance: int = 1000):
+        from remp_node.state import wallet_address
+        self.keys = keys(n, tag)
+        self.balance = balance
+        self.addresses = [wallet_address(k.public) for k in self.keys]
+        self._nonce = 0
+
+    def genesis(self) -> list[tuple[bytes, int]]:
+        return [(k.public, self.balance) for k in self.keys]
+
+    def transfer(self, i: int, amount: int, valid_until: int, *, dest: str | None = None,
+                 sign_with=None) -> bytes:
+        from remp_node.state import make_wallet_message
+        self._nonce += 1
+        key = sign_with or self.keys[i]
+        return make_wallet_message(key, self.addresses[i], dest or self.addresses[i], amount, valid_until,
+                                   nonce=self._nonce)
+
+
+def full_sequences(receipts: list[dict], mid_hex: str) -> dict[str, list[str]]:
+    """source_id -> kinds of that validator's receipts for one message, ordered by
+    timestamp then by the position of the kind in the main sequence."""
+    rank = {k: i for i, k in enumerate(KIND_SEQUENCE)}
+    by_src: dict[str, list[tuple[int, int, str]]] = {}
+    for r in receipts:
+        if r["message_id"] == mid_hex:
+            by_src.setdefault(r["source_id"], []).append((r["timestamp"], rank.get(r["kind"], 99), r["kind"]))
+    return {s: [k for _, _, k in sorted(v)] for s, v in by_src.items()}
+
+
+def has_main_sequence(kinds: list[str]) -> bool:
+    """True iff `kinds` contains the five main-sequence kinds in order (others may interleave)."""
+    it = iter(kinds)
+    return all(any(k == want for k in it) for want in KIND_SEQUENCE)

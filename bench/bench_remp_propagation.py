@@ -1,0 +1,89 @@
+"""Datagrams per external message for new-message propagation through the REMP RMQ.
+
+Seed (remp-overview.md, "Proposals for speeding up"): the full node sends to validators and
+a validator puts a message into the catchain only if it has not seen it there yet, so a new
+message costs 2N..3N datagrams instead of the naive N^2 (every validator re-sending to
+every other one).
+
+Method: a whole in-memory network (remp_node.sim.Simulation, fake clock, no loss) with one
+shard whose group is all N validators, and one full node (REMP-A's RempClient: one
+validator first, one more every 2 s until more than 1/3 answered). Messages are submitted
+one at a time, 1 s apart. Per message we count
+  client: rempMessage datagrams full node -> validators;
+  rmq:    REMP catchain datagrams whose bytes carry the message id (block updates, and
+          blocks re-sent by getDifference/getBlock answers), plus RMQ body queries/answers;
+and, separately, every RMQ-channel datagram in the window divided by the messages
+("rmq all", includes the catchain's periodic getDifference sync that runs regardless).
+
+Run: .venv/bin/python bench/bench_remp_propagation.py [--messages 10] [--n 4 7 16]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import time
+
+from pytoniq_core import Cell
+from remp_node.keys import NodeKey
+from remp_node.sim import SimConfig, Simulation
+from remp_node.state import make_wallet_message, wallet_address
+from remp_node.tl import REMP_MESSAGE, pack_id
+from remp_node.validator import CH_CLIENT, CH_RMQ
+
+REMP_MESSAGE_ID = pack_id(REMP_MESSAGE)
+
+
+def measure(n: int, messages: int, seed: int = 7) -> dict:
+    keys = [NodeKey.from_seed(hashlib.sha256(f"bench-w:{i}".encode()).digest()) for i in range(messages)]
+    sim = Simulation(SimConfig(validators=n, shard_count=1, group_size=n, seed=seed,
+                               mc_catchain_lifetime=3600.0, jitter=0.002),
+                     wallets=[(k.public, 1000) for k in keys])
+    tracked: dict[bytes, dict] = {}
+    window = {"rmq_all": 0}
+
+    def classify(data: bytes) -> str:
+        kind = data[0] if data else 0
+        if kind == CH_RMQ:
+            window["rmq_all"] += 1
+        for mid, c in tracked.items():
+            if mid in data:
+                if kind == CH_CLIENT and data[33:37] == REMP_MESSAGE_ID:   # not a receipt
+                    c["client"] += 1
+                elif kind == CH_RMQ:
+                    c["rmq"] += 1
+        return str(kind)
+
+    sim.net.classify = classify
+    sim.run(1.0)
+    window["rmq_all"] = 0
+    t0 = int(sim.now)
+    mids = []
+    for i, k in enumerate(keys):
+        a = wallet_address(k.public)
+        boc = make_wallet_message(k, a, a, 1, t0 + 3600, nonce=i)
+        tracked[Cell.one_from_boc(boc).hash] = {"client": 0, "rmq": 0}
+        mids.append(sim.submit(boc))
+        sim.run(1.0)
+    sim.run_until(lambda: all(sim.finals.get(m) for m in mids), 20.0)
+    finalized = sum(1 for m in mids if sim.finals.get(m) and sim.finals[m][0].outcome == "finalized")
+    per = lambda key: sum(c[key] for c in tracked.values()) / len(tracked)
+    return {"n": n, "client": per("client"), "rmq": per("rmq"), "total": per("client") + per("rmq"),
+            "rmq_all": window["rmq_all"] / len(tracked), "finalized": finalized, "messages": len(mids)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--messages", type=int, default=10, help="messages per N (default 10)")
+    ap.add_argument("--n", type=int, nargs="+", default=[4, 7, 16], help="validators per group")
+    args = ap.parse_args()
+    print(f"{'N':>3} {'client':>7} {'rmq':>7} {'total':>7} {'target 2N..3N':>14} {'naive N^2':>10} "
+          f"{'rmq all':>8} {'finalized':>10} {'wall s':>7}")
+    for n in args.n:
+        t = time.time()
+        r = measure(n, args.messages)
+        print(f"{n:>3} {r['client']:>7.1f} {r['rmq']:>7.1f} {r['total']:>7.1f} {f'{2*n}..{3*n}':>14} "
+              f"{n*n:>10} {r['rmq_all']:>8.1f} {r['finalized']:>4}/{r['messages']:<5} {time.time()-t:>7.1f}")
+
+
+if __name__ == "__main__":
+    main()

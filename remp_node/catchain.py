@@ -91,9 +91,9 @@ from .tl import (TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256,
 
 
 def _tl_id(line: str) -> int:
-    """Constructor id of a ton_api.tl line; TON's TL compiler drops the parentheses of
-    `(vector x)` before the CRC32 (catchain.getDifference = 0xd06cced8)."""
-    return tl_constructor_id(line.replace("(", "").replace(")", ""))
+    """Constructor id of a ton_api.tl line (remp_node.tl drops `(vector x)` parentheses
+    as TON's TL compiler does: catchain.getDifference = 0xd06cced8)."""
+    return tl_constructor_id(line)
 
 
 BLOCK_ID = _tl_id("catchain.block.id incarnation:int256 src:int256 height:int data_hash:int256 = catchain.block.Id")

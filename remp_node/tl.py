@@ -24,10 +24,12 @@ class TLError(ValueError):
 def normalize_tl_line(line: str) -> str:
     """Normalize a TL scheme line for constructor id computation.
 
-    Drops the trailing ';', an explicit '#id' after the name, comments, and folds white
-    space; e.g. 'pub.ed25519 key:int256 = PublicKey;' -> 'pub.ed25519 key:int256 = PublicKey'.
+    Drops the trailing ';', an explicit '#id' after the name, comments and the parentheses
+    of type expressions such as `(vector int)` (as TON's TL compiler does: the id of
+    `catchain.getDifference rt:(vector int) = catchain.Difference` is 0xd06cced8), and folds
+    white space; e.g. 'pub.ed25519 key:int256 = PublicKey;' -> 'pub.ed25519 key:int256 = PublicKey'.
     """
-    line = line.split("//", 1)[0].strip()
+    line = line.split("//", 1)[0].strip().replace("(", "").replace(")", "")
     if line.endswith(";"):
         line = line[:-1]
     line = re.sub(r"^([A-Za-z0-9_.]+)#[0-9a-fA-F]+", r"\1", line.strip())

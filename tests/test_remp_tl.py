@@ -69,3 +69,8 @@ def test_normalization_rules():
 def test_zero_block_id_packs_to_80_bytes():
     assert len(tl.ZERO_BLOCK_ID.pack()) == 4 + 8 + 4 + 32 + 32
     assert tl.ZERO_BLOCK_ID.pack() == bytes(80)
+
+
+def test_vector_parentheses_are_dropped_like_tons_tl_compiler():
+    from remp_node.tl import tl_constructor_id
+    assert tl_constructor_id("catchain.getDifference rt:(vector int) = catchain.Difference") == 0xd06cced8

@@ -1,0 +1,643 @@
+"""relay-trace-report: message traces, latency per stage, delivery and SLA from the event logs.
+
+Run (plain spark-submit; PYSPARK_PYTHON must name the venv's python, DESIGN.md section 6):
+
+    PYSPARK_PYTHON=/work/main/.venv/bin/python \\
+    .venv/bin/spark-submit --master 'local[*]' --driver-memory 2g \\
+        spark/report.py --out /tmp/trace-report logs/*.jsonl
+
+or the console script `relay-trace-report --out DIR [--master URL] [--sla FILE]
+[--parquet-cache DIR] [--strict] INPUT...`. INPUTs are JSON-lines event logs or Parquet
+written by spark/compact.py, local paths or any Hadoop-compatible URI. Without `--master`
+(and outside spark-submit) the master is `local[*]`.
+
+Python API: `run(inputs, out, master=None, sla_path=None, spark=None, strict=False,
+parquet_cache=None) -> dict` (the summary, also written as summary.json).
+
+Pipeline (one shuffle: everything is keyed by trace_id):
+1. read with the explicit schema from the catalogues (spark/schema.py), PERMISSIVE with a
+   corrupt-record column. Corrupt lines are `torn` (the line does not end in `}`: a write cut
+   short, expected only as the last line of a file) or `bad` (a complete line that violates
+   the schema, e.g. a `ts` that is not RFC 3339). Unknown events (not in any catalogue) and
+   events without trace_id are counted by name. None of this is fatal, except with
+   `strict=True` (tests): any `bad` line, or more than one torn line in one file, raises
+   ValueError naming the file and showing the line.
+2. every event becomes zero or more steps of its trace through the data-driven stage model
+   (spark/stages.py); facts of a trace (RMB requester twin, origin relay) come from one
+   window over trace_id.
+3. per (trace, step, branch): first timestamp, node, count, duplicates (the same step logged
+   more than once by one process), detail. Per trace: a map step|branch -> that record.
+   This table is the only thing cached.
+4. clock alignment (spark/clock.py): stage edges marked `clock` between two nodes give the
+   minimum delta per ordered node pair; a node's timestamps are corrected only when a pair
+   proves skew (a receive logged before its send), by the midpoint of the proven interval
+   when both directions were seen, else by the bound; evidence that contradicts itself
+   leaves every clock uncorrected and is reported.
+5. outputs in DIR: hops.parquet (per trace the ordered steps with corrected ts and the time
+   spent until the next step), stages.parquet (per trace/branch/stage duration_ms),
+   latency.parquet (per protocol/stage count, p50, p90, p99, max ms: nearest-rank
+   percentiles, `percentile_approx` with accuracy 10000, exact below 10000 samples),
+   delivery.parquet and delivery_errors.parquet, clock.parquet, sla.parquet,
+   summary.json, report.html (self-contained, inline SVG charts).
+
+SLA (spark/sla.toml, TOML): `[[objective]]` entries of three kinds, evaluated only when the
+stage has samples (else status "no data"):
+- quantile: `stage`, `quantile`, `max_ms`: pass when the quantile <= max_ms; error budget
+  = 1 - quantile, used = (fraction of samples > max_ms) / budget.
+- within: `stage`, `within_ms`, `min`: fraction of finished (non in-flight) traces whose
+  stage took <= within_ms must be >= min; budget = 1 - min, used = (1 - fraction) / budget.
+- rate: `rate` = an outcome ("answered", "delivered"), `min`: outcome count / finished
+  traces >= min; budget and used as for within.
+`[ttl_s]` overrides the default TTL per protocol (RMB uses the request's own ttl attr).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+from spark.clock import align
+from spark.schema import CORRUPT, SOURCE, known_events, read_events
+from spark.stages import DERIVED, PROTOCOLS, Protocol
+
+DEFAULT_SLA = Path(__file__).with_name("sla.toml")
+
+
+def _ddl(spec: str) -> tuple[str, list[str]]:
+    return spec, [c.split()[0] for c in spec.split(", ")]
+
+
+#: the small result tables: Spark DDL schema and column order
+_SMALL_SCHEMAS = {
+    "latency": _ddl("protocol string, stage string, e2e boolean, count long, p50_ms double, "
+                    "p90_ms double, p99_ms double, max_ms double"),
+    "delivery_errors": _ddl("protocol string, code string, count long"),
+    "sla": _ddl("name string, protocol string, stage string, target string, actual double, "
+                "samples long, status string, passed boolean, budget_used double"),
+    "clock": _ddl("node string, correction_ms double"),
+    "delivery_summary": _ddl("protocol string, branches long, sent long, delivered long, "
+                             "answered long, errored long, expired long, lost_or_stuck long, "
+                             "in_flight long, duplicates long"),
+}
+OUTCOME_COLUMNS = ("answered", "errored", "expired", "lost_or_stuck", "in_flight")
+
+
+# ----------------------------------------------------------------------------- session
+
+def _under_spark_submit() -> bool:
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def build_session(master: str | None = None, shuffle_partitions: int | None = None,
+                  ui: bool = False):
+    """SparkSession with the settings that matter on small machines (DESIGN.md section 6):
+    UTC, AQE on, shuffle partitions 2x cores (unless given), UI off unless `ui`.
+    Driver memory must come from spark-submit `--driver-memory` (or SPARK_DRIVER_MEMORY)."""
+    from pyspark.sql import SparkSession
+    builder = SparkSession.builder.appName("relay-trace-report")
+    if master:
+        builder = builder.master(master)
+    elif not _under_spark_submit():
+        builder = builder.master("local[*]")
+    if shuffle_partitions is None:
+        shuffle_partitions = 2 * (os.cpu_count() or 2)
+    return (builder
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.sql.adaptive.enabled", "true")
+            .config("spark.sql.adaptive.coalescePartitions.enabled", "true")
+            .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+            .config("spark.ui.enabled", "true" if ui else "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate())
+
+
+# ----------------------------------------------------------------------------- SQL pieces
+
+def _q(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _rule_struct(p: Protocol, rule) -> str:
+    step = rule.step_sql if rule.step_sql else _q(rule.step)
+    if rule.branch is None:
+        branch = "''"
+    else:
+        branch = f"coalesce(CAST(({rule.branch}) AS STRING), '?')"
+    detail = f"CAST(({rule.detail}) AS STRING)" if rule.detail else "CAST(NULL AS STRING)"
+    return (f"CASE WHEN event = {_q(rule.event)} AND ({rule.when}) THEN "
+            f"named_struct('step', concat({_q(p.name + ':')}, {step}), 'branch', {branch}, "
+            f"'detail', {detail}, 'hop', {str(rule.hop).lower()}) END")
+
+
+def steps_expr() -> str:
+    """SQL: array of matched steps of one `ok` event row (may be empty)."""
+    parts = [_rule_struct(p, r) for p in PROTOCOLS.values() for r in p.rules]
+    return f"filter(array({', '.join(parts)}), x -> x IS NOT NULL)"
+
+
+#: SQL: the steps of one (trace, branch) as a map step -> record: root steps, the branch's own
+#: steps, and unattributed (`?`) steps when the trace has at most one branch
+BRANCH_MAP = (
+    "map_from_entries(transform(filter(map_entries(m), e -> "
+    "substring_index(e.key, '|', -1) IN ('', branch) OR "
+    "(substring_index(e.key, '|', -1) = '?' AND size(branches) <= 1 AND NOT exists("
+    "map_keys(m), k -> k = concat(substring_index(e.key, '|', 1), '|', branch)))), "
+    "e -> struct(substring_index(e.key, '|', 1) AS k, e.value AS v)))")
+
+
+def _lookup(p: Protocol, step: str) -> str:
+    return f"try_element_at(mb, {_q(p.name + ':' + step)})"
+
+
+def _stages_array(p: Protocol) -> str:
+    roots = p.root_steps()
+    items = []
+    for st in p.stages:
+        f, t = _lookup(p, st.from_step), _lookup(p, st.to_step)
+        cond = f"{f} IS NOT NULL AND {t} IS NOT NULL"
+        if st.from_step in roots and st.to_step in roots:
+            cond += " AND branch = coalesce(try_element_at(branches, 1), '')"
+        items.append(
+            f"CASE WHEN {cond} THEN named_struct('stage', {_q(st.name)}, 'e2e', {str(st.e2e).lower()}, "
+            f"'clock', {str(st.clock).lower()}, 'from_ts', {f}.ts, 'to_ts', {t}.ts, "
+            f"'from_node', {f}.node, 'to_node', {t}.node) END")
+    return f"filter(array({', '.join(items)}), x -> x IS NOT NULL)"
+
+
+def _any(p: Protocol, steps) -> str:
+    if not steps:
+        return "false"
+    return "(" + " OR ".join(f"{_lookup(p, s)} IS NOT NULL" for s in steps) + ")"
+
+
+def _outcome_cols(p: Protocol, ttl_default: float) -> dict[str, str]:
+    o = p.outcomes
+    start = "coalesce(" + ", ".join([f"{_lookup(p, s)}.ts" for s in o.start] + ["t0"]) + ")"
+    ttl = f"{ttl_default}D"
+    if o.ttl_step:
+        ttl = f"coalesce(try_cast({_lookup(p, o.ttl_step)}.detail AS DOUBLE), {ttl})"
+    code = ("CASE WHEN " + _any(p, o.errored) + " THEN coalesce(" + ", ".join(
+        f"{_lookup(p, s)}.detail" for s in o.errored) + ", 'unknown') END"
+            if o.errored else "CAST(NULL AS STRING)")
+    return {"sent": _any(p, o.sent), "delivered": _any(p, o.delivered),
+            "answered": _any(p, o.answered), "errored": _any(p, o.errored),
+            "expired": _any(p, o.expired), "start_us": start, "ttl_s": ttl,
+            "error_code": code}
+
+
+def _by_protocol(exprs: dict[str, str]) -> str:
+    return "CASE " + " ".join(f"WHEN protocol = {_q(k)} THEN {v}" for k, v in exprs.items()) + " END"
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+def _trace_table(spark, inputs: list[str]):
+    from pyspark.sql import Window, functions as F
+    df = read_events(spark, inputs)
+    known = sorted(known_events())
+    cls = F.expr(
+        f"CASE WHEN {CORRUPT} IS NOT NULL THEN "
+        f"  CASE WHEN rtrim({CORRUPT}) LIKE '%}}' THEN 'bad' ELSE 'torn' END "
+        f"WHEN ts IS NULL OR event IS NULL THEN 'bad' "
+        f"WHEN NOT event IN ({', '.join(_q(e) for e in known)}) THEN 'unknown' "
+        f"WHEN trace_id IS NULL OR trace_id = '' THEN 'untraced' ELSE 'ok' END")
+    ev = (df.withColumn("cls", cls)
+          .withColumn("trace_id", F.expr("CASE WHEN cls = 'ok' THEN trace_id ELSE '' END"))
+          .withColumn("ts_us", F.expr("coalesce(unix_micros(ts), 0L)")))
+    for name, sql in DERIVED.items():
+        ev = ev.withColumn(name, F.expr(sql))
+    facts = {}
+    for p in PROTOCOLS.values():
+        facts.update(p.facts)
+    w = Window.partitionBy("trace_id")
+    for name, sql in facts.items():
+        ev = ev.withColumn(name, F.first(F.expr(sql), ignorenulls=True).over(w))
+    meta = ("array(named_struct('step', concat('meta:', cls, CASE WHEN cls IN ('unknown', "
+            "'untraced') THEN concat(':', event) ELSE '' END), 'branch', "
+            f"CASE WHEN cls IN ('torn', 'bad') THEN {SOURCE} ELSE '' END, 'detail', "
+            f"substring({CORRUPT}, 1, 300), 'hop', false))")
+    ev = ev.withColumn("st", F.expr(f"CASE WHEN cls = 'ok' THEN {steps_expr()} ELSE {meta} END"))
+    ev = ev.withColumn("protocol", F.expr(
+        "CASE WHEN cls = 'ok' THEN substring_index(event, '.', 1) ELSE '_meta' END"))
+    st = ev.select("trace_id", "protocol", "node", "service", "ts_us",
+                   F.col("event").alias("event_name"), F.col("attrs").alias("attrs_v"),
+                   F.explode("st").alias("s"))
+    st = st.select("trace_id", "protocol", "node", "service", "ts_us", "event_name", "attrs_v",
+                   F.col("s.step").alias("step"), F.col("s.branch").alias("branch"),
+                   F.col("s.detail").alias("detail"), F.col("s.hop").alias("hop"))
+    # one process logging the same event with the same attrs twice = a duplicate
+    st = st.withColumn("fact", F.expr("hash(event_name, attrs_v)"))
+    per_proc = st.groupBy("trace_id", "protocol", "step", "branch", "node", "service",
+                          "fact").agg(
+        F.min("ts_us").alias("ts"), F.count(F.lit(1)).alias("n"),
+        F.min_by("detail", "ts_us").alias("detail"), F.max("hop").alias("hop"))
+    per_step = per_proc.groupBy("trace_id", "protocol", "step", "branch").agg(
+        F.min("ts").alias("ts"), F.min_by("node", "ts").alias("node"),
+        F.sum("n").alias("n"),
+        # a step logged twice by one process; unattributed (`?`) steps are not counted
+        F.sum(F.expr("CASE WHEN branch = '?' THEN 0 ELSE n - 1 END")).alias("dup"),
+        F.min_by("detail", "ts").alias("detail"), F.max("hop").alias("hop"))
+    tr = per_step.groupBy("trace_id", "protocol").agg(
+        F.map_from_entries(F.collect_list(F.struct(
+            F.concat("step", F.lit("|"), "branch"),
+            F.struct("ts", "node", "n", "dup", "detail", "hop")))).alias("m"),
+        F.expr("array_sort(array_distinct(filter(collect_list(branch), "
+               "b -> b NOT IN ('', '?'))))").alias("branches"),
+        F.min("ts").alias("t0"), F.max("ts").alias("t1"), F.sum("dup").alias("dup"))
+    return tr
+
+
+def _corr_map(corrections: dict[str, float]):
+    from pyspark.sql import functions as F
+    if not corrections:
+        return F.expr("map('', 0D)")
+    args = []
+    for node, ms in corrections.items():
+        args += [F.lit(node), F.lit(float(ms))]
+    return F.create_map(*args)
+
+
+def _stage_rows(tb):
+    from pyspark.sql import functions as F
+    arr = _by_protocol({name: _stages_array(p) for name, p in PROTOCOLS.items()})
+    return (tb.select("trace_id", "protocol", "branch", F.explode(F.expr(arr)).alias("s"))
+            .select("trace_id", "protocol", "branch", "s.*"))
+
+
+def load_sla(path: str | os.PathLike | None) -> dict:
+    with open(path or DEFAULT_SLA, "rb") as f:
+        return tomllib.load(f)
+
+
+def _nearest(x):
+    return None if x is None else round(float(x), 3)
+
+
+def evaluate_sla(objectives: list[dict], latency: dict, delivery: dict, within: dict) -> list[dict]:
+    """Pure evaluation of the SLA objectives (see module doc). latency: (protocol, stage) ->
+    row with count, p50.., over_<i>; delivery: protocol -> row; within: i -> (ok, finished)."""
+    out = []
+    for i, ob in enumerate(objectives):
+        proto = ob["protocol"]
+        res = {"name": ob.get("name", f"objective-{i}"), "protocol": proto,
+               "stage": ob.get("stage"), "target": None, "actual": None, "samples": 0,
+               "status": "no data", "passed": None, "budget_used": None}
+        if "quantile" in ob:
+            row = latency.get((proto, ob["stage"]))
+            q, limit = float(ob["quantile"]), float(ob["max_ms"])
+            res["target"] = f"p{q * 100:g} <= {limit:g} ms"
+            if row and row["count"]:
+                actual = row["quantiles"].get(q)
+                over = row["over"].get(limit, 0)
+                res.update(samples=row["count"], actual=actual,
+                           passed=actual is not None and actual <= limit,
+                           budget_used=(over / row["count"]) / (1.0 - q))
+        elif "within_ms" in ob:
+            ok, finished = within.get(i, (0, 0))
+            target = float(ob["min"])
+            res["target"] = f">= {target:g} within {float(ob['within_ms']):g} ms"
+            if finished:
+                frac = ok / finished
+                res.update(samples=finished, actual=frac, passed=frac >= target,
+                           budget_used=(1.0 - frac) / (1.0 - target) if target < 1 else
+                           (0.0 if frac >= 1 else math.inf))
+        elif "rate" in ob:
+            row = delivery.get(proto)
+            target = float(ob["min"])
+            res["target"] = f"{ob['rate']} >= {target:g}"
+            finished = (row["branches"] - row["in_flight"]) if row else 0
+            if finished:
+                frac = row[ob["rate"]] / finished
+                res.update(samples=finished, actual=frac, passed=frac >= target,
+                           budget_used=(1.0 - frac) / (1.0 - target) if target < 1 else
+                           (0.0 if frac >= 1 else math.inf))
+        if res["passed"] is not None:
+            res["status"] = "pass" if res["passed"] else "fail"
+        if res["budget_used"] is not None:
+            res["budget_used"] = round(res["budget_used"], 6)
+        if isinstance(res["actual"], float):
+            res["actual"] = round(res["actual"], 6)
+        out.append(res)
+    return out
+
+
+def _write_text(spark, uri: str, text: str) -> None:
+    """Write a small text file to a local path or any Hadoop-compatible URI."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    stream = fs.create(path, True)
+    try:
+        stream.write(bytearray(text.encode("utf-8")))
+    finally:
+        stream.close()
+
+
+def _join(out: str, name: str) -> str:
+    return out.rstrip("/") + "/" + name
+
+
+def run(inputs: list[str], out: str, master: str | None = None, sla_path: str | None = None,
+        spark=None, strict: bool = False, parquet_cache: str | None = None) -> dict:
+    """Compute the report over `inputs` (JSON logs or compacted Parquet) into `out`.
+
+    spark: an existing SparkSession (tests, launcher) or None (one is built with `master`).
+    strict: raise ValueError on schema-violating lines or >1 torn line per file.
+    parquet_cache: convert JSON inputs to Parquet there first (spark/compact.py) and read that.
+    Returns the summary dict (also written to out/summary.json)."""
+    from pyspark import StorageLevel
+
+    t_start = time.time()
+    own = spark is None
+    if own:
+        spark = build_session(master)
+    sla = load_sla(sla_path)
+    objectives = sla.get("objective", [])
+    ttl_over = sla.get("ttl_s", {})
+    timings = {}
+    try:
+        if parquet_cache:
+            from spark.compact import compact
+            compact(spark, inputs, parquet_cache)
+            inputs = [parquet_cache.rstrip("/") + "/events.parquet"]
+            timings["compact_s"] = round(time.time() - t_start, 3)
+        tr = _trace_table(spark, inputs).persist(StorageLevel.MEMORY_AND_DISK)
+        cached = [tr]
+        try:
+            return _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict,
+                           timings, t_start)
+        finally:
+            for df in cached:
+                df.unpersist()
+    finally:
+        if own:
+            spark.stop()
+
+
+def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timings, t_start):
+    from pyspark import StorageLevel
+    from pyspark.sql import Window, functions as F
+
+    per_proto = {r["protocol"]: r.asDict() for r in tr.groupBy("protocol").agg(
+        F.count(F.lit(1)).alias("traces"), F.min("t0").alias("t0"), F.max("t1").alias("t1"),
+        F.sum("dup").alias("duplicates")).collect()}
+    timings["read_and_group_s"] = round(time.time() - t_start, 3)
+    meta = per_proto.pop("_meta", None)
+    ingest = {"torn": 0, "bad": 0, "unknown": {}, "untraced": {}, "torn_files": {},
+              "bad_samples": []}
+    if meta:
+        mrow = tr.filter("protocol = '_meta'").select(F.map_entries("m").alias("e")).first()
+        for e in mrow["e"]:
+            step, _, branch = e["key"].rpartition("|")
+            v = e["value"]
+            kind = step.split(":")[1]
+            if kind in ("torn", "bad"):
+                ingest[kind] += v["n"]
+                if kind == "torn":
+                    ingest["torn_files"][branch] = v["n"]
+                else:
+                    ingest["bad_samples"].append({"file": branch, "line": v["detail"]})
+            else:
+                name = step.split(":", 2)[2]
+                ingest[kind][name] = ingest[kind].get(name, 0) + v["n"]
+    if strict:
+        if ingest["bad"]:
+            s = ingest["bad_samples"][0]
+            raise ValueError(f"{ingest['bad']} line(s) violate the event-log schema (e.g. a ts "
+                             f"that is not RFC 3339 UTC); first in {s['file']}: {s['line']!r}")
+        many = {f: n for f, n in ingest["torn_files"].items() if n > 1}
+        if many:
+            raise ValueError(f"more than one torn line in one file (only the last line of a "
+                             f"file may be torn): {many}")
+
+    log_end = max((r["t1"] for r in per_proto.values()), default=0) or 0
+    ok_events = tr.filter("protocol <> '_meta'")
+    ttl_default = {n: float(ttl_over.get(n, p.outcomes.default_ttl_s))
+                   for n, p in PROTOCOLS.items()}
+    # per (trace, branch): stage edges (raw ts) and outcome flags, computed once and cached
+    tb = (ok_events.withColumn("branch", F.explode(F.expr(
+        "CASE WHEN size(branches) = 0 THEN array('') ELSE branches END")))
+        .withColumn("mb", F.expr(BRANCH_MAP)))
+    cols = {"sa": _by_protocol({n: _stages_array(p) for n, p in PROTOCOLS.items()})}
+    for key in ("sent", "delivered", "answered", "errored", "expired", "start_us", "ttl_s",
+                "error_code"):
+        cols[key] = _by_protocol({n: _outcome_cols(p, ttl_default[n])[key]
+                                  for n, p in PROTOCOLS.items()})
+    tb = tb.select("trace_id", "protocol", "branch",
+                   *[F.expr(v).alias(k) for k, v in cols.items()])
+    tb = tb.persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(tb)
+
+    # clock: min delta per node pair over causal edges
+    stages_raw = (tb.select("trace_id", "protocol", "branch", F.explode("sa").alias("s"))
+                  .select("trace_id", "protocol", "branch", "s.*"))
+    pairs = (stages_raw.filter("clock AND from_node <> to_node")
+             .groupBy("from_node", "to_node").agg(
+                 (F.min(F.col("to_ts") - F.col("from_ts")) / 1000.0).alias("d_ms"),
+                 F.count(F.lit(1)).alias("n")).collect())
+    pair_min = {(r["from_node"], r["to_node"]): r["d_ms"] for r in pairs}
+    clock = align(pair_min)
+    corr = _corr_map(clock.corrections)
+    timings["clock_s"] = round(time.time() - t_start, 3)
+
+    stages = (stages_raw.withColumn("duration_ms", (
+        (F.col("to_ts") - F.col("from_ts")) / 1000.0
+        + _corr_lookup(corr, "to_node", clock) - _corr_lookup(corr, "from_node", clock)))
+        .select("trace_id", "protocol", "branch", "stage", "e2e", "from_node", "to_node",
+                F.timestamp_micros(F.col("from_ts") + (
+                    _corr_lookup(corr, "from_node", clock) * 1000).cast("long")).alias("from_ts"),
+                "duration_ms"))
+
+    # delivery per (trace, branch)
+    dl = tb.select("trace_id", "protocol", "branch", *list(cols)[1:])
+    dl = dl.withColumn("outcome", F.expr(
+        f"CASE WHEN answered THEN 'answered' WHEN errored THEN 'errored' "
+        f"WHEN expired THEN 'expired' WHEN {log_end}L - start_us > ttl_s * 1000000 "
+        f"THEN 'lost_or_stuck' ELSE 'in_flight' END"))
+    dl = dl.withColumn("start", F.expr("timestamp_micros(start_us)")).drop("start_us")
+
+    # latency + SLA thresholds in one aggregation
+    quant_objs = [o for o in objectives if "quantile" in o]
+    limits = sorted({float(o["max_ms"]) for o in quant_objs})
+    within_objs = [(i, o) for i, o in enumerate(objectives) if "within_ms" in o]
+    aggs = [F.count(F.lit(1)).alias("count"),
+            F.expr("percentile_approx(duration_ms, array(0.5, 0.9, 0.99), 10000)").alias("pq"),
+            F.max("duration_ms").alias("max_ms")]
+    extra_q = sorted({float(o["quantile"]) for o in quant_objs} - {0.5, 0.9, 0.99})
+    if extra_q:
+        aggs.append(F.expr(f"percentile_approx(duration_ms, array({', '.join(map(str, extra_q))}), "
+                           "10000)").alias("pq_extra"))
+    for j, lim in enumerate(limits):
+        aggs.append(F.expr(f"count_if(duration_ms > {lim})").alias(f"over_{j}"))
+    for i, o in within_objs:
+        aggs.append(F.expr(f"count_if(duration_ms <= {float(o['within_ms'])})").alias(f"within_{i}"))
+    lat_rows = stages.groupBy("protocol", "stage", "e2e").agg(*aggs).collect()
+    latency_tbl, latency_idx = [], {}
+    for r in sorted(lat_rows, key=lambda r: (r["protocol"], not r["e2e"], r["stage"])):
+        qs = {0.5: r["pq"][0], 0.9: r["pq"][1], 0.99: r["pq"][2]}
+        if extra_q:
+            qs.update(zip(extra_q, r["pq_extra"]))
+        row = {"protocol": r["protocol"], "stage": r["stage"], "e2e": r["e2e"],
+               "count": r["count"], "p50_ms": _nearest(qs[0.5]), "p90_ms": _nearest(qs[0.9]),
+               "p99_ms": _nearest(qs[0.99]), "max_ms": _nearest(r["max_ms"])}
+        latency_tbl.append(row)
+        latency_idx[(r["protocol"], r["stage"])] = {
+            "count": r["count"], "quantiles": {k: _nearest(v) for k, v in qs.items()},
+            "over": {lim: r[f"over_{j}"] for j, lim in enumerate(limits)},
+            "within": {i: r[f"within_{i}"] for i, _ in within_objs}}
+
+    dl_rows = dl.groupBy("protocol").agg(
+        F.count(F.lit(1)).alias("branches"),
+        F.count_if("sent").alias("sent"), F.count_if("delivered").alias("delivered"),
+        *[F.count_if(F.col("outcome") == o).alias(o) for o in OUTCOME_COLUMNS]).collect()
+    delivery = {}
+    for r in dl_rows:
+        d = r.asDict()
+        d["duplicates"] = int(per_proto.get(r["protocol"], {}).get("duplicates") or 0)
+        delivery[r["protocol"]] = d
+    err_rows = (dl.filter("outcome = 'errored'").groupBy("protocol", "error_code")
+                .count().orderBy("protocol", F.desc("count")).collect())
+    errors = [{"protocol": r["protocol"], "code": r["error_code"], "count": r["count"]}
+              for r in err_rows]
+    for proto, d in delivery.items():
+        d["errored_by_code"] = {e["code"]: e["count"] for e in errors if e["protocol"] == proto}
+
+    within = {}
+    for i, o in within_objs:
+        ok = latency_idx.get((o["protocol"], o["stage"]), {}).get("within", {}).get(i, 0)
+        d = delivery.get(o["protocol"])
+        finished = (d["branches"] - d["in_flight"]) if d else 0
+        within[i] = (ok, finished)
+    sla_results = evaluate_sla(objectives, latency_idx, delivery, within)
+    timings["aggregates_s"] = round(time.time() - t_start, 3)
+
+    # hops: ordered steps per trace with corrected ts
+    hops = (ok_events.select("trace_id", "protocol", F.explode("m").alias("k", "v"))
+            .filter("v.hop").select("trace_id", "protocol",
+                    F.expr("substring_index(k, '|', 1)").alias("step"),
+                    F.expr("substring(k, length(substring_index(k, '|', 1)) + 2)").alias("branch"),
+                    F.col("v.node").alias("node"), F.col("v.n").alias("n"),
+                    F.col("v.dup").alias("dup"), F.col("v.detail").alias("detail"),
+                    (F.col("v.ts") + (_corr_lookup(corr, "v.node", clock) * 1000).cast("long"))
+                    .alias("ts_us")))
+    wo = Window.partitionBy("trace_id").orderBy("ts_us", "step", "branch")
+    hops = (hops.withColumn("seq", F.row_number().over(wo))
+            .withColumn("spent_ms", (F.lead("ts_us").over(wo) - F.col("ts_us")) / 1000.0)
+            .withColumn("ts", F.expr("timestamp_micros(ts_us)")).drop("ts_us"))
+
+    outputs = {}
+    for name, df in (("hops", hops), ("stages", stages), ("delivery", dl)):
+        path = _join(out, f"{name}.parquet")
+        df.write.mode("overwrite").parquet(path)
+        outputs[name] = path
+    timings["parquet_s"] = round(time.time() - t_start, 3)
+
+    clock_rows = ([{"node": a, "peer": b, "d_ms": dd, "d_back_ms": back,
+                    "correction_ms": clock.corrections.get(b, 0.0)}
+                   for a, b, dd, back in clock.proofs])
+    small = {
+        "latency": latency_tbl,
+        "delivery_errors": errors,
+        "sla": [{k: s[k] for k in _SMALL_SCHEMAS["sla"][1]} for s in sla_results],
+        "clock": [{"node": n, "correction_ms": v} for n, v in clock.corrections.items()],
+        "delivery_summary": [{k: d.get(k) for k in _SMALL_SCHEMAS["delivery_summary"][1]}
+                             for d in delivery.values()],
+    }
+    for name, rows in small.items():
+        ddl, cols = _SMALL_SCHEMAS[name]
+        path = _join(out, f"{name}.parquet")
+        (spark.createDataFrame([tuple(r[c] for c in cols) for r in rows], ddl)
+         .coalesce(1).write.mode("overwrite").parquet(path))
+        outputs[name] = path
+
+    summary = {
+        "inputs": list(inputs),
+        "generated_by": "spark/report.py",
+        "log_span": {p: {"first": _iso(r["t0"]), "last": _iso(r["t1"])} for p, r in per_proto.items()},
+        "traces": {p: r["traces"] for p, r in per_proto.items()},
+        "ingest": {"torn_lines": ingest["torn"], "bad_lines": ingest["bad"],
+                   "torn_files": ingest["torn_files"], "bad_samples": ingest["bad_samples"][:5],
+                   "unknown_events": ingest["unknown"], "untraced_events": ingest["untraced"]},
+        "clock": {"consistent": clock.consistent, "corrections_ms": clock.corrections,
+                  "proofs": clock_rows,
+                  "pairs": [{"from": a, "to": b, "min_delta_ms": v} for (a, b), v in
+                            sorted(pair_min.items())]},
+        "latency": latency_tbl,
+        "delivery": delivery,
+        "sla": sla_results,
+        "outputs": outputs,
+    }
+    from spark.page import render
+    sample = _slowest_traces(hops, stages)
+    html = render(summary, sample)
+    _write_text(spark, _join(out, "report.html"), html)
+    outputs["html"] = _join(out, "report.html")
+    outputs["summary"] = _join(out, "summary.json")
+    timings["total_s"] = round(time.time() - t_start, 3)
+    summary["timings"] = timings
+    _write_text(spark, _join(out, "summary.json"), json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def _corr_lookup(corr, node_col, clock):
+    from pyspark.sql import functions as F
+    if not clock.corrections:
+        return F.lit(0.0)
+    return F.coalesce(F.element_at(corr, F.col(node_col)), F.lit(0.0))
+
+
+def _slowest_traces(hops, stages):
+    """Per protocol the slowest end-to-end trace with its hops, for the HTML waterfall."""
+    from pyspark.sql import functions as F
+    top = (stages.filter("e2e").groupBy("protocol").agg(
+        F.max_by("trace_id", "duration_ms").alias("trace_id"),
+        F.max_by("stage", "duration_ms").alias("stage"),
+        F.max("duration_ms").alias("duration_ms")).orderBy("protocol").collect())
+    ids = [r["trace_id"] for r in top]
+    if not ids:
+        return []
+    rows = hops.filter(F.col("trace_id").isin(ids)).orderBy("trace_id", "seq").collect()
+    out = []
+    for t in top:
+        out.append({"trace_id": t["trace_id"], "protocol": t["protocol"], "stage": t["stage"],
+                    "duration_ms": t["duration_ms"],
+                    "hops": [{"seq": r["seq"], "step": r["step"], "branch": r["branch"],
+                              "node": r["node"], "ts": r["ts"].isoformat() + "Z",
+                              "spent_ms": r["spent_ms"]} for r in rows
+                             if r["trace_id"] == t["trace_id"]]})
+    return out
+
+
+def _iso(us):
+    if us is None:
+        return None
+    import datetime as dt
+    return (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(us))).isoformat() + "Z"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="relay-trace-report", description=__doc__.split("\n")[0])
+    ap.add_argument("inputs", nargs="+", help="JSON-lines event logs or compacted Parquet (paths/URIs)")
+    ap.add_argument("--out", required=True, help="output directory (path or URI)")
+    ap.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    ap.add_argument("--sla", default=None, help=f"SLA objectives TOML (default {DEFAULT_SLA})")
+    ap.add_argument("--parquet-cache", default=None,
+                    help="convert JSON inputs to Parquet in this directory first, then read that")
+    ap.add_argument("--strict", action="store_true",
+                    help="fail on schema-violating lines (tests)")
+    args = ap.parse_args(argv)
+    summary = run(args.inputs, args.out, args.master, args.sla, strict=args.strict,
+                  parquet_cache=args.parquet_cache)
+    print(json.dumps({"outputs": summary["outputs"], "sla": [
+        {k: s[k] for k in ("name", "status", "actual", "budget_used")} for s in summary["sla"]],
+        "timings": summary["timings"]}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""The stage model of the trace report: data, not code (DESIGN.md section 6).
+
+Three tables per protocol drive the whole job (spark/report.py) and the DuckDB baseline
+(bench/bench_spark_report.py):
+
+STEP_RULES   catalogued event (+ SQL condition) -> named step of a trace, with the branch it
+             belongs to (RMB: the responder twin, so a multi-destination request has one branch
+             per destination; Marlin: the consumer node; REMP: one branch) and a `detail`
+             (error code, reason, TTL). One event may match several rules (e.g. a REMP
+             Finalized status is both `fullnode.Finalized` and `finalized`). `branch=None` marks
+             a root step shared by every branch; a branch expression that yields NULL means
+             "infer": the step goes to the trace's only branch, or to `?` when there are several.
+STAGES       edges between steps: duration = ts(to) - ts(from) of the first occurrence of each
+             step in the branch. `e2e` marks the end-to-end stages; `clock` marks edges that are
+             a causal pair between the two logged events (the `from` event happens-before the
+             `to` event in real time), usable to prove clock skew (spark/clock.py).
+OUTCOMES     which steps make a (trace, branch) sent / delivered / answered / expired / errored,
+             where the TTL comes from, for the delivery table and the SLA.
+
+SQL expressions run in Spark SQL and DuckDB alike, over one event row with columns
+`ts_us, level, service, node, event, trace_id, attrs.<name>`, the helper columns of DERIVED
+(computed first; e.g. `dst_twin`, `src_twin`: the twin id part of `12:sid`, NULL for the
+relay's own twin 0) and the trace facts of a protocol's `facts` (first non-null value of
+the expression over the trace).
+
+RMB (seed: rmb.md; DESIGN.md section 3): app requested -> peer sent -> relay received ->
+[federation_received (remote relay)] -> relay delivered -> peer received -> peer delivered ->
+app handled -> and back for the response, which shares the request's envelope uid. Note:
+`rmb.relay.federated` is logged when the remote relay answered 202, i.e. after the remote
+`federation_received`, so the model has `relay.received -> relay.fed_received` (the
+federation hop) and `relay.fed_received -> relay.federated` (the 202 coming back), not
+`federated -> federation_received`. Relay events without `kind` (delivered, queued,
+expired, federated) get their leg from the trace facts: an envelope whose `dst` is the
+requester twin is a response; `federated` logged by the relay that received the request from
+its peer belongs to the request leg. The round trip ends at `app.answer`: a reply that is
+not the peer's own expiry notice. Reply codes: `rmb.app.replied.code` null or 0 = answer,
+102 = expired (rmb-peer error codes), anything else = error.
+
+REMP (seeds: remp-protocol-b.txt): fullnode received -> statuses by kind (every kind is a step
+`fullnode.<kind>` / `validator.<kind>`, the first occurrence over all validators) -> Finalized.
+Time to first receipt = received -> the first status the full node got from a validator
+(any kind except its own SentToValidators / RejectedByFullnode).
+
+Marlin (seed: marlin-data.txt): chunk sent (first chunk of the message) -> witnessed ->
+acknowledged; per consumer: chunk received -> block rebuilt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def tw(expr: str) -> str:
+    """SQL: twin id part of a `twin[:sid]` string (works in Spark SQL and DuckDB)."""
+    return f"regexp_extract({expr}, '^[^:]*', 0)"
+
+
+@dataclass(frozen=True)
+class StepRule:
+    """event -> step. step: literal name; step_sql: SQL string expression instead (dynamic
+    names such as REMP kinds); when: SQL boolean; branch: SQL string or None (root);
+    detail: SQL string (error code, reason, ttl) or None; hop: False for an alias step (a
+    second name for an event already listed as a hop, e.g. `finalized`), kept out of the
+    hops table."""
+
+    event: str
+    step: str = ""
+    when: str = "true"
+    branch: str | None = None
+    detail: str | None = None
+    step_sql: str | None = None
+    hop: bool = True
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A measured edge: duration_ms = ts(to_step) - ts(from_step) within one branch."""
+
+    name: str
+    from_step: str
+    to_step: str
+    e2e: bool = False
+    clock: bool = True
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Delivery classification of one (trace, branch). Precedence answered > errored >
+    expired; none of them and older than the TTL at the end of the logs = lost_or_stuck,
+    else in_flight. ttl_step: step whose `detail` is the TTL in seconds (else default_ttl_s)."""
+
+    start: tuple[str, ...]
+    sent: tuple[str, ...]
+    delivered: tuple[str, ...]
+    answered: tuple[str, ...]
+    expired: tuple[str, ...]
+    errored: tuple[str, ...]
+    default_ttl_s: float
+    ttl_step: str | None = None
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    rules: tuple[StepRule, ...]
+    stages: tuple[Stage, ...]
+    outcomes: Outcomes
+    facts: dict[str, str] = field(default_factory=dict)
+
+    def root_steps(self) -> set[str]:
+        return {r.step for r in self.rules if r.branch is None and r.step}
+
+    def step_names(self) -> set[str]:
+        return {r.step for r in self.rules if r.step}
+
+
+R = StepRule
+S = Stage
+
+#: per-event helper columns (SQL over the event row), computed once before the rules
+DERIVED: dict[str, str] = {
+    "twin": tw("node"),
+    "dst_twin": tw("attrs.dst"),
+    "src_twin": (f"CASE WHEN attrs.src IS NULL OR {tw('attrs.src')} IN ('', '0') THEN NULL "
+                 f"ELSE {tw('attrs.src')} END"),
+    "is_req": "coalesce(attrs.kind = 'request', false)",
+    "code_s": "CAST(attrs.code AS STRING)",
+}
+
+_REQ = "is_req"
+_RESP = "NOT is_req"
+# leg of relay events that carry dst but no kind
+_LEG_RESP = "coalesce(dst_twin = requester, false)"
+_LEG_REQ = f"NOT {_LEG_RESP}"
+# `federated` carries neither kind nor dst: the relay that got the request from its peer
+_FED_REQ = "coalesce(node = origin_relay, false)"
+_FED_RESP = f"NOT {_FED_REQ}"
+_SRC_TWIN = "src_twin"
+_CODE = "code_s"
+
+RMB = Protocol(
+    name="rmb",
+    facts={
+        # the requester twin: who asked (app or its peer, or the request's src at the relay)
+        "requester": (
+            f"CASE WHEN event = 'rmb.app.requested' THEN twin "
+            f"WHEN event = 'rmb.peer.sent' AND {_REQ} THEN twin "
+            f"WHEN event IN ('rmb.relay.received', 'rmb.relay.federation_received') AND {_REQ} "
+            f"THEN src_twin END"),
+        # the relay the requester's peer is connected to
+        "origin_relay": f"CASE WHEN event = 'rmb.relay.received' AND {_REQ} THEN node END",
+    },
+    rules=(
+        R("rmb.app.requested", "app.requested", detail="CAST(attrs.ttl AS STRING)"),
+        R("rmb.peer.sent", "peer.sent.req", _REQ, "dst_twin"),
+        R("rmb.relay.received", "relay.received.req", _REQ, "dst_twin"),
+        R("rmb.relay.federation_received", "relay.fed_received.req", _REQ, "dst_twin"),
+        R("rmb.relay.federated", "relay.federated.req", _FED_REQ, "NULL"),
+        R("rmb.relay.queued", "relay.queued.req", _LEG_REQ, "dst_twin"),
+        R("rmb.relay.delivered", "relay.delivered.req", _LEG_REQ, "dst_twin"),
+        R("rmb.relay.expired", "relay.expired", _LEG_REQ, "dst_twin", "attrs.reason"),
+        R("rmb.relay.rejected", "relay.rejected", "true", "dst_twin", "attrs.reason"),
+        R("rmb.peer.received", "peer.received.req", _REQ, "twin"),
+        R("rmb.peer.delivered", "peer.delivered", "true", "twin"),
+        R("rmb.app.handled", "app.handled", "true", "twin", _CODE),
+        R("rmb.peer.sent", "peer.sent.resp", _RESP, "twin"),
+        R("rmb.relay.received", "relay.received.resp", _RESP, _SRC_TWIN),
+        R("rmb.relay.federation_received", "relay.fed_received.resp", _RESP, _SRC_TWIN),
+        R("rmb.relay.federated", "relay.federated.resp", _FED_RESP, "NULL"),
+        R("rmb.relay.queued", "relay.queued.resp", _LEG_RESP, "NULL"),
+        R("rmb.relay.delivered", "relay.delivered.resp", _LEG_RESP, "NULL"),
+        R("rmb.relay.expired", "relay.expired", _LEG_RESP, "NULL", "attrs.reason"),
+        R("rmb.peer.received", "peer.received.resp", _RESP, _SRC_TWIN),
+        R("rmb.peer.answered", "peer.answered", "true", _SRC_TWIN, _CODE),
+        R("rmb.peer.expired", "peer.expired", "true", "dst_twin", _CODE),
+        R("rmb.peer.rejected", "peer.rejected", "true", _SRC_TWIN, _CODE),
+        R("rmb.app.replied", "app.replied", "true", _SRC_TWIN, _CODE),
+        R("rmb.app.replied", "app.answer", "coalesce(attrs.code, 0) <> 102", _SRC_TWIN, _CODE, hop=False),
+        R("rmb.app.replied", "reply.ok", "coalesce(attrs.code, 0) = 0", _SRC_TWIN, _CODE, hop=False),
+        R("rmb.app.replied", "reply.expired", "attrs.code = 102", _SRC_TWIN, _CODE, hop=False),
+        R("rmb.app.replied", "reply.error", "coalesce(attrs.code, 0) NOT IN (0, 102)",
+          _SRC_TWIN, _CODE, hop=False),
+    ),
+    stages=(
+        S("round_trip", "app.requested", "app.answer", e2e=True),
+        S("request_delivery", "app.requested", "peer.delivered", e2e=True),
+        S("app_to_peer", "app.requested", "peer.sent.req"),
+        S("peer_to_relay", "peer.sent.req", "relay.received.req"),
+        S("relay_transit", "relay.received.req", "relay.delivered.req"),
+        S("federation", "relay.received.req", "relay.fed_received.req"),
+        S("federation_ack", "relay.fed_received.req", "relay.federated.req"),
+        S("relay_queue", "relay.queued.req", "relay.delivered.req"),
+        S("relay_to_peer", "relay.delivered.req", "peer.received.req"),
+        S("peer_to_service", "peer.received.req", "peer.delivered"),
+        S("service", "peer.delivered", "app.handled"),
+        S("service_to_peer", "app.handled", "peer.sent.resp"),
+        S("peer_to_relay_resp", "peer.sent.resp", "relay.received.resp"),
+        S("relay_transit_resp", "relay.received.resp", "relay.delivered.resp"),
+        S("federation_resp", "relay.received.resp", "relay.fed_received.resp"),
+        S("federation_ack_resp", "relay.fed_received.resp", "relay.federated.resp"),
+        S("relay_queue_resp", "relay.queued.resp", "relay.delivered.resp"),
+        S("relay_to_peer_resp", "relay.delivered.resp", "peer.received.resp"),
+        S("peer_to_app", "peer.received.resp", "peer.answered"),
+        S("app_return", "peer.answered", "app.replied"),
+    ),
+    outcomes=Outcomes(
+        start=("app.requested", "peer.sent.req", "relay.received.req"),
+        sent=("app.requested", "peer.sent.req"),
+        delivered=("peer.delivered",),
+        answered=("reply.ok",),
+        expired=("reply.expired", "peer.expired", "relay.expired"),
+        errored=("reply.error", "relay.rejected", "peer.rejected"),
+        default_ttl_s=300.0, ttl_step="app.requested"),
+)
+
+_STATUS = "event IN ('remp.fullnode.status', 'remp.validator.status')"
+REMP = Protocol(
+    name="remp",
+    rules=(
+        R("remp.fullnode.received", "fullnode.received"),
+        R("remp.fullnode.status", step_sql="concat('fullnode.', attrs.kind)",
+          when="attrs.kind IS NOT NULL", detail="attrs.reason"),
+        R("remp.validator.status", step_sql="concat('validator.', attrs.kind)",
+          when="attrs.kind IS NOT NULL", detail="attrs.reason"),
+        R("remp.fullnode.status", "first_receipt",
+          "attrs.kind NOT IN ('SentToValidators', 'RejectedByFullnode')", hop=False),
+        R("remp.fullnode.status", "finalized", "attrs.kind = 'Finalized'", hop=False),
+        R("remp.validator.status", "finalized", "attrs.kind = 'Finalized'", hop=False),
+        R("remp.fullnode.status", "rejected", "attrs.kind LIKE 'Rejected%'", detail="attrs.kind", hop=False),
+        R("remp.validator.status", "rejected", "attrs.kind LIKE 'Rejected%'", detail="attrs.kind", hop=False),
+        R("remp.fullnode.status", "timeout", "attrs.kind = 'Timeout'", hop=False),
+        R("remp.validator.status", "timeout", "attrs.kind = 'Timeout'", hop=False),
+    ),
+    stages=(
+        S("first_receipt", "fullnode.received", "first_receipt", e2e=True),
+        S("finalized", "fullnode.received", "finalized", e2e=True),
+        S("sent_to_validators", "fullnode.received", "fullnode.SentToValidators"),
+        S("to_queue", "fullnode.received", "validator.PutIntoQueue"),
+        S("collator", "validator.PutIntoQueue", "validator.IncludedIntoBlock", clock=False),
+        S("shardchain", "validator.IncludedIntoBlock", "validator.IncludedIntoAcceptedBlock",
+          clock=False),
+        S("masterchain", "validator.IncludedIntoAcceptedBlock", "finalized", clock=False),
+    ),
+    outcomes=Outcomes(
+        start=("fullnode.received",), sent=("fullnode.received",),
+        delivered=("first_receipt", "validator.PutIntoQueue"), answered=("finalized",),
+        expired=("timeout",), errored=("rejected",), default_ttl_s=240.0),
+)
+
+MARLIN = Protocol(
+    name="marlin",
+    rules=(
+        R("marlin.producer.chunk_sent", "chunk_sent"),
+        R("marlin.cluster.witnessed", "witnessed"),
+        R("marlin.cluster.acknowledged", "acknowledged"),
+        R("marlin.cluster.rejected", "rejected", detail="attrs.reason"),
+        R("marlin.consumer.chunk_received", "chunk_received", branch="node"),
+        R("marlin.consumer.block_rebuilt", "block_rebuilt", branch="node"),
+        R("marlin.consumer.dispute", "dispute", branch="node", detail="attrs.reason"),
+    ),
+    stages=(
+        S("rebuild", "chunk_sent", "block_rebuilt", e2e=True),
+        S("to_cluster", "chunk_sent", "witnessed"),
+        S("acknowledge", "chunk_sent", "acknowledged"),
+        S("first_chunk", "chunk_sent", "chunk_received"),
+        S("decode", "chunk_received", "block_rebuilt"),
+    ),
+    outcomes=Outcomes(
+        start=("chunk_sent",), sent=("chunk_sent",), delivered=("chunk_received",),
+        answered=("block_rebuilt",), expired=(), errored=("dispute", "rejected"),
+        default_ttl_s=30.0),
+)
+
+PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (RMB, REMP, MARLIN)}
+
+#: outcome classes in the delivery table, in precedence order after `sent`/`delivered`
+FINAL_OUTCOMES = ("answered", "errored", "expired")
+
+
+def _check() -> None:
+    """Every rule names a catalogued event; every fixed stage endpoint is a step."""
+    from spark.schema import known_events
+    events = known_events()
+    for p in PROTOCOLS.values():
+        for r in p.rules:
+            if r.event not in events:
+                raise ValueError(f"{p.name}: step rule for uncatalogued event {r.event}")
+            if not (r.step or r.step_sql):
+                raise ValueError(f"{p.name}: rule for {r.event} names no step")
+
+
+_check()

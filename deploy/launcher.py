@@ -501,17 +501,17 @@ class Cluster:
 
 
 def compare(counters: Counters, summary: dict) -> list[tuple[str, object, object, bool]]:
-    """Rows (name, launcher, report, equal) for the numbers both sides count."""
-    rmb = summary.get("delivery", {}).get("rmb", summary.get("delivery", {}))
-    rows = []
-    for key, mine in (("requests", counters.requests), ("answered", counters.answered),
-                      ("expired", counters.expired)):
-        theirs = rmb.get(key)
-        rows.append((key, mine, theirs, theirs == mine))
+    """Rows (name, launcher, report, equal) for the numbers both sides count: requests =
+    RMB traces, envelopes = (trace, destination) branches sent, answered, expired (102 or
+    no reply), and the other error codes."""
+    rmb = summary.get("delivery", {}).get("rmb", {})
     theirs_err = {int(k): v for k, v in (rmb.get("errored_by_code") or {}).items() if int(k) != 102}
-    mine_err = {k: v for k, v in counters.errored.items()}
-    rows.append(("errored by code", mine_err, theirs_err, theirs_err == mine_err))
-    return rows
+    rows = [("requests", counters.requests, summary.get("traces", {}).get("rmb")),
+            ("envelopes", counters.envelopes, rmb.get("sent")),
+            ("answered", counters.answered, rmb.get("answered")),
+            ("expired", counters.expired, rmb.get("expired")),
+            ("errored by code", dict(sorted(counters.errored.items())), dict(sorted(theirs_err.items())))]
+    return [(name, mine, theirs, mine == theirs) for name, mine, theirs in rows]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """Relay throughput: envelopes/s on the local route, against a raw websockets forwarder.
 
-    .venv/bin/python bench/bench_relay.py [--count 20000] [--seconds 10] [--payload 1024]
+    .venv/bin/python bench/bench_relay.py [--count 50000] [--seconds 10] [--rounds 5]
+                                          [--loop auto|uvloop|asyncio]
 
 Both servers run as their own process on 127.0.0.1 and are driven by the SAME client
 code (websockets library): one sender pipelines binary frames as fast as the socket
@@ -10,13 +11,18 @@ last receive. Each run stops at --count envelopes or --seconds, whichever comes 
 - rmb-relay: the real daemon (`python -m rmb_relay.daemon`, event log at info to a file),
   a real registry, embedded Redis (or $REDIS_URL), two twins connected with real tokens;
   the sender's envelopes are 1 KiB-payload requests A -> B (the relay parses each one,
-  checks its source, and writes it to B's connection without touching Redis).
+  checks its source and expiry, logs it, and writes it to B's connection without
+  touching Redis).
 - baseline: a websockets-library server that forwards every binary frame from the first
   connection to the second, nothing else (`--baseline-server`).
+Both servers and the client run on the SAME event loop implementation (--loop; auto =
+uvloop when installed, the relay's default), so the loop is not what is compared.
 
-Prints both figures and relay/baseline (target >= 0.70), plus each server's CPU time per
-envelope (from /proc, robust on a shared machine where wall-clock rates swing).
-Not part of the test suite.
+One warm-up run of each (not counted), then --rounds interleaved rounds. Prints every run,
+then best and median of the rounds for: envelopes/s, server CPU time per envelope and the
+client's CPU per envelope (from /proc and getrusage: robust on a shared machine where
+wall-clock rates swing), and relay/baseline (target >= 0.70) for the best and the median.
+Bounded: at most (rounds + 1) x 2 x (--seconds + a few s). Not part of the test suite.
 """
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ import argparse
 import asyncio
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -110,9 +118,12 @@ async def main_async(opts) -> None:
         prof = ["-m", "cProfile", "-o", opts.profile] if opts.profile else []
         relay, relay_info = start_proc([sys.executable, *prof, "-m", "rmb_relay.daemon", "-m", domain,
                                         "--listen", "127.0.0.1:0", "--redis", redis_url,
-                                        "--registry", registry, "--log", str(tmp / "relay.jsonl")] + opts.relay_args)
+                                        "--registry", registry, "--log", str(tmp / "relay.jsonl"),
+                                        "--event-loop", opts.loop] + opts.relay_args)
         procs.append(relay)
-        base, base_info = start_proc([sys.executable, __file__, "--baseline-server"])
+        print(f"relay pid {relay.pid}, log {tmp / 'relay.jsonl'}", flush=True)
+        base_cmd = [sys.executable, __file__, "--baseline-server", "--loop", opts.loop]
+        base, base_info = start_proc(base_cmd)
         procs.append(base)
 
         directory = TwinDirectory(registry)
@@ -129,7 +140,7 @@ async def main_async(opts) -> None:
             env = Envelope()
             env.uid = new_uid()
             env.timestamp = now
-            env.expiration = 300
+            env.expiration = 3600
             env.source.twin = a
             env.destination.twin = b
             env.request.command = "bench.echo"
@@ -137,38 +148,53 @@ async def main_async(opts) -> None:
             frames.append(env.SerializeToString())
 
         rport = relay_info["port"]
-        results: dict[str, float] = {}
-        cpu_us: dict[str, float] = {}
-        for name in ("baseline", "relay") * opts.rounds:   # interleaved, best of the rounds
+        runs: dict[str, list[tuple[float, float, float]]] = {"baseline": [], "relay": []}
+        client_cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa: E731
+        plan = [("baseline", True), ("relay", True)] + [("baseline", False), ("relay", False)] * opts.rounds
+        plan = [(n, w) for n, w in plan if opts.only in (None, n)]
+        for name, warmup in plan:   # interleaved rounds after one warm-up run each
             if name == "relay":
                 t = int(time.time())
                 send_url = f"ws://127.0.0.1:{rport}/?{make_token(ia, a, None, t, 600)}"
                 recv_url = f"ws://127.0.0.1:{rport}/?{make_token(ib, b, None, t, 600)}"
             else:
-                send_url = recv_url = ""
-            if name == "baseline":
                 # restart the forwarder so "first connection = sender" holds each run
                 stop_proc(base)
                 procs.remove(base)
-                base, base_info = start_proc([sys.executable, __file__, "--baseline-server"])
+                base, base_info = start_proc(base_cmd)
                 procs.append(base)
                 send_url = recv_url = f"ws://127.0.0.1:{base_info['port']}/"
             server = relay if name == "relay" else base
-            cpu0 = cpu_seconds(server.pid)
+            cpu0, ccpu0 = cpu_seconds(server.pid), client_cpu()
             got, elapsed = await drive(send_url, recv_url, frames, opts.seconds)
-            cpu = cpu_seconds(server.pid) - cpu0
+            cpu, ccpu = cpu_seconds(server.pid) - cpu0, client_cpu() - ccpu0
             rate = got / elapsed if elapsed > 0 else 0.0
             us = cpu / got * 1e6 if got else float("inf")
-            results[name] = max(results.get(name, 0.0), rate)
-            cpu_us[name] = min(cpu_us.get(name, float("inf")), us)
-            print(f"{name:9s} {got:6d} envelopes of {len(frames[0])} B in {elapsed:6.3f} s "
-                  f"= {rate:9.0f} envelopes/s; server CPU {us:6.1f} us/envelope", flush=True)
-        ratio = results["relay"] / results["baseline"] if results["baseline"] else 0.0
-        cpu_ratio = cpu_us["baseline"] / cpu_us["relay"] if cpu_us["relay"] else 0.0
-        print(f"RESULT relay {results['relay']:.0f} envelopes/s, raw websockets forwarding baseline "
-              f"{results['baseline']:.0f} envelopes/s, ratio {ratio:.2f} (target >= 0.70); "
-              f"server CPU per envelope relay {cpu_us['relay']:.1f} us, baseline "
-              f"{cpu_us['baseline']:.1f} us, CPU-efficiency ratio {cpu_ratio:.2f}")
+            cus = ccpu / got * 1e6 if got else float("inf")
+            if not warmup:
+                runs[name].append((rate, us, cus))
+            print(f"{name:9s}{' (warm-up)' if warmup else '          '} {got:6d} envelopes of "
+                  f"{len(frames[0])} B in {elapsed:6.3f} s = {rate:7.0f} envelopes/s; CPU per "
+                  f"envelope: server {us:5.1f} us, client {cus:5.1f} us", flush=True)
+        summary = {}
+        if opts.only:
+            return
+        for name, rows in runs.items():
+            rates = [r[0] for r in rows]
+            scpu = [r[1] for r in rows]
+            ccpu = [r[2] for r in rows]
+            summary[name] = (max(rates), statistics.median(rates), min(scpu),
+                             statistics.median(scpu), statistics.median(ccpu))
+            print(f"{name:9s} best {max(rates):7.0f}/s, median {statistics.median(rates):7.0f}/s; "
+                  f"server CPU best {min(scpu):5.1f} us, median {statistics.median(scpu):5.1f} us; "
+                  f"client CPU median {statistics.median(ccpu):5.1f} us per envelope")
+        rb, rm = summary["relay"][0], summary["relay"][1]
+        bb, bm = summary["baseline"][0], summary["baseline"][1]
+        print(f"RESULT relay {rb:.0f} envelopes/s (median {rm:.0f}), raw websockets forwarding "
+              f"baseline {bb:.0f} envelopes/s (median {bm:.0f}), ratio best {rb / bb:.2f}, "
+              f"median {rm / bm:.2f} (target >= 0.70); server CPU per envelope (median) relay "
+              f"{summary['relay'][3]:.1f} us, baseline {summary['baseline'][3]:.1f} us; "
+              f"event loop {opts.loop_used}, {opts.rounds} rounds, load {os.getloadavg()[0]:.1f}")
     finally:
         for proc in procs:
             stop_proc(proc)
@@ -223,15 +249,22 @@ async def _drive_pair(tx, rx, frames, seconds):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--count", type=int, default=20000, help="envelopes per run (default 20000)")
+    p.add_argument("--count", type=int, default=50000, help="envelopes per run (default 50000)")
     p.add_argument("--seconds", type=float, default=10.0, help="time bound per run, s (default 10)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; best of them (default 3)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="interleaved rounds after the warm-up; best and median (default 5)")
+    p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                   help="event loop of both servers and the client (default auto = uvloop if installed)")
     p.add_argument("--payload", type=int, default=1024, help="payload bytes (default 1024)")
     p.add_argument("--relay-arg", dest="relay_args", action="append", default=[],
                    help="extra rmb-relay flag (repeatable), e.g. --relay-arg=--log-level=warning")
     p.add_argument("--profile", metavar="PATH", help="run the relay under cProfile, stats to PATH")
+    p.add_argument("--only", choices=("relay", "baseline"), default=None,
+                   help="run only one side (for profiling, e.g. py-spy on the printed relay pid)")
     p.add_argument("--baseline-server", action="store_true", help=argparse.SUPPRESS)
     opts = p.parse_args()
+    from rmb_peer.daemon import use_event_loop
+    opts.loop_used = use_event_loop(opts.loop)
     if opts.baseline_server:
         asyncio.run(baseline_server())
         return

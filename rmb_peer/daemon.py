@@ -537,7 +537,7 @@ def use_event_loop(kind: str) -> str:
             import uvloop
         except ImportError:
             if kind == "uvloop":
-                raise SystemExit("rmb-peer: --event-loop uvloop: uvloop is not installed")
+                raise SystemExit("--event-loop uvloop: uvloop is not installed")
             return "asyncio"
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         return "uvloop"

@@ -4,6 +4,8 @@ wheel on a free port, daemons on 127.0.0.1 port 0. Data from ../shared/data is o
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,23 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real blockchain data not found at {SHARED_DATA} (../shared/data absent)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one SparkSession of the test session: local[1], shuffle partitions 1, UI off,
+    UTC (DESIGN.md section 6). Skips when Java is missing (PySpark 4 needs JDK 17/21)."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("java not found on PATH: PySpark 4 needs a system JDK 17 or 21")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    session = (SparkSession.builder.master("local[1]").appName("relay-suite-tests")
+               .config("spark.sql.shuffle.partitions", "1")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.adaptive.enabled", "true")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

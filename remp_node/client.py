@@ -26,6 +26,10 @@ What it does, per submitted message:
    own signed Finalized (same block ids) and `FinalStatus("finalized")`. A message is finally
    rejected only when every validator that reported it (New or later) has ended it with
    RejectedBy*/Timeout -> `FinalStatus("rejected")` (or "timeout" if all were Timeout).
+   Each validator's state for the message is its NEWEST receipt by (timestamp, level):
+   a non-final receipt with a later timestamp takes the message up again (New after a
+   session switch), a reordered older one (an AcceptedByQueue overtaken by the
+   RejectedByCollator) neither reopens nor ends anything; Duplicate never changes it.
    After `lifetime` seconds (240 s default) without a final status: a full-node Timeout
    receipt and `FinalStatus("timeout")`.
 
@@ -47,7 +51,7 @@ from .keys import NodeKey, key_id
 from .messages import ExternalMessage, MessageRejected, message_id_of, parse_external_message, shard_hex
 from .receipts import (
     Accepted, Level, Receipt, ReceiptError, Rejected, SentToValidators, SignedReceipt, Timeout,
-    kind_of, sign_receipt, to_json,
+    is_source_final, kind_of, sign_receipt, to_json,
 )
 from .tl import ZERO_BLOCK_ID
 from .wire import RempMessageDatagram, decode_datagram, encode_remp_message
@@ -128,6 +132,7 @@ class _Tracked:
     keys: dict[bytes, bytes] = field(default_factory=dict)        # key id -> public key
     answered: set[bytes] = field(default_factory=set)             # key ids with >= 1 receipt
     ended: dict[bytes, str] = field(default_factory=dict)         # key id -> source-final kind
+    latest: dict[bytes, tuple[int, int, int]] = field(default_factory=dict)  # key id -> _order_key
     errors: dict[bytes, str] = field(default_factory=dict)
     seen: set[bytes] = field(default_factory=set)                 # sha256 of signed receipts
     datagrams: int = 0
@@ -233,21 +238,28 @@ class RempClient:
             self._events.append(ReceiptEvent(t.msg.id, own.open(), own.signature, "fullnode", t.shard))
             self._finish(t, "finalized", "Finalized", "", now)
             return
-        if kind in ("RejectedByQueue", "RejectedByCollator", "RejectedByShardchain",
-                    "RejectedByMasterchain", "Timeout"):
-            t.ended[src] = kind
-            if isinstance(st, Rejected):
-                t.errors[src] = st.error
-        elif src in t.ended and kind not in ("Duplicate",):
-            # the validator took the message up again (e.g. New after a session switch)
-            t.ended.pop(src, None)
-            t.errors.pop(src, None)
+        if kind not in ("Duplicate",):
+            # a validator's state is its newest receipt (timestamp, then level): a stale
+            # receipt overtaken in the network neither reopens nor ends anything
+            order = _order_key(receipt)
+            if order > t.latest.get(src, (-1, -1, -1)):
+                t.latest[src] = order
+                if is_source_final(kind):
+                    t.ended[src] = kind
+                    if isinstance(st, Rejected):
+                        t.errors[src] = st.error
+                    else:
+                        t.errors.pop(src, None)
+                else:  # the validator has (or took up again, e.g. after a session switch) the message
+                    t.ended.pop(src, None)
+                    t.errors.pop(src, None)
         if t.answered and all(s in t.ended for s in t.answered):
             kinds = [t.ended[s] for s in sorted(t.answered)]
             if all(k == "Timeout" for k in kinds):
                 self._finish(t, "timeout", "Timeout", "", now)
             else:
-                decisive = kind if kind != "Timeout" else next(k for k in kinds if k != "Timeout")
+                decisive = (t.ended[src] if t.ended.get(src, "Timeout") != "Timeout"
+                            else next(k for k in kinds if k != "Timeout"))
                 reasons = "; ".join(sorted({e for e in t.errors.values() if e}))
                 self._finish(t, "rejected", decisive, reasons, now)
         self._tick(now)
@@ -346,6 +358,16 @@ class RempClient:
         for mid, until in list(self._finished.items()):
             if until <= now:
                 del self._finished[mid]
+
+
+def _order_key(receipt: Receipt) -> tuple[int, int, int]:
+    """Order of ONE validator's receipts for one message: (timestamp ms, 1 for a
+    source-final kind else 0, level). A validator's statuses only move forward in its own
+    time; within one millisecond an end (RejectedBy*/Timeout, e.g. a Timeout right after an
+    IgnoredByMasterchain at a session switch) comes after any non-final status, and higher
+    levels come after lower ones (seed: remp-protocol-b, "Message statuses")."""
+    st = receipt.status
+    return (receipt.timestamp, 1 if is_source_final(kind_of(st)) else 0, int(st.level))
 
 
 def shard_label(shard: int) -> str:

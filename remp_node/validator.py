@@ -722,7 +722,23 @@ class ValidatorCore:
             self.cache.set_status(m.message_id, CacheStatus.COLLATED, block_id=bid)
         a = self._ann(m.message_id, m.origin, s.shard, e.master_seqno)
         a.ended = False
+        self._queued_via_block(a, m.message_id, s)
         self._send_receipt(m.message_id, Accepted(Level.COLLATOR, bid), s.shard)
+
+    def _queued_via_block(self, a: _Ann, mid: bytes, s: _ShardSession) -> None:
+        """A current RMQ member that meets a message in a shard block before its RMQ
+        delivered it (the network reordered the catchain and the shard-chain datagrams)
+        reports PutIntoQueue and AcceptedByQueue first: the block proves the collator's
+        queue had it, and each validator's statuses keep the main sequence (seed:
+        remp-protocol-b, "Message statuses"). The later RMQ delivery says nothing more."""
+        if a.said_new:
+            return
+        q = self.rmqs.get((s.shard, s.session))
+        if q is None or not q.local_is_current:
+            return
+        a.said_new = True
+        self._send_receipt(mid, New(), s.shard)
+        self._send_receipt(mid, Accepted(Level.QUEUE), s.shard)
 
     def _validate_shard(self, s: _ShardSession, seqno: int, payload: bytes) -> str | None:
         if self.session != s.session:
@@ -775,6 +791,7 @@ class ValidatorCore:
                     self.cache.set_status(m.message_id, CacheStatus.ACCEPTED, block_id=ev.block_id)
                 a = self._ann(m.message_id, m.origin, s.shard, e.master_seqno)
                 a.ended = False
+                self._queued_via_block(a, m.message_id, s)
                 self._send_receipt(m.message_id, Accepted(Level.SHARDCHAIN, ev.block_id), s.shard)
             raw = s.consensus.commit_for(ev.block_id.seqno)
             if raw is not None:

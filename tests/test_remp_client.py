@@ -298,3 +298,47 @@ def test_wire_remp_message_format():
     with pytest.raises(ValueError):
         c = client()
         c.receive_datagram(data, FULL.key_id, T0)  # a full node does not take rempMessage
+
+
+def test_reordered_stale_receipt_cannot_reopen_a_validators_final_answer():
+    """A validator's AcceptedByQueue (ts 1.0 s) overtaken by its RejectedByCollator (ts 2.0 s):
+    the late, older receipt must not take the message up again on that validator, so once
+    the other New-sayer rejects too the message is finally rejected."""
+    c = client()
+    net = Net(c, answer=lambda v, mid: [New()])
+    mid = c.submit(wallet_msg(), T0)
+    net.run(T0 + 2.5)
+    v0, v1 = (BY_ID[d] for _, d in net.delivered)
+
+    def deliver(v, status, ts, at):
+        c.receive_datagram(make_signed_receipt(v, mid, status, int(ts * 1000)).serialize(), v.key_id, at)
+        net.step(at)
+
+    deliver(v0, Rejected(Level.COLLATOR, SHARD_BLOCK, "Message expired"), T0 + 3.0, T0 + 3.01)
+    deliver(v0, Accepted(Level.QUEUE), T0 + 1.0, T0 + 3.02)          # reordered: older timestamp
+    assert net.finals() == []
+    deliver(v1, Rejected(Level.COLLATOR, SHARD_BLOCK, "Message expired"), T0 + 3.1, T0 + 3.2)
+    (final,) = net.finals()
+    assert (final.outcome, final.kind, final.reason) == ("rejected", "RejectedByCollator", "Message expired")
+
+
+def test_newer_receipt_still_reopens_and_stale_final_does_not_end():
+    """A New with a later timestamp (the validator took the message up again after a session
+    switch) reopens; a RejectedByCollator older than that New, arriving late, ends nothing."""
+    c = client()
+    net = Net(c, answer=lambda v, mid: [New()])
+    mid = c.submit(wallet_msg(), T0)
+    net.run(T0 + 0.5)
+    (v0,) = (BY_ID[d] for _, d in net.delivered)
+
+    def deliver(status, ts, at):
+        c.receive_datagram(make_signed_receipt(v0, mid, status, int(ts * 1000)).serialize(), v0.key_id, at)
+        net.step(at)
+
+    deliver(Accepted(Level.QUEUE), T0 + 0.6, T0 + 0.6)
+    deliver(New(), T0 + 1.5, T0 + 1.5)                                  # taken up again
+    deliver(Rejected(Level.COLLATOR, SHARD_BLOCK, "old"), T0 + 1.0, T0 + 1.6)   # stale final
+    assert net.finals() == [] and c.pending() == [mid]
+    deliver(Rejected(Level.COLLATOR, SHARD_BLOCK, "new"), T0 + 1.7, T0 + 1.7)
+    (final,) = net.finals()
+    assert (final.outcome, final.reason) == ("rejected", "new")

@@ -212,6 +212,10 @@ async def main() -> None:
                     failures.append(f"{reply.code} {reply.message}")
                 return reply.ok and reply.data == PAYLOAD
 
+            print("pids: " + ", ".join(f"{k} {v}" for k, v in {
+                "client": os.getpid(), "peer A": pa.proc.pid, "relay": relay.proc.pid,
+                "peer B": pb.proc.pid, "service": svc_proc.pid, "redis": srv.proc.pid}.items()),
+                flush=True)
             try:
                 for _ in range(200):  # warm up: caches, connections
                     await rmb_call()

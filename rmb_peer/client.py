@@ -28,11 +28,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from rmb_peer.core import ERR_EXPIRED, ERR_OTHER, LOCAL_QUEUE
-from rmb_peer.redisq import RedisWriter
+from rmb_peer.redisq import QueueReader, RedisWriter
 
 __all__ = ["Reply", "RmbClient", "RmbService", "ServiceError", "CALL_GRACE"]
 
@@ -69,6 +70,14 @@ class ServiceError(Exception):
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+def _dumps(obj: dict) -> bytes:
+    """Compact JSON bytes (orjson; the stdlib for what orjson refuses, e.g. ints > 64 bits)."""
+    try:
+        return orjson.dumps(obj)
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 class _Call:
@@ -115,7 +124,7 @@ class RmbClient:
         started = time.monotonic()
         msg = {"ver": 1, "ref": ref, "cmd": cmd, "exp": int(ttl), "dat": _b64(bytes(data)),
                "tag": tags, "dst": dsts, "ret": self.ret, "shm": schema, "now": int(time.time())}
-        self._writer.push(LOCAL_QUEUE, json.dumps(msg, separators=(",", ":")).encode())
+        self._writer.push(LOCAL_QUEUE, _dumps(msg))
         if self.log is not None:
             self.log.emit("rmb.app.requested", ref, cmd=cmd, dst=",".join(map(str, dsts)),
                           count=len(dsts), size=len(data), ttl=int(ttl))
@@ -140,23 +149,19 @@ class RmbClient:
         return call.replies
 
     async def _read(self) -> None:
+        reader = QueueReader(self.redis, [self.ret], DRAIN_COUNT, timeout=1)
         while not self._closed:
             try:
-                got = await self.redis.brpop([self.ret], timeout=1)
-                if got is None:
-                    continue
-                raws = [got[1]]
-                more = await self.redis.rpop(self.ret, DRAIN_COUNT)
-                raws.extend(more or ())
+                items = await reader.read()
             except (RedisError, OSError):
                 await asyncio.sleep(0.5)
                 continue
-            for raw in raws:
+            for _key, raw in items:
                 self._on_reply(raw)
 
     def _on_reply(self, raw: bytes) -> None:
         try:
-            obj = json.loads(raw)
+            obj = orjson.loads(raw)
             call = self._calls.get(obj.get("ref"))
             if call is None:
                 return  # a late reply to a call that already gave up
@@ -223,19 +228,12 @@ class RmbService:
         if not self.handlers:
             raise ValueError("no handlers registered")
         queues = ["msgbus." + cmd for cmd in self.handlers]
+        reader = QueueReader(self.redis, queues, DRAIN_COUNT, timeout=0.5)
         self._writer.start()
         try:
             while not stop.is_set():
                 try:
-                    got = await self.redis.brpop(queues, timeout=0.5)
-                    if got is None:
-                        continue
-                    items = [got]
-                    pipe = self.redis.pipeline(transaction=False)
-                    for q in queues:
-                        pipe.rpop(q, DRAIN_COUNT)
-                    for q, more in zip(queues, await pipe.execute()):
-                        items.extend((q.encode(), raw) for raw in more or ())
+                    items = await reader.read()
                 except (RedisError, OSError):
                     await asyncio.sleep(0.5)
                     continue
@@ -255,7 +253,7 @@ class RmbService:
         started = time.monotonic()
         try:
             try:
-                req = json.loads(raw)
+                req = orjson.loads(raw)
                 ref, src, ret = req["ref"], req["src"], req.get("ret") or "msgbus.system.reply"
                 if not isinstance(ref, str) or not isinstance(src, str) or not isinstance(ret, str):
                     raise TypeError("ref/src/ret must be strings")
@@ -278,7 +276,7 @@ class RmbService:
                      "shm": req.get("shm"), "now": int(time.time())}
             if err:
                 reply["err"] = err
-            self._writer.push(ret, json.dumps(reply, separators=(",", ":")).encode())
+            self._writer.push(ret, _dumps(reply))
             self.handled += 1
             if self.log is not None:
                 self.log.emit("rmb.app.handled", ref, cmd=cmd, src=src,

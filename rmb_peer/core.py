@@ -38,6 +38,8 @@ import json
 import math
 import uuid
 from collections import Counter, deque
+
+import orjson
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -311,18 +313,29 @@ class SharedKeyCache:
 
 
 def _dumps(obj: dict) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    """Compact JSON bytes (orjson; the stdlib for what orjson refuses, e.g. ints > 64 bits)."""
+    try:
+        return orjson.dumps(obj)
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def _loads_object(raw: bytes | str) -> dict:
     if len(raw) > MAX_APP_MESSAGE:
         raise AppMessageError(ERR_INVALID_MESSAGE, f"message too large: {len(raw)} bytes > {MAX_APP_MESSAGE}")
     try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise AppMessageError(ERR_INVALID_MESSAGE, "message is not JSON") from None
-    except RecursionError:
-        raise AppMessageError(ERR_INVALID_MESSAGE, "message JSON is nested too deeply") from None
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        # orjson is the fast path; the stdlib decides what it refused (ints > 64 bits,
+        # NaN) so the accepted input and the error texts stay the stdlib's
+        if "depth limit" in str(exc):
+            raise AppMessageError(ERR_INVALID_MESSAGE, "message JSON is nested too deeply") from None
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise AppMessageError(ERR_INVALID_MESSAGE, "message is not JSON") from None
+        except RecursionError:
+            raise AppMessageError(ERR_INVALID_MESSAGE, "message JSON is nested too deeply") from None
     if not isinstance(obj, dict):
         raise AppMessageError(ERR_INVALID_MESSAGE, "message is not a JSON object")
     return obj

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import sys
 import time
 from typing import Any, Callable
@@ -43,7 +44,7 @@ from rmb_peer.core import (
 from rmb_peer.envelope import MAX_ENVELOPE_SIZE
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.identity import E2EKey, Identity
-from rmb_peer.redisq import RedisWriter
+from rmb_peer.redisq import QueueReader, RedisWriter
 from rmb_peer.token import make_token
 from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
 
@@ -53,6 +54,19 @@ __all__ = ["PeerDaemon", "build_parser", "parse_args", "relay_url", "relay_domai
 DRAIN_COUNT = 256
 #: Lifetime of the relay authentication token, seconds.
 TOKEN_TTL = 60
+#: Linux TCP_CORK (None elsewhere): set while a batch of frames is written.
+_TCP_CORK = getattr(socket, "TCP_CORK", None)
+
+
+def _cork(sock, on: int) -> bool:
+    """Set/clear TCP_CORK on a socket; False when not possible (no socket, closed)."""
+    if sock is None or _TCP_CORK is None:
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, on)
+        return True
+    except OSError:
+        return False
 
 
 def relay_url(value: str) -> str:
@@ -384,19 +398,27 @@ class PeerDaemon:
 
     async def _writer(self, relay: str, conn: _Conn) -> None:
         """Writes the connection's frames in order; on a failed write the connection is
-        reported lost and its unsent frames are re-routed through another relay."""
+        reported lost and its unsent frames are re-routed through another relay. A batch of
+        several frames is written with the socket corked (Linux TCP_CORK), so it leaves in
+        full-size segments instead of one send per frame."""
+        sock = conn.ws.transport.get_extra_info("socket") if _TCP_CORK is not None else None
         while True:
             await conn.wake.wait()
             conn.wake.clear()
             while conn.outq:
                 frames, conn.outq = conn.outq, []
-                for i, ev in enumerate(frames):
-                    try:
-                        await conn.ws.send(ev.data)
-                    except (websockets.ConnectionClosed, OSError) as exc:
-                        conn.outq = frames[i:] + conn.outq
-                        self._requeue(relay, conn, f"write failed: {exc!r}")
-                        return
+                corked = len(frames) > 1 and _cork(sock, 1)
+                try:
+                    for i, ev in enumerate(frames):
+                        try:
+                            await conn.ws.send(ev.data)
+                        except (websockets.ConnectionClosed, OSError) as exc:
+                            conn.outq = frames[i:] + conn.outq
+                            self._requeue(relay, conn, f"write failed: {exc!r}")
+                            return
+                finally:
+                    if corked:
+                        _cork(sock, 0)
 
     def _requeue(self, relay: str, conn: _Conn, reason: str) -> None:
         now = self.clock()
@@ -492,41 +514,41 @@ class PeerDaemon:
 
     # ------------------------------------------------------------------ local queues
     async def _local_loop(self) -> None:
-        core = self.core
-        queues = [LOCAL_QUEUE, REPLY_QUEUE]
+        """App requests and service replies through a QueueReader: BRPOP when idle (the
+        element is handled at once), RPOP COUNT drains in one round trip while busy."""
+        reader = QueueReader(self.redis, [LOCAL_QUEUE, REPLY_QUEUE], DRAIN_COUNT, timeout=1)
+        local_b = LOCAL_QUEUE.encode()
         while not self._stopping:
             try:
-                got = await self.redis.brpop(queues, timeout=1)
-                if got is None:
-                    continue
-                items = [got]
-                pipe = self.redis.pipeline(transaction=False)
-                pipe.rpop(LOCAL_QUEUE, DRAIN_COUNT)
-                pipe.rpop(REPLY_QUEUE, DRAIN_COUNT)
-                more_local, more_reply = await pipe.execute()
+                items = await reader.read()
             except (RedisError, OSError) as exc:
                 self._redis_failed(exc, 0)
                 await asyncio.sleep(1.0)
                 continue
-            for raw in more_local or ():
-                items.append((LOCAL_QUEUE.encode(), raw))
-            for raw in more_reply or ():
-                items.append((REPLY_QUEUE.encode(), raw))
-            for queue, raw in items:
-                now = self.clock()
-                try:
-                    if queue == b"msgbus.system.local":
-                        req = core.app_message(raw, now)
-                        if req is not None:
-                            twins = {d: await self._twin(d) for d in set(req.dst)}
-                            core.send_request(req, twins, self.clock())
-                    else:
-                        rep = core.service_message(raw, now)
-                        if rep is not None:
-                            core.send_response(rep, await self._twin(rep.dst_twin), self.clock())
-                except Exception as exc:  # the one boundary: a bug on one message drops only it
-                    self._internal_error("local message", queue.decode(), exc)
+            for key, raw in items:
+                await self._local_message(key == local_b, raw)
+            if items:
                 self._after()
+
+    async def _local_message(self, local: bool, raw: bytes) -> None:
+        """One app request (local) or service reply, with the one error boundary."""
+        core = self.core
+        try:
+            if local:
+                req = core.app_message(raw, self.clock())
+                if req is not None:
+                    dst = req.dst
+                    if len(dst) == 1:
+                        twins = {dst[0]: await self._twin(dst[0])}
+                    else:
+                        twins = {d: await self._twin(d) for d in set(dst)}
+                    core.send_request(req, twins, self.clock())
+            else:
+                rep = core.service_message(raw, self.clock())
+                if rep is not None:
+                    core.send_response(rep, await self._twin(rep.dst_twin), self.clock())
+        except Exception as exc:  # the one boundary: a bug on one message drops only it
+            self._internal_error("local message", LOCAL_QUEUE if local else REPLY_QUEUE, exc)
 
 
 def use_event_loop(kind: str) -> str:

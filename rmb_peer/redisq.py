@@ -3,7 +3,12 @@ then LTRIM 0 9999).
 
 `RedisWriter` collects pushes, SET EX and DEL in call order and writes them in pipelines
 (no MULTI) from one background task, so a burst of N pushes costs one round trip instead of
-2N. Order is preserved: operations are executed in the order they were queued.
+2N. Within one pipeline, all pushes to one queue become ONE `LPUSH queue v1 v2 ...` (Redis
+pushes the values left to right, so the consumer's RPOP/BRPOP still sees them in call
+order) followed by ONE `LTRIM queue 0 max_len-1` (same end state as trimming after every
+push); the command sits where the queue's first push was. Order is preserved per key:
+operations on one key are executed in the order they were queued (operations on different
+keys within one pipeline may be regrouped; they are sent together anyway).
 
     writer = RedisWriter(redis_client)         # redis.asyncio.Redis
     writer.start()
@@ -20,7 +25,7 @@ from typing import Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-__all__ = ["RedisWriter", "QUEUE_MAX_LEN"]
+__all__ = ["RedisWriter", "QueueReader", "QUEUE_MAX_LEN"]
 
 #: Queues are trimmed to this many entries (LTRIM 0 QUEUE_MAX_LEN-1).
 QUEUE_MAX_LEN = 10000
@@ -87,12 +92,30 @@ class RedisWriter:
             if not self._ops:
                 self._idle.set()
 
+    @staticmethod
+    def _group(ops: list[tuple]) -> list[tuple]:
+        """Pushes to one queue merged into one ("lpush", queue, [values]) at the position of
+        the queue's first push; other operations unchanged, in order."""
+        out: list = []
+        pushes: dict[str, list[bytes]] = {}
+        for op in ops:
+            if op[0] == "push":
+                values = pushes.get(op[1])
+                if values is None:
+                    values = pushes[op[1]] = []
+                    out.append(("lpush", op[1], values))
+                values.append(op[2])
+            else:
+                out.append(op)
+        return out
+
     async def _write(self, ops: list[tuple]) -> None:
+        grouped = self._group(ops)
         for attempt in range(self.retries):
             pipe = self.client.pipeline(transaction=False)
-            for op in ops:
-                if op[0] == "push":
-                    pipe.lpush(op[1], op[2])
+            for op in grouped:
+                if op[0] == "lpush":
+                    pipe.lpush(op[1], *op[2])
                     pipe.ltrim(op[1], 0, self.max_len - 1)
                 elif op[0] == "set":
                     pipe.set(op[1], op[2], ex=op[3])
@@ -122,3 +145,49 @@ class RedisWriter:
             except asyncio.CancelledError:
                 pass
             self._task = None
+
+
+class QueueReader:
+    """Consumer of one or more Redis lists (the rmb-peer queues are LPUSHed, so RPOP takes
+    the oldest first) with as few round trips as the load allows:
+
+    - idle: one BRPOP over all `keys` (blocks up to `timeout` s); the element it returns
+      is handed back at once (lowest latency);
+    - after a BRPOP or a non-empty drain: the next read() drains every key with
+      `RPOP key count` in one pipelined round trip, and keeps doing so while elements come
+      back, so a sustained load costs one round trip per batch instead of BRPOP + RPOP;
+    - an empty drain means idle again: BRPOP (in the same read() call).
+
+        reader = QueueReader(redis_client, ["msgbus.system.local", "msgbus.system.reply"])
+        items = await reader.read()   # [(key bytes, value bytes), ...], [] after a timeout
+
+    Raises what redis.asyncio raises (RedisError, OSError); the caller backs off.
+    """
+
+    def __init__(self, client: aioredis.Redis, keys: list[str], count: int = 256,
+                 timeout: float = 1.0):
+        self.client = client
+        self.keys = list(keys)
+        self._bkeys = [k.encode() for k in self.keys]
+        self.count = count
+        self.timeout = timeout
+        self._busy = False
+
+    async def read(self) -> list[tuple[bytes, bytes]]:
+        if self._busy:
+            if len(self.keys) == 1:
+                got = [await self.client.rpop(self.keys[0], self.count)]
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for key in self.keys:
+                    pipe.rpop(key, self.count)
+                got = await pipe.execute()
+            items = [(bkey, raw) for bkey, values in zip(self._bkeys, got) for raw in values or ()]
+            if items:
+                return items
+            self._busy = False
+        got = await self.client.brpop(self.keys, timeout=self.timeout)
+        if got is None:
+            return []
+        self._busy = True
+        return [(got[0], got[1])]

@@ -16,8 +16,8 @@ Correction x[node] (ms, added to the node's timestamps):
    (NTP's symmetric-delay estimate), else the bound itself (the smallest shift that makes the
    fastest message take 0 ms: a lower bound on the real skew).
 2. Per connected component, a spanning tree over the TIGHTEST evidence (Prim, by interval
-   width; one-sided intervals last) from a reference node (most pair links, ties by name,
-   x = 0); x_B = x_A - estimate(A, B) along the tree.
+   width; one-sided intervals last) from a reference node (x = 0): the node agreeing with
+   the most others (pairs that prove nothing), then the most links, then by name; x_B = x_A - estimate(A, B) along the tree.
 3. Relaxation over ALL observed pairs (x_B = max(x_B, x_A - d(A->B)), Bellman-Ford style)
    so no corrected causal delta stays negative; if that does not converge in |nodes| passes
    the evidence is contradictory (e.g. a clock stepped mid-log): no correction at all is
@@ -73,8 +73,9 @@ def align(pair_min: dict[tuple[str, str], float]) -> ClockResult:
     if not proofs:
         return result
 
+    agree = {n: sum(1 for m in links[n] if frozenset((n, m)) not in seen) for n in links}
     x: dict[str, float] = {}
-    for ref in sorted(links, key=lambda n: (-len(links[n]), n)):
+    for ref in sorted(links, key=lambda n: (-agree[n], -len(links[n]), n)):
         if ref in x:
             continue
         x[ref] = 0.0

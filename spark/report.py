@@ -89,31 +89,36 @@ OUTCOME_COLUMNS = ("answered", "errored", "expired", "lost_or_stuck", "in_flight
 
 # ----------------------------------------------------------------------------- session
 
-def _under_spark_submit() -> bool:
-    return "PYSPARK_GATEWAY_PORT" in os.environ
-
-
 def build_session(master: str | None = None, shuffle_partitions: int | None = None,
                   ui: bool = False):
     """SparkSession with the settings that matter on small machines (DESIGN.md section 6):
-    UTC, AQE on, shuffle partitions 2x cores (unless given), UI off unless `ui`.
-    Driver memory must come from spark-submit `--driver-memory` (or SPARK_DRIVER_MEMORY)."""
+    UTC, AQE on, shuffle partitions 2x cores, UI and console progress off. Settings given
+    to spark-submit (`--conf`, `--master`) win over these defaults; `master` and
+    `shuffle_partitions` given here win over both. Driver memory must come from
+    spark-submit `--driver-memory` (a builder setting is too late once the JVM runs)."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
+    SparkContext._ensure_initialized()   # JVM up (or spark-submit's): SparkConf sees its conf
+    given = SparkConf()
     builder = SparkSession.builder.appName("relay-trace-report")
     if master:
         builder = builder.master(master)
-    elif not _under_spark_submit():
+    elif not given.contains("spark.master"):
         builder = builder.master("local[*]")
-    if shuffle_partitions is None:
-        shuffle_partitions = 2 * (os.cpu_count() or 2)
-    return (builder
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.sql.adaptive.enabled", "true")
-            .config("spark.sql.adaptive.coalescePartitions.enabled", "true")
-            .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-            .config("spark.ui.enabled", "true" if ui else "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate())
+    defaults = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.sql.adaptive.coalescePartitions.enabled": "true",
+        "spark.sql.shuffle.partitions": str(2 * (os.cpu_count() or 2)),
+        "spark.ui.enabled": "true" if ui else "false",
+    }
+    for key, value in defaults.items():
+        if not given.contains(key):
+            builder = builder.config(key, value)
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    if shuffle_partitions is not None:
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    return builder.getOrCreate()
 
 
 # ----------------------------------------------------------------------------- SQL pieces
@@ -571,6 +576,9 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
         "delivery": delivery,
         "sla": sla_results,
         "outputs": outputs,
+        "spark": {"version": spark.version, "master": spark.sparkContext.master,
+                  "app_id": spark.sparkContext.applicationId,
+                  "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions")},
     }
     from spark.page import render
     sample = _slowest_traces(hops, stages)

@@ -48,7 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from .keys import NodeKey, key_id
-from .messages import ExternalMessage, MessageRejected, message_id_of, parse_external_message, shard_hex
+from .messages import ExternalMessage, MessageRejected, message_id_of, parse_external_message
+from .shards import shard_hex
 from .receipts import (
     Accepted, Level, Receipt, ReceiptError, Rejected, SentToValidators, SignedReceipt, Timeout,
     is_source_final, kind_of, sign_receipt, to_json,
@@ -296,9 +297,12 @@ class RempClient:
 
     # -- internals ------------------------------------------------------------------------
 
+    def _ms(self, now: float) -> int:
+        """Unix time in ms for receipt and rempMessage timestamps."""
+        return int(round(self.wall_clock(now) * 1000))
+
     def _own_receipt(self, message_id: bytes, status, now: float) -> SignedReceipt:
-        ts = int(round(self.wall_clock(now) * 1000))
-        return sign_receipt(Receipt(message_id, status, ts, self.key.key_id), self.key)
+        return sign_receipt(Receipt(message_id, status, self._ms(now), self.key.key_id), self.key)
 
     def _reject_locally(self, message_id: bytes, reason: str, shard: int, now: float) -> None:
         self.stats["rejected_by_fullnode"] += 1
@@ -314,8 +318,7 @@ class RempClient:
         self._events.append(FinalStatus(t.msg.id, outcome, kind, reason, now - t.submitted, t.datagrams))
 
     def _send(self, t: _Tracked, kid: bytes, now: float) -> None:
-        ts = int(round(self.wall_clock(now) * 1000))
-        self._out.append((kid, encode_remp_message(t.msg.boc, t.msg.id, ts, self.key)))
+        self._out.append((kid, encode_remp_message(t.msg.boc, t.msg.id, self._ms(now), self.key)))
         t.sent[kid] = now
         t.datagrams += 1
         self.stats["datagrams_sent"] += 1
@@ -370,6 +373,5 @@ def _order_key(receipt: Receipt) -> tuple[int, int, int]:
     return (receipt.timestamp, 1 if is_source_final(kind_of(st)) else 0, int(st.level))
 
 
-def shard_label(shard: int) -> str:
-    """Shard ident as 16 hex digits (event log attribute `shard`)."""
-    return shard_hex(shard)
+#: Shard ident as 16 hex digits (event log attribute `shard`): shards.shard_hex.
+shard_label = shard_hex

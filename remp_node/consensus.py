@@ -202,10 +202,6 @@ def _reader(data: bytes, limit: int = MAX_DATAGRAM) -> TLReader:
         raise ConsensusWireError(str(exc)) from None
 
 
-def _pack_bid(b: BlockIdExt) -> bytes:
-    return b.pack()
-
-
 def nil_block(workchain: int, shard: int, seqno: int) -> BlockIdExt:
     """The nil vote's block id: zero root and file hash."""
     return BlockIdExt(workchain, shard, seqno, ZERO256, ZERO256)
@@ -230,12 +226,12 @@ class Candidate:
     def pack(self) -> bytes:
         """Boxed remp.consensus.candidate (the bytes file_hash is taken over)."""
         return (pack_id(CANDIDATE) + pack_int(self.workchain) + pack_long(self.shard) + pack_int(self.seqno)
-                + _pack_bid(self.prev) + pack_int256(self.collator) + pack_bytes(self.payload))
+                + self.prev.pack() + pack_int256(self.collator) + pack_bytes(self.payload))
 
     @property
     def root_hash(self) -> bytes:
         return hashlib.sha256(pack_id(BLOCK_ROOT) + pack_int(self.workchain) + pack_long(self.shard)
-                              + pack_int(self.seqno) + _pack_bid(self.prev)
+                              + pack_int(self.seqno) + self.prev.pack()
                               + pack_int256(hashlib.sha256(self.payload).digest())).digest()
 
     @property
@@ -260,13 +256,13 @@ class Candidate:
 
 
 def proposal_signed_data(session_id: bytes, round: int, pol_round: int, block: BlockIdExt) -> bytes:
-    return pack_id(PROPOSAL_DATA) + pack_int256(session_id) + pack_int(round) + pack_int(pol_round) + _pack_bid(block)
+    return pack_id(PROPOSAL_DATA) + pack_int256(session_id) + pack_int(round) + pack_int(pol_round) + block.pack()
 
 
 def vote_signed_data(session_id: bytes, kind: int, round: int, block: BlockIdExt) -> bytes:
     """The bytes a prevote/precommit signature covers; BlockAccepted.signatures are ed25519
     signatures of vote_signed_data(session_id, PRECOMMIT, round, block_id)."""
-    return pack_id(VOTE_DATA) + pack_int256(session_id) + pack_int(kind) + pack_int(round) + _pack_bid(block)
+    return pack_id(VOTE_DATA) + pack_int256(session_id) + pack_int(kind) + pack_int(round) + block.pack()
 
 
 @dataclass(frozen=True)
@@ -298,7 +294,7 @@ class Vote:
 
     def pack(self) -> bytes:
         return (pack_id(VOTE) + pack_int256(self.session_id) + pack_int(self.kind) + pack_int(self.round)
-                + pack_int256(self.who) + _pack_bid(self.block) + pack_int512(self.signature))
+                + pack_int256(self.who) + self.block.pack() + pack_int512(self.signature))
 
     def signed_data(self) -> bytes:
         return vote_signed_data(self.session_id, self.kind, self.round, self.block)
@@ -392,7 +388,7 @@ def make_vote(key: NodeKey, session_id: bytes, kind: int, round: int, block: Blo
 
 def session_id_for(workchain: int, shard: int, start_seqno: int, prev: BlockIdExt, members: list[bytes]) -> bytes:
     """Default session id: sha256 of boxed remp.consensus.session (members = public keys)."""
-    body = [pack_id(SESSION), pack_int(workchain), pack_long(shard), pack_int(start_seqno), _pack_bid(prev),
+    body = [pack_id(SESSION), pack_int(workchain), pack_long(shard), pack_int(start_seqno), prev.pack(),
             pack_int(len(members))] + [pack_int256(m) for m in members]
     return hashlib.sha256(b"".join(body)).digest()
 

@@ -9,9 +9,8 @@ hash of message boc); TL-B `message$_ info:CommonMsgInfo init:(Maybe ...) body:(
 Cells are parsed only by pytoniq-core (never by hand). Unknown account and failed
 pre-execution are decided against the shard state (state.py), not here.
 
-Shards use TON's 64-bit "prefix with tag" form: a shard of depth d has the account-prefix
-bits in its top d bits, then a single 1 bit (the tag), then zeros. The whole workchain is
-0x8000000000000000; 2 shards: 0x4000000000000000 and 0xC000000000000000.
+Shards (TON's 64-bit "prefix with tag" idents): shards.py; shard_prefixes, shard_depth,
+shard_contains, shard_for_account and shard_hex are re-exported here.
 """
 from __future__ import annotations
 
@@ -23,13 +22,16 @@ from typing import Iterable
 from pytoniq_core import Address, Cell, MessageAny
 from pytoniq_core.tlb.transaction import ExternalMsgInfo, ExternalOutMsgInfo, InternalMsgInfo
 
+# the shard helpers live in shards.py; re-exported here for existing importers
+from .shards import (FULL_SHARD, shard_contains, shard_depth, shard_for_account,  # noqa: F401
+                     shard_hex, shard_prefixes)
+
 #: Largest accepted message BOC (bytes); bigger ones get RejectedByFullnode (DESIGN.md s. 4).
 MAX_MESSAGE_SIZE = 65535
 #: Cell tree depth limit: depth >= MAX_MESSAGE_DEPTH is refused (DESIGN.md section 4).
 MAX_MESSAGE_DEPTH = 512
-#: The full-workchain shard ident.
-SHARD_FULL = 0x8000000000000000
-_U64 = (1 << 64) - 1
+#: The full-workchain shard ident (shards.FULL_SHARD).
+SHARD_FULL = FULL_SHARD
 
 
 class MessageRejected(ValueError):
@@ -155,51 +157,6 @@ def message_id_of(boc: bytes) -> bytes | None:
     except Exception:
         return None
     return roots[0].hash if len(roots) == 1 else None
-
-
-# --- shards --------------------------------------------------------------------------------
-
-def shard_prefixes(count: int) -> list[int]:
-    """The `count` equal shards of one workchain (count a power of two, 1..256), ascending:
-    shard_prefixes(1) == [0x8000000000000000]; shard_prefixes(2) == [0x4000000000000000,
-    0xC000000000000000]. Raises ValueError otherwise."""
-    if count < 1 or count > 256 or count & (count - 1):
-        raise ValueError(f"shard count must be a power of two in 1..256, got {count}")
-    depth = count.bit_length() - 1
-    tag = 1 << (63 - depth)
-    return [(i << (64 - depth)) & _U64 | tag for i in range(count)]
-
-
-def shard_depth(shard: int) -> int:
-    """Number of prefix bits of a shard ident (0 for SHARD_FULL). ValueError if shard == 0."""
-    shard &= _U64
-    if shard == 0:
-        raise ValueError("shard ident 0 is invalid (no tag bit)")
-    return 63 - ((shard & -shard).bit_length() - 1)
-
-
-def shard_contains(shard: int, account: bytes) -> bool:
-    """True iff the 32-byte `account` id falls into `shard` (its top shard_depth bits equal
-    the shard's prefix)."""
-    shard &= _U64
-    low = shard & -shard
-    mask = ~((low << 1) - 1) & _U64
-    prefix = int.from_bytes(account[:8], "big")
-    return (prefix & mask) == (shard & mask)
-
-
-def shard_for_account(account: bytes, shards: Iterable[int]) -> int:
-    """The shard among `shards` (a partition of one workchain) holding `account`.
-    Raises ValueError if none does."""
-    for s in shards:
-        if shard_contains(s, account):
-            return s & _U64
-    raise ValueError(f"no shard holds account {account.hex()}")
-
-
-def shard_hex(shard: int) -> str:
-    """Shard ident as 16 hex digits (receipt JSON, event logs), e.g. '4000000000000000'."""
-    return f"{shard & _U64:016x}"
 
 
 def parse_account_id(dst: str) -> tuple[int, bytes]:

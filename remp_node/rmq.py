@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-from .cache import AddResult, CacheStatus, MessageCache, LIFETIME_SESSIONS
+from .cache import AddResult, CacheStatus, MessageCache
 from .keys import NodeKey, key_id
 from .tl import (TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256, pack_long,
                  tl_constructor_id)

@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .keys import key_id
+from .shards import (FULL_SHARD, U64, ShardError, is_valid_shard, shard_contains,  # noqa: F401
+                     shard_for_account, shard_hex, shard_range, split_shards)
 from .tl import pack_id, pack_int, pack_int256, pack_long, tl_constructor_id
 
-U64 = (1 << 64) - 1
 MASTERCHAIN = -1
-FULL_SHARD = 0x8000000000000000
-"""The shard prefix covering a whole workchain; the masterchain's only shard."""
 GENESIS_MASTER_HASH = bytes(32)
 """`prev_master_block_hash` to use for session 0 (there is no previous master block)."""
 
@@ -45,47 +44,8 @@ class ScheduleError(ValueError):
     """Invalid zerostate config or schedule argument."""
 
 
-# --- shards ---------------------------------------------------------------------------
-
-def _lower_bit(x: int) -> int:
-    return x & -x
-
-
-def is_valid_shard(shard: int) -> bool:
-    """True iff `shard` is a 64-bit TON shard prefix (non-zero, < 2**64)."""
-    return isinstance(shard, int) and 0 < shard <= U64
-
-
-def shard_range(shard: int) -> tuple[int, int]:
-    """[lo, hi) of the 64-bit account-id prefixes covered by `shard`."""
-    if not is_valid_shard(shard):
-        raise ScheduleError(f"invalid shard prefix {shard!r}")
-    lb = _lower_bit(shard)
-    lo = shard & ~((lb << 1) - 1) & U64
-    return lo, lo + (lb << 1)
-
-
-def shard_contains(shard: int, account_hash: bytes) -> bool:
-    """TON `shard_contains`: does `shard` cover the account id (>= 8 bytes, big-endian prefix)?"""
-    if len(account_hash) < 8:
-        raise ScheduleError(f"account id must be >= 8 bytes, got {len(account_hash)}")
-    lo, hi = shard_range(shard)
-    prefix = int.from_bytes(account_hash[:8], "big")
-    return lo <= prefix < hi
-
-
-def split_shards(depth: int) -> list[int]:
-    """The 2**depth equal shards of a workchain, e.g. depth 1 -> [0x4000.., 0xC000..]."""
-    if not 0 <= depth <= 8:
-        raise ScheduleError(f"shard split depth must be 0..8, got {depth}")
-    step = 1 << (64 - depth)
-    return [i * step + (step >> 1) for i in range(1 << depth)]
-
-
-def shard_hex(shard: int) -> str:
-    """Shard as 16 hex digits (the receipts' JSON form)."""
-    return f"{shard & U64:016x}"
-
+# --- shards (shards.py; re-exported: is_valid_shard, shard_range, shard_contains, split_shards,
+# shard_hex, FULL_SHARD, U64) -----------------------------------------------------------
 
 def _parse_shard(value: Any) -> int:
     if isinstance(value, str):
@@ -117,13 +77,14 @@ def check_shard_cover(shards: Iterable[int]) -> list[int]:
 def shard_of(shards: "ZeroStateConfig | Iterable[int]", account_hash: bytes) -> int:
     """The shard (of a config or a shard list) holding account id `account_hash` (32 bytes).
 
-    Raises ScheduleError if no shard contains it (shards not a cover)."""
+    Raises ScheduleError if no shard contains it (shards not a cover) or an input is
+    invalid (shards.shard_for_account)."""
     if isinstance(shards, ZeroStateConfig):
         shards = shards.shards
-    for s in shards:
-        if shard_contains(s, account_hash):
-            return s
-    raise ScheduleError(f"no shard contains account {bytes(account_hash[:8]).hex()}..")
+    try:
+        return shard_for_account(account_hash, shards)
+    except ShardError as exc:
+        raise ScheduleError(str(exc)) from None
 
 
 # --- config ---------------------------------------------------------------------------

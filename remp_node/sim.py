@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .client import FinalStatus, ReceiptEvent, RempClient
 from .keys import NodeKey
-from .messages import shard_prefixes
+from .shards import shard_prefixes
 from .network import SimNetwork
 from .receipts import ReceiptError, SignedReceipt, to_json
 from .schedule import ValidatorInfo, ZeroStateConfig
 from .state import ZeroState, build_zero_state
 from .validator import (CH_CLIENT, CHANNEL_NAMES, ForkBlamed, MasterBlockAccepted, ReceiptSent,
-                        ShardBlockAccepted, ValidatorCore, ZERO32, demux, mux)
+                        ValidatorCore, ZERO32, demux, mux)
 from .wire import WireError, decode_datagram
 
 __all__ = ["Simulation", "SimConfig", "classify_datagram"]
@@ -205,8 +205,6 @@ class Simulation:
             self.blames[i].add(ev.source)
         elif isinstance(ev, MasterBlockAccepted):
             if self.validators[i] is self._view():
-                for sb in ev.shard_blocks:
-                    pass
                 for mid in ev.messages:
                     self.committed[mid].append(ev.block_id)
         if not isinstance(ev, ReceiptSent):

@@ -31,10 +31,8 @@ from pytoniq_core import Address, Builder, Cell, MessageAny
 from pytoniq_core.tlb.transaction import ExternalMsgInfo
 
 from .keys import NodeKey, verify
-from .messages import (
-    ExternalMessage, MessageRejected, parse_account_id, shard_contains, shard_for_account,
-    shard_hex, shard_prefixes,
-)
+from .messages import ExternalMessage, MessageRejected, parse_account_id
+from .shards import shard_contains, shard_for_account, shard_hex, shard_prefixes
 
 #: Largest amount a Coins field holds (VarUInteger 16: 15 bytes).
 MAX_AMOUNT = (1 << 120) - 1

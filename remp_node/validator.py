@@ -44,7 +44,6 @@ local misuse raises ValidatorError.
 """
 from __future__ import annotations
 
-import hashlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -59,6 +58,7 @@ from .rmq import (MessageAcceptedByQueue, MessageDuplicate, MessageQueued, Messa
                   RecordDropped, ReliableMessageQueue, SourceBlamed)
 from .schedule import (GENESIS_MASTER_HASH, ZeroStateConfig, masterchain_members, master_session_at,
                        session_start, shard_groups)
+from .shards import shard_contains
 from .state import ShardState, ZeroState
 from .tl import (ZERO_BLOCK_ID, BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int,
                  pack_int256, pack_long, tl_constructor_id)
@@ -533,7 +533,6 @@ class ValidatorCore:
 
     # -- helpers ------------------------------------------------------------------------------------
     def _in_shard(self, parsed, shard: int) -> bool:
-        from .messages import shard_contains
         return parsed.workchain == self.workchain and shard_contains(shard, parsed.account)
 
     def _shard_of(self, parsed) -> int | None:

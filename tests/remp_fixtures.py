@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from pytoniq_core import Address, Cell, MessageAny
+from pytoniq_core import Cell, MessageAny
 from pytoniq_core.tlb.transaction import ExternalMsgInfo
 
 from remp_node.cache import MessageCache

@@ -115,6 +115,31 @@ def test_shards():
         shard_prefixes(3)
 
 
+def test_one_shard_implementation_behind_messages_and_schedule():
+    """messages.py and schedule.py re-export shards.py (one implementation); the split by
+    count and by depth agree; invalid input raises ShardError (schedule.shard_of: ScheduleError)."""
+    from remp_node import messages, schedule, shards
+    for name in ("shard_contains", "shard_hex", "shard_prefixes", "shard_for_account", "shard_depth"):
+        assert getattr(messages, name) is getattr(shards, name)
+    for name in ("shard_contains", "shard_hex", "split_shards", "shard_range", "is_valid_shard", "FULL_SHARD"):
+        assert getattr(schedule, name) is getattr(shards, name)
+    for d in range(9):
+        assert shards.split_shards(d) == shards.shard_prefixes(1 << d)
+        assert all(shards.shard_depth(s) == d for s in shards.split_shards(d))
+        assert schedule.check_shard_cover(shards.split_shards(d))
+    acc = bytes.fromhex("6a") + bytes(31)
+    assert [shards.shard_contains(s, acc) for s in shards.split_shards(2)] == [False, True, False, False]
+    assert shards.shard_for_account(acc, shards.split_shards(3)) == 0x7000000000000000
+    assert schedule.shard_of(shards.split_shards(3), acc) == 0x7000000000000000
+    for bad in (lambda: shards.shard_contains(0, acc), lambda: shards.shard_contains(1 << 64, acc),
+                lambda: shards.shard_contains(shards.FULL_SHARD, b"\x01" * 7), lambda: shards.split_shards(9),
+                lambda: shards.shard_for_account(acc, [0xC000000000000000])):
+        with pytest.raises(shards.ShardError):
+            bad()
+    with pytest.raises(schedule.ScheduleError):
+        schedule.shard_of([0xC000000000000000], acc)
+
+
 def test_real_messages_split_across_two_shards(shared_data):
     rows = _lines(shared_data / "ton" / "ext_messages.jsonl")
     shards = {shard_for_account(bytes.fromhex(r["dst"].split(":")[1]), shard_prefixes(2)) for r in rows}

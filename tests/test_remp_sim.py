@@ -12,7 +12,7 @@ import pytest
 from pytoniq_core import Cell
 
 from remp_node.consensus import quorum
-from remp_node.messages import parse_external_message, shard_contains
+from remp_node.messages import parse_external_message
 from remp_node.receipts import verify_receipt_json
 from remp_node.sim import SimConfig, Simulation
 from remp_node.validator import CH_CLIENT, CH_RMQ, CH_SHARD, ShardBlockAccepted, mux

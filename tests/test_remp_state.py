@@ -10,7 +10,7 @@ from pytoniq_core import Builder
 from remp_node.keys import NodeKey
 from remp_node.messages import MessageRejected, parse_external_message
 from remp_node.state import (
-    ShardState, build_zero_state, decode_wallet_body, make_wallet_message, real_message_destinations,
+    build_zero_state, decode_wallet_body, make_wallet_message, real_message_destinations,
     wallet_address, zero_state_from_config,
 )
 

@@ -9,9 +9,12 @@ Prints:
      client through two Redis lists) at the same offered load, and its max throughput.
 Targets: >= 2,000 requests/s sustained; p99 <= 20 ms at 1,000 requests/s.
 
-    .venv/bin/python bench/bench_roundtrip.py [--duration 8] [--rate 1000] [--inflight 256]
+    .venv/bin/python bench/bench_roundtrip.py [--duration 5] [--rounds 3] [--rate 1000] [--inflight 256]
 
-Each phase is bounded (--duration seconds, default 8; <= 20 s). Not part of the test suite.
+Warm-up (200 calls + 2 s closed loop), then --rounds rounds of each phase (default 3), best
+and median reported; the latency rounds also print a histogram and the p99 of every second
+(a periodic stall shows up as one bad second). Each phase round is bounded (--duration s,
+default 5, <= 20), so a run takes about 2 x rounds x duration + 30 s. Not part of the test suite.
 Also printed: CPU time per round trip of every process (utime+stime from /proc during the
 throughput phase), which is stable even when other jobs share the cores, and the ceiling it
 implies on idle cores.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -184,13 +188,60 @@ def service_main(redis_url: str) -> None:
     asyncio.run(run())
 
 
+def histogram(lat: list[float]) -> str:
+    """Counts per latency bucket (ms), to see whether the tail is a bump (a periodic stall,
+    GC, a blocking lookup) or a smear (CPU starvation)."""
+    edges = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, float("inf")]
+    counts = [0] * len(edges)
+    for v in lat:
+        for i, e in enumerate(edges):
+            if v < e:
+                counts[i] += 1
+                break
+    out, lo = [], 0
+    for e, n in zip(edges, counts):
+        if n:
+            out.append(f"{lo:g}-{e:g}: {n}" if e != float("inf") else f">={lo:g}: {n}")
+        lo = e
+    return ", ".join(out)
+
+
+def timeline(samples: list[tuple[float, float]], step: float = 1.0) -> str:
+    """p99 (ms) per `step` s of issue time: a periodic stall shows up as one bad second."""
+    if not samples:
+        return ""
+    t0 = samples[0][0]
+    buckets: dict[int, list[float]] = {}
+    for t, v in samples:
+        buckets.setdefault(int((t - t0) / step), []).append(v)
+    return " ".join(f"{pct(v, .99):.0f}" for _, v in sorted(buckets.items()))
+
+
+async def open_loop_timed(call, rate: float, duration: float):
+    """Like open_loop, also returning (issue time, latency ms) samples."""
+    samples: list[tuple[float, float]] = []
+
+    async def timed() -> bool:
+        t0 = time.perf_counter()
+        good = await call()
+        if good:
+            samples.append((t0, (time.perf_counter() - t0) * 1000.0))
+        return good
+    lat, errors, achieved = await open_loop(timed, rate, duration)
+    samples.sort()
+    return lat, errors, achieved, samples
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=8.0, help="seconds per phase (<= 20)")
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds per phase and round (<= 20)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of each phase after the warm-up; best and median (default 3)")
     ap.add_argument("--rate", type=float, default=1000.0, help="offered load for latency, req/s")
     ap.add_argument("--inflight", type=int, default=256, help="concurrent calls for throughput")
     opts = ap.parse_args()
     duration = min(opts.duration, 20.0)
+    rounds = max(1, min(opts.rounds, 10))
     tmp = Path(tempfile.mkdtemp(prefix="bench-rmb-"))
     with EmbeddedRedis() as srv:
         async with RmbCluster(srv.url, tmp, log_to_files=True) as c:
@@ -212,31 +263,47 @@ async def main() -> None:
                     failures.append(f"{reply.code} {reply.message}")
                 return reply.ok and reply.data == PAYLOAD
 
-            print("pids: " + ", ".join(f"{k} {v}" for k, v in {
-                "client": os.getpid(), "peer A": pa.proc.pid, "relay": relay.proc.pid,
-                "peer B": pb.proc.pid, "service": svc_proc.pid, "redis": srv.proc.pid}.items()),
-                flush=True)
+            procs = {"client": os.getpid(), "peer A": pa.proc.pid, "relay": relay.proc.pid,
+                     "peer B": pb.proc.pid, "service": svc_proc.pid, "redis": srv.proc.pid}
+            print("pids: " + ", ".join(f"{k} {v}" for k, v in procs.items()), flush=True)
             try:
+                print(f"rmb round trip: app -> peer -> relay -> peer -> service and back "
+                      f"(e2e encrypted, {len(PAYLOAD)} B payload, 4 processes + Redis, "
+                      f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, logs at info)")
                 for _ in range(200):  # warm up: caches, connections
                     await rmb_call()
-                print(f"rmb round trip: app -> peer -> relay -> peer -> service and back "
-                      f"(e2e encrypted, {len(PAYLOAD)} B payload, 4 processes + Redis, {os.cpu_count()} cores)")
-                procs = {"client": os.getpid(), "peer A": pa.proc.pid, "relay": relay.proc.pid,
-                         "peer B": pb.proc.pid, "service": svc_proc.pid, "redis": srv.proc.pid}
-                before = {k: cpu_seconds(p) for k, p in procs.items()}
-                rps, ok, err = await closed_loop(rmb_call, opts.inflight, duration)
-                print(f"  max sustained: {rps:,.0f} requests/s ({ok} ok, {err} errors, "
-                      f"{opts.inflight} in flight, {duration:.0f} s)   target >= 2,000/s")
-                cost = {k: (cpu_seconds(p) - before[k]) / max(ok, 1) * 1e6 for k, p in procs.items()}
-                print("  CPU per round trip (us): " + ", ".join(f"{k} {v:.0f}" for k, v in cost.items())
-                      + f"; total {sum(cost.values()):.0f} us"
-                      + f" -> CPU-bound ceiling on {os.cpu_count()} idle cores ~ "
-                      + f"{os.cpu_count() * 1e6 / max(sum(cost.values()), 1):,.0f}/s")
-                await asyncio.sleep(1.0)
-                lat, err, achieved = await open_loop(rmb_call, opts.rate, duration)
-                print(f"  at {opts.rate:,.0f} req/s offered: p50 {pct(lat, .50):.2f} ms, "
-                      f"p99 {pct(lat, .99):.2f} ms, max {max(lat):.2f} ms "
-                      f"({len(lat)} ok, {err} errors, {achieved:,.0f}/s completed)   target p99 <= 20 ms")
+                await closed_loop(rmb_call, opts.inflight, min(duration, 2.0))
+                rates, costs = [], []
+                for r in range(rounds):
+                    before = {k: cpu_seconds(p) for k, p in procs.items()}
+                    rps, ok, err = await closed_loop(rmb_call, opts.inflight, duration)
+                    cost = {k: (cpu_seconds(p) - before[k]) / max(ok, 1) * 1e6 for k, p in procs.items()}
+                    rates.append(rps)
+                    costs.append(cost)
+                    print(f"  round {r + 1}: {rps:,.0f} requests/s ({ok} ok, {err} errors, "
+                          f"{opts.inflight} in flight, {duration:.0f} s); CPU us per round trip: "
+                          + ", ".join(f"{k} {v:.0f}" for k, v in cost.items())
+                          + f"; total {sum(cost.values()):.0f}", flush=True)
+                med = {k: statistics.median(c[k] for c in costs) for k in procs}
+                total = sum(med.values())
+                print(f"  max sustained: best {max(rates):,.0f} requests/s, median "
+                      f"{statistics.median(rates):,.0f}/s   target >= 2,000/s")
+                print("  CPU per round trip (median, us): " + ", ".join(f"{k} {v:.0f}" for k, v in med.items())
+                      + f"; total {total:.0f} us -> CPU-bound ceiling on {os.cpu_count()} idle cores ~ "
+                      + f"{os.cpu_count() * 1e6 / max(total, 1):,.0f}/s")
+                p99s = []
+                for r in range(rounds):
+                    await asyncio.sleep(1.0)
+                    lat, err, achieved, samples = await open_loop_timed(rmb_call, opts.rate, duration)
+                    p99s.append(pct(lat, .99))
+                    print(f"  round {r + 1} at {opts.rate:,.0f} req/s offered: p50 {pct(lat, .50):.2f} ms, "
+                          f"p99 {pct(lat, .99):.2f} ms, p99.9 {pct(lat, .999):.2f} ms, max {max(lat):.2f} ms "
+                          f"({len(lat)} ok, {err} errors, {achieved:,.0f}/s completed, load "
+                          f"{os.getloadavg()[0]:.1f})", flush=True)
+                    print(f"    histogram (ms): {histogram(lat)}")
+                    print(f"    p99 per second: {timeline(samples)}")
+                print(f"  p99 at {opts.rate:,.0f} req/s: best {min(p99s):.2f} ms, median "
+                      f"{statistics.median(p99s):.2f} ms   target p99 <= 20 ms")
                 if failures:
                     print("  sample failures:", failures)
             finally:

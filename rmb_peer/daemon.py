@@ -54,6 +54,8 @@ __all__ = ["PeerDaemon", "build_parser", "parse_args", "relay_url", "relay_domai
 DRAIN_COUNT = 256
 #: Lifetime of the relay authentication token, seconds.
 TOKEN_TTL = 60
+#: Twin records held by the refresh-ahead cache (cleared when full).
+MAX_TWIN_RECORDS = 100_000
 #: Linux TCP_CORK (None elsewhere): set while a batch of frames is written.
 _TCP_CORK = getattr(socket, "TCP_CORK", None)
 
@@ -214,6 +216,9 @@ class PeerDaemon:
         self.redis: aioredis.Redis | None = None
         self.writer: RedisWriter | None = None
         self._conns: dict[str, _Conn] = {}
+        #: twin id -> (record, expires, refresh after) on the monotonic clock
+        self._twins: dict[int, tuple[Any, float, float]] = {}
+        self._refreshing: set[int] = set()
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -342,12 +347,43 @@ class PeerDaemon:
 
     # ------------------------------------------------------------------ core plumbing
     async def _twin(self, twin_id: int) -> Any:
+        """The twin record (None: unknown twin; an Exception: lookup failed), cached for
+        --twin-cache-ttl s with refresh-ahead: a record used in the second half of its TTL
+        is re-fetched in the background, so the hot path never waits on the registry while
+        twins keep being used (a registry round trip in line stalled every message behind
+        it: a latency tail). A record is never used past its TTL."""
+        hit = self._twins.get(twin_id)
+        if hit is not None:
+            now = time.monotonic()
+            if now < hit[1]:
+                if now >= hit[2] and twin_id not in self._refreshing:
+                    self._refreshing.add(twin_id)
+                    self._spawn(self._refresh_twin(twin_id))
+                return hit[0]
+        return await self._fetch_twin(twin_id)
+
+    async def _fetch_twin(self, twin_id: int) -> Any:
+        ttl = self.args.twin_cache_ttl
+        started = time.monotonic()
+        self.directory.invalidate(twin_id)   # a fresh record: its age is known
         try:
-            return await self.directory.get(twin_id)
+            twin = await self.directory.get(twin_id)
         except UnknownTwin:
+            self._twins.pop(twin_id, None)
             return None
         except DirectoryError as exc:
             return exc
+        if ttl > 0:
+            if len(self._twins) >= MAX_TWIN_RECORDS:
+                self._twins.clear()
+            self._twins[twin_id] = (twin, started + ttl, started + ttl / 2)
+        return twin
+
+    async def _refresh_twin(self, twin_id: int) -> None:
+        try:
+            await self._fetch_twin(twin_id)   # a failure keeps the record until its TTL
+        finally:
+            self._refreshing.discard(twin_id)
 
     def _after(self) -> None:
         """Execute the core's events, then re-arm the timer."""

@@ -285,6 +285,12 @@ class EventLog:
         ).bind()  # the concrete bound logger: no lazy proxy on every call
 
     def emit(self, event: str, trace_id: str | None = None, level: str = "info", **attrs) -> None:
+        self.emit_attrs(event, trace_id, level, attrs)
+
+    def emit_attrs(self, event: str, trace_id: str | None, level: str, attrs: dict[str, object]) -> None:
+        """emit() with the attributes as one dict: needed for attribute names that
+        collide with emit's own parameters (REMP's `level`, the status level 0..4, seed:
+        remp-protocol-b). Same checks and errors as emit()."""
         spec = self.specs.get(event)
         if spec is None:
             raise EventLogError(f"event {event!r} is not in this daemon's catalogues")

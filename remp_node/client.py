@@ -77,6 +77,28 @@ class RempClientEvent:
 
 
 @dataclass(frozen=True)
+class MessageReceived(RempClientEvent):
+    """A user submitted a message (first event of every submit, also of refused ones).
+    message_id: 32 bytes; size: BOC bytes; shard: destination shard ident (0 if unknown)."""
+
+    message_id: bytes
+    size: int
+    shard: int = 0
+
+
+@dataclass(frozen=True)
+class MessageSent(RempClientEvent):
+    """One tonNode.rempMessage datagram for the message went to validator `peer` (key id,
+    32 bytes); size: datagram bytes; count: distinct validators reached so far."""
+
+    message_id: bytes
+    peer: bytes
+    shard: int
+    size: int
+    count: int
+
+
+@dataclass(frozen=True)
 class ReceiptEvent(RempClientEvent):
     """A status of a message: produced by this full node (origin "fullnode":
     SentToValidators, RejectedByFullnode, Finalized, Timeout) or received from a validator
@@ -192,15 +214,20 @@ class RempClient:
             msg = parse_external_message(boc, (self.states.workchain,))
         except MessageRejected as exc:
             mid = message_id_of(boc) or hashlib.sha256(bytes(boc)).digest()
+            self._events.append(MessageReceived(mid, len(boc), 0))
             self._reject_locally(mid, exc.reason, 0, now)
             return mid
         if msg.id in self._tracked:
             return msg.id
         try:
-            self.states.state_for(msg.dst).precheck(msg, wall)
             shard = self.states.shard_of(msg.dst)
+        except ValueError:
+            shard = 0
+        self._events.append(MessageReceived(msg.id, len(boc), shard))
+        try:
+            self.states.state_for(msg.dst).precheck(msg, wall)
         except MessageRejected as exc:
-            self._reject_locally(msg.id, exc.reason, 0, now)
+            self._reject_locally(msg.id, exc.reason, shard, now)
             return msg.id
         self._finished.pop(msg.id, None)
         self._tracked[msg.id] = _Tracked(msg, shard, now, now + self.lifetime, now)
@@ -283,7 +310,7 @@ class RempClient:
         self._tick(now)
 
     def next_event(self) -> RempClientEvent | None:
-        """The next ReceiptEvent / FinalStatus, or None."""
+        """The next MessageReceived / MessageSent / ReceiptEvent / FinalStatus, or None."""
         return self._events.popleft() if self._events else None
 
     def pending(self) -> list[bytes]:
@@ -318,8 +345,10 @@ class RempClient:
         self._events.append(FinalStatus(t.msg.id, outcome, kind, reason, now - t.submitted, t.datagrams))
 
     def _send(self, t: _Tracked, kid: bytes, now: float) -> None:
-        self._out.append((kid, encode_remp_message(t.msg.boc, t.msg.id, self._ms(now), self.key)))
+        data = encode_remp_message(t.msg.boc, t.msg.id, self._ms(now), self.key)
+        self._out.append((kid, data))
         t.sent[kid] = now
+        self._events.append(MessageSent(t.msg.id, kid, t.shard, len(data), len(t.sent)))
         t.datagrams += 1
         self.stats["datagrams_sent"] += 1
 

@@ -31,4 +31,16 @@ REMP_EVENTS = Catalogue("remp", [
     E("remp.fullnode.dropped", "the full node dropped a datagram from a validator (malformed, "
       "unknown source or bad signature; reason = exact error)",
       {"peer": "string", "reason": "string", "size": "long"}),
+    # validator node (remp_node/validator.py events, mapped by remp_node/eventmap.py)
+    E("remp.validator.blamed", "a catchain or consensus of this validator proved that `peer` "
+      "(key id prefix) signed two blocks at one height (fork / equivocation); the source is blamed",
+      {"peer": "string", "shard": "string", "session": "long"}),
+    E("remp.validator.dropped", "the validator dropped remote input (channel = client, rmq, "
+      "shard, master, announce or mux; peer = sender key id prefix; reason = exact error)",
+      {"peer": "string", "channel": "string", "reason": "string"}),
+    E("remp.validator.session", "the validator entered master session `session` (count = shards "
+      "whose RMQ it serves; roles = shard:current|previous, comma separated)",
+      {"session": "long", "count": "long", "roles": "string"}),
+    E("remp.shardchain.accepted", "a shard block was accepted by its group (count = messages "
+      "in it)", {"shard": "string", "block_seqno": "long", "session": "long", "count": "long"}),
 ])

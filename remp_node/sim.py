@@ -5,6 +5,12 @@ validator.ValidatorCore per validator, one client.RempClient (the full node), an
 cores over network.SimNetwork (seeded loss, duplication, reordering, crashes, targeted
 drops). Simulated time is free: the loop jumps to the next due datagram or timer.
 
+With `event_log=factory` (factory(service, node) -> daemon_runtime EventLog) the run also
+writes real event logs through eventmap.py: one log per validator (service remp-validator),
+one for the full node (remp-fullnode) and one for the masterchain as seen by the first live
+validator (remp-masterchain); node = key id hex prefix (8 digits), trace_id = message id
+hex. Line timestamps are the real clock (EventLog's), not the simulated one.
+
 It collects every receipt the full node receives (validators' datagrams, before the client
 core filters anything) and every receipt the full node produces itself, as the seed's JSON
 (receipts.to_json), plus the validators' blame, block and final-status events.
@@ -19,6 +25,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .client import FinalStatus, ReceiptEvent, RempClient
+from .eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records,
+                       emit_records, fullnode_dropped_record, peer_label, validator_records)
 from .keys import NodeKey
 from .shards import shard_prefixes
 from .network import SimNetwork
@@ -87,8 +95,10 @@ class Simulation:
     -> [(master block id, shard block id)] in the masterchain of the first live validator)."""
 
     def __init__(self, cfg: SimConfig, *, wallets: Iterable[tuple[bytes, int]] = (),
-                 open_accounts: Iterable[str] = ()):
+                 open_accounts: Iterable[str] = (), event_log: Callable[[str, str], object] | None = None):
         self.cfg = cfg
+        self._log_factory = event_log
+        self.logs: dict[tuple[str, str], object] = {}    # (service, node) -> EventLog
         self.now = cfg.t0
         self.keys = [NodeKey.from_seed(hashlib.sha256(f"remp-sim:{cfg.seed}:{i}".encode()).digest())
                      for i in range(cfg.validators)]
@@ -160,9 +170,26 @@ class Simulation:
         except ReceiptError as exc:
             self.bad_receipts.append(str(exc))
 
+    # -- event logs -----------------------------------------------------------------------------
+    def _log(self, service: str, key_id: bytes, records) -> None:
+        if self._log_factory is None or not records:
+            return
+        node = peer_label(key_id)
+        log = self.logs.get((service, node))
+        if log is None:
+            log = self.logs[(service, node)] = self._log_factory(service, node)
+        emit_records(log, records)
+
+    def close_logs(self) -> None:
+        """Flush and close every event log the factory opened."""
+        for log in self.logs.values():
+            log.close()
+
     def _drain_client(self) -> None:
         while (ev := self.client.next_event()) is not None:
             self.client_events.append(ev)
+            if self._log_factory is not None:
+                self._log(SERVICE_FULLNODE, self.fullnode_id, client_records(ev))
             if isinstance(ev, ReceiptEvent) and ev.origin == "fullnode":
                 self._record_receipt(ev.signed())
             elif isinstance(ev, FinalStatus):
@@ -201,6 +228,13 @@ class Simulation:
         self._dirty.clear()
 
     def _on_validator_event(self, i: int, ev) -> None:
+        if self._log_factory is not None:
+            kid = self.validators[i].key.key_id
+            if isinstance(ev, MasterBlockAccepted):
+                if self.validators[i] is self._view():
+                    self._log(SERVICE_MASTERCHAIN, kid, validator_records(ev))
+            else:
+                self._log(SERVICE_VALIDATOR, kid, validator_records(ev))
         if isinstance(ev, ForkBlamed):
             self.blames[i].add(ev.source)
         elif isinstance(ev, MasterBlockAccepted):
@@ -221,6 +255,8 @@ class Simulation:
             self.client.receive_datagram(body, src, self.now)
         except (ValueError, WireError, ReceiptError) as exc:
             self.bad_receipts.append(f"{type(exc).__name__}: {exc}")
+            if self._log_factory is not None:
+                self._log(SERVICE_FULLNODE, self.fullnode_id, [fullnode_dropped_record(src, str(exc), len(data))])
         self._dirty.add("client")
 
     def _next_time(self) -> float:

@@ -129,7 +129,7 @@ def test_session_switch_also_sends_to_next_group():
     dsts = [d for _, d in net.delivered]
     assert sum(d in {v.key_id for v in G1} for d in dsts) == 3  # t = 0, 2, 4
     assert sum(d in {v.key_id for v in G2} for d in dsts) == 1  # from t = 4 on
-    sent = [e.receipt.status for e in net.events if e.kind == "SentToValidators"]
+    sent = [e.receipt.status for e in net.events if isinstance(e, ReceiptEvent) and e.kind == "SentToValidators"]
     assert (sent[-1].sent_to, sent[-1].total_validators) == (4, 14)
 
 

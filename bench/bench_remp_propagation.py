@@ -14,6 +14,8 @@ one at a time, 1 s apart. Per message we count
           blocks re-sent by getDifference/getBlock answers), plus RMQ body queries/answers;
 and, separately, every RMQ-channel datagram in the window divided by the messages
 ("rmq all", includes the catchain's periodic getDifference sync that runs regardless).
+Also per message: "receipts", the signed receipt datagrams validators send to the full node
+(one per status per validator; the reference batches them, see remp_node/validator.py).
 
 Run: .venv/bin/python bench/bench_remp_propagation.py [--messages 10] [--n 4 7 16]
 """
@@ -49,6 +51,8 @@ def measure(n: int, messages: int, seed: int = 7) -> dict:
             if mid in data:
                 if kind == CH_CLIENT and data[33:37] == REMP_MESSAGE_ID:   # not a receipt
                     c["client"] += 1
+                elif kind == CH_CLIENT:
+                    c["receipts"] += 1
                 elif kind == CH_RMQ:
                     c["rmq"] += 1
         return str(kind)
@@ -61,14 +65,17 @@ def measure(n: int, messages: int, seed: int = 7) -> dict:
     for i, k in enumerate(keys):
         a = wallet_address(k.public)
         boc = make_wallet_message(k, a, a, 1, t0 + 3600, nonce=i)
-        tracked[Cell.one_from_boc(boc).hash] = {"client": 0, "rmq": 0}
+        tracked[Cell.one_from_boc(boc).hash] = {"client": 0, "rmq": 0, "receipts": 0}
         mids.append(sim.submit(boc))
         sim.run(1.0)
     sim.run_until(lambda: all(sim.finals.get(m) for m in mids), 20.0)
+    rmq_all = window["rmq_all"]
+    sim.run(0.5)                      # the last Finalized receipts in flight
     finalized = sum(1 for m in mids if sim.finals.get(m) and sim.finals[m][0].outcome == "finalized")
     per = lambda key: sum(c[key] for c in tracked.values()) / len(tracked)
     return {"n": n, "client": per("client"), "rmq": per("rmq"), "total": per("client") + per("rmq"),
-            "rmq_all": window["rmq_all"] / len(tracked), "finalized": finalized, "messages": len(mids)}
+            "rmq_all": rmq_all / len(tracked), "receipts": per("receipts"),
+            "finalized": finalized, "messages": len(mids)}
 
 
 def main() -> None:
@@ -77,12 +84,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[4, 7, 16], help="validators per group")
     args = ap.parse_args()
     print(f"{'N':>3} {'client':>7} {'rmq':>7} {'total':>7} {'target 2N..3N':>14} {'naive N^2':>10} "
-          f"{'rmq all':>8} {'finalized':>10} {'wall s':>7}")
+          f"{'rmq all':>8} {'receipts':>9} {'finalized':>10} {'wall s':>7}")
     for n in args.n:
         t = time.time()
         r = measure(n, args.messages)
         print(f"{n:>3} {r['client']:>7.1f} {r['rmq']:>7.1f} {r['total']:>7.1f} {f'{2*n}..{3*n}':>14} "
-              f"{n*n:>10} {r['rmq_all']:>8.1f} {r['finalized']:>4}/{r['messages']:<5} {time.time()-t:>7.1f}")
+              f"{n*n:>10} {r['rmq_all']:>8.1f} {r['receipts']:>9.1f} {r['finalized']:>4}/{r['messages']:<5} "
+              f"{time.time()-t:>7.1f}")
 
 
 if __name__ == "__main__":

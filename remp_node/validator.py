@@ -34,6 +34,18 @@ origin travels in RMQ records and shard blocks). Sequence per validator for a fi
 message: PutIntoQueue (New), AcceptedByQueue, IncludedIntoBlock, IncludedIntoAcceptedBlock,
 Finalized.
 
+Receipt flushing (known difference, kept on purpose): every receipt goes out at once as its
+own `tonNode.rempSignedReceipt` datagram (about 5 per validator per finalized message). The
+reference (ever-node `src/network/remp.rs`, receipts worker) keeps only the LAST receipt per
+(full node, message), re-sends a message's update no sooner than 0 / 1 / 2 / 5 s after the
+previous one, and every 100 ms packs pending ones into one unsigned `tonNode.rempCombinedReceipt
+source_id ids:(vector tonNode.blockIdExt) receipts:(vector tonNode.RempReceiptCompact)`
+datagram, sent when it would pass 768 bytes or 1 s after the previous packet to that node.
+So the reference saves datagrams but may skip intermediate statuses; we send every status,
+signed (receipts.py verifies each one end to end), within the "receipt flush <= 1 s" bound
+of DESIGN.md section 4. Batching would need the compact TL, one signature per packet and a
+flush timer in this core; it changes datagram counts only, no status. Not done.
+
 Multiplexing: every datagram between REMP nodes starts with a 33-byte prefix: one channel
 kind byte (CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE) and the 32-byte session id of
 the sub-protocol instance (zeros for CH_CLIENT and CH_ANNOUNCE). `mux`/`demux` are the

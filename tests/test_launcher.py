@@ -77,3 +77,15 @@ def test_missing_java_is_reported_before_anything_starts(tmp_path):
                           text=True, timeout=60, env=env)
     assert proc.returncode == 1 and "Java is missing" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_daemon_that_dies_is_reported_with_its_exit_code_and_stderr(tmp_path):
+    cfg = tmp_path / "dies.toml"
+    cfg.write_text('[[relays]]\nname = "relay1"\nflags = {queue-maxlen = "many"}\n\n'
+                   '[[relays]]\nname = "relay2"\n')
+    demo = Path(sys.executable).parent / "relay-suite-demo"
+    proc = subprocess.run([str(demo), "--config", str(cfg), "--no-report", "--workdir", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "rmb-relay-relay1 exited with code 2 before READY" in proc.stderr
+    assert "invalid int value: 'many'" in proc.stderr  # the tail of the daemon's own stderr

@@ -168,12 +168,18 @@ class RedisEcho:
         await self.r.aclose()
 
 
-def service_main(redis_url: str) -> None:
-    """The echo service behind peer B, in its own process (like a real deployment)."""
+def service_main(redis_url: str, log_path: str | None = None) -> None:
+    """The echo service behind peer B, in its own process (like a real deployment);
+    log_path: its rmb.app.handled event log (JSON lines) or None."""
     from rmb_peer.client import RmbService
 
     async def run():
-        svc = RmbService(redis_url, "bench-echo", concurrency=512)
+        log = None
+        if log_path:
+            from daemon_runtime.eventlog import EventLog
+            from rmb_peer.events import RMB_EVENTS
+            log = EventLog("bench-echo", "service", [RMB_EVENTS], sink=log_path)
+        svc = RmbService(redis_url, "bench-echo", concurrency=512, log=log)
 
         @svc.handler("bench.echo")
         async def echo(data: bytes) -> bytes:
@@ -232,6 +238,55 @@ async def open_loop_timed(call, rate: float, duration: float):
     return lat, errors, achieved, samples
 
 
+HOPS = [("rmb.app.requested", "rmb.peer.sent.request"),
+        ("rmb.peer.sent.request", "rmb.relay.received.1"),
+        ("rmb.relay.received.1", "rmb.relay.delivered.1"),
+        ("rmb.relay.delivered.1", "rmb.peer.delivered"), ("rmb.peer.delivered", "rmb.app.handled"),
+        ("rmb.app.handled", "rmb.peer.sent.response"),
+        ("rmb.peer.sent.response", "rmb.relay.received.2"),
+        ("rmb.relay.received.2", "rmb.relay.delivered.2"),
+        ("rmb.relay.delivered.2", "rmb.peer.answered"), ("rmb.peer.answered", "rmb.app.replied"),
+        ("rmb.app.requested", "rmb.app.replied")]
+
+
+def hop_latencies(log_dir: Path, last: int) -> list[str]:
+    """Per-hop latency (ms, p50/p90/p99/max) of the last `last` traces, from the event logs
+    of every process (same machine, so one clock): which hop the tail comes from."""
+    import datetime
+    import glob
+
+    import orjson
+    first: dict[str, dict[str, float]] = {}
+    starts: list[tuple[float, str]] = []
+    for path in glob.glob(str(log_dir / "*.jsonl")):
+        with open(path, "rb") as fh:
+            for line in fh:
+                e = orjson.loads(line)
+                uid = e["trace_id"]
+                if not uid:
+                    continue
+                name, attrs = e["event"], e["attrs"]
+                if name == "rmb.peer.sent":
+                    name += "." + attrs["kind"]
+                steps = first.setdefault(uid, {})
+                if name in ("rmb.relay.received", "rmb.relay.delivered"):
+                    name += ".2" if name + ".1" in steps else ".1"
+                if name not in steps:
+                    steps[name] = datetime.datetime.fromisoformat(
+                        e["ts"].replace("Z", "+00:00")).timestamp()
+                    if name == "rmb.app.requested":
+                        starts.append((steps[name], uid))
+    starts.sort()
+    traces = [first[uid] for _, uid in starts[-last:]]
+    out = []
+    for a, b in HOPS:
+        d = sorted((t[b] - t[a]) * 1000.0 for t in traces if a in t and b in t)
+        if d:
+            out.append(f"{a:22s} -> {b:22s} p50 {pct(d, .5):6.2f} p90 {pct(d, .9):6.2f} "
+                       f"p99 {pct(d, .99):6.2f} max {d[-1]:6.2f} ms")
+    return out
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per phase and round (<= 20)")
@@ -239,6 +294,10 @@ async def main() -> None:
                     help="rounds of each phase after the warm-up; best and median (default 3)")
     ap.add_argument("--rate", type=float, default=1000.0, help="offered load for latency, req/s")
     ap.add_argument("--inflight", type=int, default=256, help="concurrent calls for throughput")
+    ap.add_argument("--app-logs", action="store_true",
+                    help="the client and the service also log rmb.app.* events (as real apps do; "
+                         "off by default to compare with earlier runs) and per-hop latencies "
+                         "are printed")
     opts = ap.parse_args()
     duration = min(opts.duration, 20.0)
     rounds = max(1, min(opts.rounds, 10))
@@ -253,8 +312,15 @@ async def main() -> None:
             from tests.rmb_harness import _spawn_ready
             svc_proc, _ = await _spawn_ready(
                 [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-                 f"from bench.bench_roundtrip import service_main; service_main({pb.redis_url!r})"])
-            client = RmbClient(pa.redis_url, name="bench")
+                 f"from bench.bench_roundtrip import service_main; service_main({pb.redis_url!r}, "
+                 f"{str(tmp / 'service.jsonl') if opts.app_logs else None!r})"])
+            app_log = None
+            if opts.app_logs:
+                from daemon_runtime.eventlog import EventLog
+                from rmb_peer.events import RMB_EVENTS
+                app_log = EventLog("bench-app", "client", [RMB_EVENTS], sink=str(tmp / "app.jsonl"))
+            client = RmbClient(pa.redis_url, name="bench", log=app_log)
+            print(f"event logs: {tmp}", flush=True)
             failures: list[str] = []
 
             async def rmb_call() -> bool:
@@ -304,6 +370,13 @@ async def main() -> None:
                     print(f"    p99 per second: {timeline(samples)}")
                 print(f"  p99 at {opts.rate:,.0f} req/s: best {min(p99s):.2f} ms, median "
                       f"{statistics.median(p99s):.2f} ms   target p99 <= 20 ms")
+                if opts.app_logs:
+                    await asyncio.sleep(0.5)   # the daemons flush their logs every 0.1 s
+                    if app_log is not None:
+                        app_log.flush()
+                    print("  hops of the last latency round (from the event logs):")
+                    for row in hop_latencies(tmp, int(opts.rate * duration)):
+                        print("    " + row)
                 if failures:
                     print("  sample failures:", failures)
             finally:

@@ -407,15 +407,17 @@ class PeerDaemon:
                 conn = self._conns.get(ev.relay)
                 if conn is not None and conn.attempt == ev.attempt:
                     conn.ws.transport.abort()
+        # The timer is re-armed only when the core's deadline moved EARLIER than the armed
+        # one (or none is armed): a later deadline (e.g. the oldest request just completed)
+        # keeps the armed timer, which fires early, finds nothing due and re-arms. Saves a
+        # cancel + call_later per reply.
         deadline = core.get_timer()
-        if deadline != self._timer_at:
+        if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
             if self._timer is not None:
                 self._timer.cancel()
-                self._timer = None
             self._timer_at = deadline
-            if deadline is not None:
-                delay = max(0.0, deadline - self.clock())
-                self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+            delay = max(0.0, deadline - self.clock())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None

@@ -54,6 +54,21 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def runqueue_wait(pid: int) -> float:
+    """Seconds the process's threads spent runnable but waiting for a CPU so far
+    (/proc/<pid>/task/*/schedstat, field 2): the cost of sharing the cores with other jobs."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    except OSError:
+        return float("nan")
+    return total / 1e9
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -360,7 +375,10 @@ async def main() -> None:
                 p99s = []
                 for r in range(rounds):
                     await asyncio.sleep(1.0)
+                    waits = {k: runqueue_wait(p) for k, p in procs.items()}
                     lat, err, achieved, samples = await open_loop_timed(rmb_call, opts.rate, duration)
+                    waits = {k: (runqueue_wait(p) - waits[k]) / max(len(lat), 1) * 1e6
+                             for k, p in procs.items()}
                     p99s.append(pct(lat, .99))
                     print(f"  round {r + 1} at {opts.rate:,.0f} req/s offered: p50 {pct(lat, .50):.2f} ms, "
                           f"p99 {pct(lat, .99):.2f} ms, p99.9 {pct(lat, .999):.2f} ms, max {max(lat):.2f} ms "
@@ -368,6 +386,9 @@ async def main() -> None:
                           f"{os.getloadavg()[0]:.1f})", flush=True)
                     print(f"    histogram (ms): {histogram(lat)}")
                     print(f"    p99 per second: {timeline(samples)}")
+                    print("    waiting for a CPU (run queue) per round trip, us: "
+                          + ", ".join(f"{k} {v:.0f}" for k, v in waits.items())
+                          + f"; total {sum(waits.values()):.0f}")
                 print(f"  p99 at {opts.rate:,.0f} req/s: best {min(p99s):.2f} ms, median "
                       f"{statistics.median(p99s):.2f} ms   target p99 <= 20 ms")
                 if opts.app_logs:

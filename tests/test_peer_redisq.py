@@ -1,0 +1,58 @@
+"""rmb_peer.redisq against a real Redis: the batched writer keeps per-queue FIFO order and the
+trim bound when pushes are merged into one LPUSH, and the QueueReader drains bursts in order
+across its BRPOP/RPOP-COUNT modes."""
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from rmb_peer.redisq import QueueReader, RedisWriter
+
+
+async def test_writer_merges_pushes_but_keeps_order_trim_and_sets(redis_url):
+    r = aioredis.Redis.from_url(redis_url)
+    writer = RedisWriter(r, max_len=50)
+    writer.start()
+    for i in range(120):   # interleaved queues and SETs, all in one or a few pipelines
+        writer.push("q.a", f"a{i}".encode())
+        if i % 3 == 0:
+            writer.push("q.b", f"b{i}".encode())
+        if i % 10 == 0:
+            writer.set(f"k{i}", f"v{i}".encode(), ttl=60)
+    await writer.flush()
+    # consumers RPOP: oldest first; LTRIM kept the newest max_len
+    a = [x.decode() for x in reversed(await r.lrange("q.a", 0, -1))]
+    assert a == [f"a{i}" for i in range(70, 120)]
+    b = [x.decode() for x in reversed(await r.lrange("q.b", 0, -1))]
+    assert b == [f"b{i}" for i in range(0, 120, 3)]
+    assert await r.get("k110") == b"v110" and 0 < await r.ttl("k110") <= 60
+    assert writer.written == 120 + 40 + 12
+    await writer.close()
+    await r.aclose()
+
+
+async def test_reader_drains_bursts_in_order_and_blocks_when_idle(redis_url):
+    r = aioredis.Redis.from_url(redis_url)
+    reader = QueueReader(r, ["q.1", "q.2"], count=7, timeout=0.2)
+    assert await reader.read() == []            # idle: BRPOP timed out
+    for i in range(30):
+        await r.lpush("q.1", f"x{i}")
+    await r.lpush("q.2", "y0")
+    got: list[tuple[bytes, bytes]] = []
+    while len(got) < 31:
+        items = await asyncio.wait_for(reader.read(), 5)
+        assert items, "a non-empty queue must not time out"
+        got.extend(items)
+    assert [v.decode() for k, v in got if k == b"q.1"] == [f"x{i}" for i in range(30)]
+    assert [v for k, v in got if k == b"q.2"] == [b"y0"]
+    assert await reader.read() == []            # drained: back to BRPOP, which times out
+
+    async def push_later():
+        await asyncio.sleep(0.05)
+        await r.lpush("q.2", "late")
+    task = asyncio.get_running_loop().create_task(push_later())
+    reader.timeout = 2
+    assert await reader.read() == [(b"q.2", b"late")]   # BRPOP woke on the push
+    await task
+    await r.aclose()

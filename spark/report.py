@@ -134,15 +134,22 @@ def _rule_struct(p: Protocol, rule) -> str:
     else:
         branch = f"coalesce(CAST(({rule.branch}) AS STRING), '?')"
     detail = f"CAST(({rule.detail}) AS STRING)" if rule.detail else "CAST(NULL AS STRING)"
-    return (f"CASE WHEN event = {_q(rule.event)} AND ({rule.when}) THEN "
+    return (f"CASE WHEN {rule.when} THEN "
             f"named_struct('step', concat({_q(p.name + ':')}, {step}), 'branch', {branch}, "
             f"'detail', {detail}, 'hop', {str(rule.hop).lower()}) END")
 
 
 def steps_expr() -> str:
-    """SQL: array of matched steps of one `ok` event row (may be empty)."""
-    parts = [_rule_struct(p, r) for p in PROTOCOLS.values() for r in p.rules]
-    return f"filter(array({', '.join(parts)}), x -> x IS NOT NULL)"
+    """SQL: array of the step records one `ok` event row matches (NULL elements for rules
+    whose condition fails; dropped after the explode). Grouped by event name in one CASE so
+    each row evaluates only its own event's rules, and no lambda (Spark interprets
+    higher-order functions instead of compiling them)."""
+    by_event: dict[str, list[str]] = {}
+    for p in PROTOCOLS.values():
+        for r in p.rules:
+            by_event.setdefault(r.event, []).append(_rule_struct(p, r))
+    whens = " ".join(f"WHEN {_q(e)} THEN array({', '.join(parts)})" for e, parts in by_event.items())
+    return f"CASE event {whens} END"
 
 
 #: SQL: the steps of one (trace, branch) as a map step -> record: root steps, the branch's own
@@ -171,7 +178,7 @@ def _stages_array(p: Protocol) -> str:
             f"CASE WHEN {cond} THEN named_struct('stage', {_q(st.name)}, 'e2e', {str(st.e2e).lower()}, "
             f"'clock', {str(st.clock).lower()}, 'from_ts', {f}.ts, 'to_ts', {t}.ts, "
             f"'from_node', {f}.node, 'to_node', {t}.node) END")
-    return f"filter(array({', '.join(items)}), x -> x IS NOT NULL)"
+    return f"array({', '.join(items)})"
 
 
 def _any(p: Protocol, steps) -> str:
@@ -229,18 +236,20 @@ def _trace_table(spark, inputs: list[str]):
     ev = ev.withColumn("st", F.expr(f"CASE WHEN cls = 'ok' THEN {steps_expr()} ELSE {meta} END"))
     ev = ev.withColumn("protocol", F.expr(
         "CASE WHEN cls = 'ok' THEN substring_index(event, '.', 1) ELSE '_meta' END"))
+    # explode_outer + filter: plain explode would make Spark evaluate the rules twice
     st = ev.select("trace_id", "protocol", "node", "service", "ts_us",
                    F.col("event").alias("event_name"), F.col("attrs").alias("attrs_v"),
-                   F.explode("st").alias("s"))
+                   F.explode_outer("st").alias("s")).filter("s IS NOT NULL")
     st = st.select("trace_id", "protocol", "node", "service", "ts_us", "event_name", "attrs_v",
                    F.col("s.step").alias("step"), F.col("s.branch").alias("branch"),
                    F.col("s.detail").alias("detail"), F.col("s.hop").alias("hop"))
     # one process logging the same event with the same attrs twice = a duplicate
     st = st.withColumn("fact", F.expr("hash(event_name, attrs_v)"))
+    # detail and hop follow from (event, attrs): as grouping keys they keep this a hash
+    # aggregation (string aggregation buffers would force a sort-based one)
     per_proc = st.groupBy("trace_id", "protocol", "step", "branch", "node", "service",
-                          "fact").agg(
-        F.min("ts_us").alias("ts"), F.count(F.lit(1)).alias("n"),
-        F.min_by("detail", "ts_us").alias("detail"), F.max("hop").alias("hop"))
+                          "fact", "detail", "hop").agg(
+        F.min("ts_us").alias("ts"), F.count(F.lit(1)).alias("n"))
     per_step = per_proc.groupBy("trace_id", "protocol", "step", "branch").agg(
         F.min("ts").alias("ts"), F.min_by("node", "ts").alias("node"),
         F.sum("n").alias("n"),
@@ -439,8 +448,8 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     cached.append(tb)
 
     # clock: min delta per node pair over causal edges
-    stages_raw = (tb.select("trace_id", "protocol", "branch", F.explode("sa").alias("s"))
-                  .select("trace_id", "protocol", "branch", "s.*"))
+    stages_raw = (tb.select("trace_id", "protocol", "branch", F.explode_outer("sa").alias("s"))
+                  .filter("s IS NOT NULL").select("trace_id", "protocol", "branch", "s.*"))
     pairs = (stages_raw.filter("clock AND from_node <> to_node")
              .groupBy("from_node", "to_node").agg(
                  (F.min(F.col("to_ts") - F.col("from_ts")) / 1000.0).alias("d_ms"),
@@ -581,7 +590,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                   "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions")},
     }
     from spark.page import render
-    sample = _slowest_traces(hops, stages)
+    sample = _slowest_traces(ok_events, stages, clock.corrections)
     html = render(summary, sample)
     _write_text(spark, _join(out, "report.html"), html)
     outputs["html"] = _join(out, "report.html")
@@ -599,8 +608,9 @@ def _corr_lookup(corr, node_col, clock):
     return F.coalesce(F.element_at(corr, F.col(node_col)), F.lit(0.0))
 
 
-def _slowest_traces(hops, stages):
-    """Per protocol the slowest end-to-end trace with its hops, for the HTML waterfall."""
+def _slowest_traces(tr, stages, corrections: dict[str, float]):
+    """Per protocol the slowest end-to-end trace with its hops (from the cached trace table),
+    for the HTML waterfall."""
     from pyspark.sql import functions as F
     top = (stages.filter("e2e").groupBy("protocol").agg(
         F.max_by("trace_id", "duration_ms").alias("trace_id"),
@@ -609,15 +619,27 @@ def _slowest_traces(hops, stages):
     ids = [r["trace_id"] for r in top]
     if not ids:
         return []
-    rows = hops.filter(F.col("trace_id").isin(ids)).orderBy("trace_id", "seq").collect()
+    maps = {r["trace_id"]: r["m"] for r in
+            tr.filter(F.col("trace_id").isin(ids)).select("trace_id", "m").collect()}
+    import datetime as dt
     out = []
     for t in top:
+        hops = []
+        for key, v in (maps.get(t["trace_id"]) or {}).items():
+            if not v["hop"]:
+                continue
+            step, _, branch = key.rpartition("|")
+            us = v["ts"] + int(corrections.get(v["node"], 0.0) * 1000)
+            hops.append((us, step, branch, v["node"]))
+        hops.sort()
+        rows = []
+        for i, (us, step, branch, node) in enumerate(hops):
+            nxt = hops[i + 1][0] if i + 1 < len(hops) else None
+            rows.append({"seq": i + 1, "step": step, "branch": branch, "node": node,
+                         "ts": (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=us)).isoformat() + "Z",
+                         "spent_ms": None if nxt is None else (nxt - us) / 1000.0})
         out.append({"trace_id": t["trace_id"], "protocol": t["protocol"], "stage": t["stage"],
-                    "duration_ms": t["duration_ms"],
-                    "hops": [{"seq": r["seq"], "step": r["step"], "branch": r["branch"],
-                              "node": r["node"], "ts": r["ts"].isoformat() + "Z",
-                              "spent_ms": r["spent_ms"]} for r in rows
-                             if r["trace_id"] == t["trace_id"]]})
+                    "duration_ms": t["duration_ms"], "hops": rows})
     return out
 
 

@@ -49,9 +49,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-def tw(expr: str) -> str:
-    """SQL: twin id part of a `twin[:sid]` string (works in Spark SQL and DuckDB)."""
-    return f"regexp_extract({expr}, '^[^:]*', 0)"
+def tw(expr: str, engine: str = "spark") -> str:
+    """SQL: twin id part of a `twin[:sid]` string (Spark: substring_index, DuckDB: split_part;
+    both far cheaper than a regular expression)."""
+    if engine == "duckdb":
+        return f"split_part({expr}, ':', 1)"
+    return f"substring_index({expr}, ':', 1)"
 
 
 @dataclass(frozen=True)
@@ -116,15 +119,19 @@ class Protocol:
 R = StepRule
 S = Stage
 
-#: per-event helper columns (SQL over the event row), computed once before the rules
-DERIVED: dict[str, str] = {
-    "twin": tw("node"),
-    "dst_twin": tw("attrs.dst"),
-    "src_twin": (f"CASE WHEN attrs.src IS NULL OR {tw('attrs.src')} IN ('', '0') THEN NULL "
-                 f"ELSE {tw('attrs.src')} END"),
-    "is_req": "coalesce(attrs.kind = 'request', false)",
-    "code_s": "CAST(attrs.code AS STRING)",
-}
+def derived(engine: str = "spark") -> dict[str, str]:
+    """Per-event helper columns (SQL over the event row), computed once before the rules."""
+    src = tw("attrs.src", engine)
+    return {
+        "twin": tw("node", engine),
+        "dst_twin": tw("attrs.dst", engine),
+        "src_twin": f"CASE WHEN {src} IN ('', '0') THEN NULL ELSE {src} END",
+        "is_req": "coalesce(attrs.kind = 'request', false)",
+        "code_s": "CAST(attrs.code AS STRING)",
+    }
+
+
+DERIVED = derived()
 
 _REQ = "is_req"
 _RESP = "NOT is_req"

@@ -21,7 +21,8 @@ an envelope close with 1007, frames above 2 x --max-size close with 1009):
   destination-less envelope whose uid decodes gets a relay error instead of a close) ->
   RelayRouter.check_inbound (rate limit, source == token's (twin, sid), Ping -> Pong,
   expired -> drop) -> destination connected here -> written to its WebSocket at once (no
-  Redis round trip on the hot path); else twin lookup (rmb_peer.twins.TwinDirectory,
+  Redis round trip on the hot path; a burst of frames to one peer within one event-loop pass
+  leaves with the socket corked, TCP_CORK on Linux, in full-size segments); else twin lookup (rmb_peer.twins.TwinDirectory,
   --registry): relays include one of our --domain values -> queued in Redis, else
   federated (FederationScheduler + aiohttp client POST http://<domain>/).
 
@@ -34,7 +35,10 @@ connection still replaying go through the stream too, so order is kept.
 Tag `fail-fast`: an offline destination gives the relay error `destination offline`.
 
 Relay errors answer requests only (rmb_peer.envelope.relay_error). Events: rmb.relay.*
-(rmb_peer/events.py), trace_id = envelope uid; payloads are never logged.
+(rmb_peer/events.py), trace_id = envelope uid; payloads are never logged. Every envelope
+from a peer logs `rmb.relay.received` and then `delivered` / `queued` / an error at info
+(the trace report's peer_to_relay and relay_transit stages need both). Event loop: uvloop
+when installed (--event-loop).
 """
 from __future__ import annotations
 

@@ -6,10 +6,13 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
 - one websockets client connection per `--relay` (all connected at once; frames go through
   the first live relay in flag order; failover when it dies; keepalive ping every 20 s,
   dead after 40 s of silence, reconnect with backoff — decided by the core);
-- BRPOP on `msgbus.system.local` (app requests) and `msgbus.system.reply` (service
-  replies), draining bursts with RPOP COUNT; pushes (LPUSH + LTRIM 0 9999), backlog
-  SET EX / DEL pipelined by rmb_peer.redisq.RedisWriter;
-- twins looked up through rmb_peer.twins.TwinDirectory (TTL cache);
+- `msgbus.system.local` (app requests) and `msgbus.system.reply` (service replies) read by
+  rmb_peer.redisq.QueueReader (BRPOP when idle, RPOP COUNT drains while busy); pushes
+  (LPUSH + LTRIM 0 9999, one LPUSH per queue per pipeline), backlog SET EX / DEL pipelined
+  by rmb_peer.redisq.RedisWriter; a batch of frames to a relay is written with the socket
+  corked (TCP_CORK, Linux);
+- twins looked up through rmb_peer.twins.TwinDirectory, with a refresh-ahead cache of
+  --twin-cache-ttl s (the hot path never waits on the registry for a twin in use);
 - at start (unless --no-update) the twin's relay domains and e2e pk are published to the
   registry (created when the account has no twin yet);
 - `READY {"twin": .., "relays": [...], "status_port": ..}` on stdout once a relay is

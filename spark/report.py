@@ -650,7 +650,8 @@ def _iso(us):
     return (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(us))).isoformat() + "Z"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The relay-trace-report command line (also checked against deploy/ by the tests)."""
     ap = argparse.ArgumentParser(prog="relay-trace-report", description=__doc__.split("\n")[0])
     ap.add_argument("inputs", nargs="+", help="JSON-lines event logs or compacted Parquet (paths/URIs)")
     ap.add_argument("--out", required=True, help="output directory (path or URI)")
@@ -660,7 +661,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="convert JSON inputs to Parquet in this directory first, then read that")
     ap.add_argument("--strict", action="store_true",
                     help="fail on schema-violating lines (tests)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     summary = run(args.inputs, args.out, args.master, args.sla, strict=args.strict,
                   parquet_cache=args.parquet_cache)
     print(json.dumps({"outputs": summary["outputs"], "sla": [

@@ -152,16 +152,6 @@ def steps_expr() -> str:
     return f"CASE event {whens} END"
 
 
-#: SQL: the steps of one (trace, branch) as a map step -> record: root steps, the branch's own
-#: steps, and unattributed (`?`) steps when the trace has at most one branch
-BRANCH_MAP = (
-    "map_from_entries(transform(filter(map_entries(m), e -> "
-    "substring_index(e.key, '|', -1) IN ('', branch) OR "
-    "(substring_index(e.key, '|', -1) = '?' AND size(branches) <= 1 AND NOT exists("
-    "map_keys(m), k -> k = concat(substring_index(e.key, '|', 1), '|', branch)))), "
-    "e -> struct(substring_index(e.key, '|', 1) AS k, e.value AS v)))")
-
-
 def _lookup(p: Protocol, step: str) -> str:
     return f"try_element_at(mb, {_q(p.name + ':' + step)})"
 
@@ -208,7 +198,11 @@ def _by_protocol(exprs: dict[str, str]) -> str:
 
 # ----------------------------------------------------------------------------- pipeline
 
-def _trace_table(spark, inputs: list[str]):
+def _step_table(spark, inputs: list[str]):
+    """One row per (trace, protocol, step, branch): first ts (us, raw clock), its node, count
+    n, duplicates dup, detail, hop flag, and the trace's sorted `branches`. Ingest problems
+    are rows of protocol `_meta` (step `meta:<class>[:event]`, branch = file for corrupt
+    lines)."""
     from pyspark.sql import Window, functions as F
     df = read_events(spark, inputs)
     known = sorted(known_events())
@@ -256,14 +250,11 @@ def _trace_table(spark, inputs: list[str]):
         # a step logged twice by one process; unattributed (`?`) steps are not counted
         F.sum(F.expr("CASE WHEN branch = '?' THEN 0 ELSE n - 1 END")).alias("dup"),
         F.min_by("detail", "ts").alias("detail"), F.max("hop").alias("hop"))
-    tr = per_step.groupBy("trace_id", "protocol").agg(
-        F.map_from_entries(F.collect_list(F.struct(
-            F.concat("step", F.lit("|"), "branch"),
-            F.struct("ts", "node", "n", "dup", "detail", "hop")))).alias("m"),
-        F.expr("array_sort(array_distinct(filter(collect_list(branch), "
-               "b -> b NOT IN ('', '?'))))").alias("branches"),
-        F.min("ts").alias("t0"), F.max("ts").alias("t1"), F.sum("dup").alias("dup"))
-    return tr
+    # the trace's branches (sorted), for attributing root and `?` steps; per_step comes out
+    # sorted by trace_id, so this window needs no further shuffle or sort
+    w = Window.partitionBy("trace_id")
+    return per_step.withColumn("branches", F.array_sort(F.collect_set(
+        F.when(~F.col("branch").isin("", "?"), F.col("branch"))).over(w)))
 
 
 def _corr_map(corrections: dict[str, float]):
@@ -380,7 +371,8 @@ def run(inputs: list[str], out: str, master: str | None = None, sla_path: str | 
             compact(spark, inputs, parquet_cache)
             inputs = [parquet_cache.rstrip("/") + "/events.parquet"]
             timings["compact_s"] = round(time.time() - t_start, 3)
-        tr = _trace_table(spark, inputs).persist(StorageLevel.MEMORY_AND_DISK)
+        spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
+        tr = _step_table(spark, inputs).persist(StorageLevel.MEMORY_AND_DISK)
         cached = [tr]
         try:
             return _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict,
@@ -398,17 +390,15 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     from pyspark.sql import Window, functions as F
 
     per_proto = {r["protocol"]: r.asDict() for r in tr.groupBy("protocol").agg(
-        F.count(F.lit(1)).alias("traces"), F.min("t0").alias("t0"), F.max("t1").alias("t1"),
+        F.min("ts").alias("t0"), F.max("ts").alias("t1"),
         F.sum("dup").alias("duplicates")).collect()}
     timings["read_and_group_s"] = round(time.time() - t_start, 3)
     meta = per_proto.pop("_meta", None)
     ingest = {"torn": 0, "bad": 0, "unknown": {}, "untraced": {}, "torn_files": {},
               "bad_samples": []}
     if meta:
-        mrow = tr.filter("protocol = '_meta'").select(F.map_entries("m").alias("e")).first()
-        for e in mrow["e"]:
-            step, _, branch = e["key"].rpartition("|")
-            v = e["value"]
+        for v in tr.filter("protocol = '_meta'").collect():
+            step, branch = v["step"], v["branch"]
             kind = step.split(":")[1]
             if kind in ("torn", "bad"):
                 ingest[kind] += v["n"]
@@ -433,16 +423,27 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     ok_events = tr.filter("protocol <> '_meta'")
     ttl_default = {n: float(ttl_over.get(n, p.outcomes.default_ttl_s))
                    for n, p in PROTOCOLS.items()}
-    # per (trace, branch): stage edges (raw ts) and outcome flags, computed once and cached
-    tb = (ok_events.withColumn("branch", F.explode(F.expr(
-        "CASE WHEN size(branches) = 0 THEN array('') ELSE branches END")))
-        .withColumn("mb", F.expr(BRANCH_MAP)))
+    # per (trace, branch): a map step -> record of the root steps, the branch's own steps and
+    # unattributed `?` steps of single-branch traces; then stage edges (raw ts) and outcome
+    # flags, computed once and cached
+    target = F.expr(
+        "CASE WHEN branch = '' THEN (CASE WHEN size(branches) = 0 THEN array('') ELSE branches END) "
+        "WHEN branch = '?' THEN (CASE WHEN size(branches) = 0 THEN array('') "
+        "WHEN size(branches) = 1 THEN branches ELSE CAST(array() AS array<string>) END) "
+        "ELSE array(branch) END")
+    tb = (ok_events.withColumn("tbranch", F.explode(target))
+          .groupBy("trace_id", "protocol", "tbranch").agg(
+              F.map_from_entries(F.collect_list(F.struct(
+                  "step", F.struct("ts", "node", "n", "detail")))).alias("mb"),
+              F.first("branches").alias("branches"), F.min("ts").alias("t0"))
+          .withColumnRenamed("tbranch", "branch"))
     cols = {"sa": _by_protocol({n: _stages_array(p) for n, p in PROTOCOLS.items()})}
     for key in ("sent", "delivered", "answered", "errored", "expired", "start_us", "ttl_s",
                 "error_code"):
         cols[key] = _by_protocol({n: _outcome_cols(p, ttl_default[n])[key]
                                   for n, p in PROTOCOLS.items()})
     tb = tb.select("trace_id", "protocol", "branch",
+                   F.expr("branch = coalesce(try_element_at(branches, 1), '')").alias("first"),
                    *[F.expr(v).alias(k) for k, v in cols.items()])
     tb = tb.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(tb)
@@ -468,7 +469,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                 "duration_ms"))
 
     # delivery per (trace, branch)
-    dl = tb.select("trace_id", "protocol", "branch", *list(cols)[1:])
+    dl = tb.select("trace_id", "protocol", "branch", "first", *list(cols)[1:])
     dl = dl.withColumn("outcome", F.expr(
         f"CASE WHEN answered THEN 'answered' WHEN errored THEN 'errored' "
         f"WHEN expired THEN 'expired' WHEN {log_end}L - start_us > ttl_s * 1000000 "
@@ -506,12 +507,13 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
             "within": {i: r[f"within_{i}"] for i, _ in within_objs}}
 
     dl_rows = dl.groupBy("protocol").agg(
-        F.count(F.lit(1)).alias("branches"),
+        F.count(F.lit(1)).alias("branches"), F.count_if("first").alias("traces"),
         F.count_if("sent").alias("sent"), F.count_if("delivered").alias("delivered"),
         *[F.count_if(F.col("outcome") == o).alias(o) for o in OUTCOME_COLUMNS]).collect()
     delivery = {}
     for r in dl_rows:
         d = r.asDict()
+        per_proto.setdefault(r["protocol"], {})["traces"] = d.pop("traces")
         d["duplicates"] = int(per_proto.get(r["protocol"], {}).get("duplicates") or 0)
         delivery[r["protocol"]] = d
     err_rows = (dl.filter("outcome = 'errored'").groupBy("protocol", "error_code")
@@ -531,21 +533,16 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     timings["aggregates_s"] = round(time.time() - t_start, 3)
 
     # hops: ordered steps per trace with corrected ts
-    hops = (ok_events.select("trace_id", "protocol", F.explode("m").alias("k", "v"))
-            .filter("v.hop").select("trace_id", "protocol",
-                    F.expr("substring_index(k, '|', 1)").alias("step"),
-                    F.expr("substring(k, length(substring_index(k, '|', 1)) + 2)").alias("branch"),
-                    F.col("v.node").alias("node"), F.col("v.n").alias("n"),
-                    F.col("v.dup").alias("dup"), F.col("v.detail").alias("detail"),
-                    (F.col("v.ts") + (_corr_lookup(corr, "v.node", clock) * 1000).cast("long"))
-                    .alias("ts_us")))
+    hops = (ok_events.filter("hop").select(
+        "trace_id", "protocol", "step", "branch", "node", "n", "dup", "detail",
+        (F.col("ts") + (_corr_lookup(corr, "node", clock) * 1000).cast("long")).alias("ts_us")))
     wo = Window.partitionBy("trace_id").orderBy("ts_us", "step", "branch")
     hops = (hops.withColumn("seq", F.row_number().over(wo))
             .withColumn("spent_ms", (F.lead("ts_us").over(wo) - F.col("ts_us")) / 1000.0)
             .withColumn("ts", F.expr("timestamp_micros(ts_us)")).drop("ts_us"))
 
     outputs = {}
-    for name, df in (("hops", hops), ("stages", stages), ("delivery", dl)):
+    for name, df in (("hops", hops), ("stages", stages), ("delivery", dl.drop("first"))):
         path = _join(out, f"{name}.parquet")
         df.write.mode("overwrite").parquet(path)
         outputs[name] = path
@@ -573,7 +570,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
         "inputs": list(inputs),
         "generated_by": "spark/report.py",
         "log_span": {p: {"first": _iso(r["t0"]), "last": _iso(r["t1"])} for p, r in per_proto.items()},
-        "traces": {p: r["traces"] for p, r in per_proto.items()},
+        "traces": {p: r.get("traces", 0) for p, r in per_proto.items()},
         "ingest": {"torn_lines": ingest["torn"], "bad_lines": ingest["bad"],
                    "torn_files": ingest["torn_files"], "bad_samples": ingest["bad_samples"][:5],
                    "unknown_events": ingest["unknown"], "untraced_events": ingest["untraced"]},
@@ -619,19 +616,13 @@ def _slowest_traces(tr, stages, corrections: dict[str, float]):
     ids = [r["trace_id"] for r in top]
     if not ids:
         return []
-    maps = {r["trace_id"]: r["m"] for r in
-            tr.filter(F.col("trace_id").isin(ids)).select("trace_id", "m").collect()}
+    recs = (tr.filter(F.col("trace_id").isin(ids) & F.col("hop"))
+            .select("trace_id", "step", "branch", "node", "ts").collect())
     import datetime as dt
     out = []
     for t in top:
-        hops = []
-        for key, v in (maps.get(t["trace_id"]) or {}).items():
-            if not v["hop"]:
-                continue
-            step, _, branch = key.rpartition("|")
-            us = v["ts"] + int(corrections.get(v["node"], 0.0) * 1000)
-            hops.append((us, step, branch, v["node"]))
-        hops.sort()
+        hops = sorted((v["ts"] + int(corrections.get(v["node"], 0.0) * 1000), v["step"],
+                       v["branch"], v["node"]) for v in recs if v["trace_id"] == t["trace_id"])
         rows = []
         for i, (us, step, branch, node) in enumerate(hops):
             nxt = hops[i + 1][0] if i + 1 < len(hops) else None

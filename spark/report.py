@@ -358,13 +358,14 @@ def run(inputs: list[str], out: str, master: str | None = None, sla_path: str | 
     from pyspark import StorageLevel
 
     t_start = time.time()
+    timings: dict[str, float] = {}
     own = spark is None
     if own:
         spark = build_session(master)
+    timings["session_s"] = round(time.time() - t_start, 3)
     sla = load_sla(sla_path)
     objectives = sla.get("objective", [])
     ttl_over = sla.get("ttl_s", {})
-    timings = {}
     try:
         if parquet_cache:
             from spark.compact import compact

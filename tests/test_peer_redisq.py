@@ -7,7 +7,7 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from rmb_peer.redisq import QueueReader, RedisWriter
+from rmb_peer.redisq import QueueReader, RedisLink, RedisWriter
 
 
 async def test_writer_merges_pushes_but_keeps_order_trim_and_sets(redis_url):
@@ -55,4 +55,38 @@ async def test_reader_drains_bursts_in_order_and_blocks_when_idle(redis_url):
     reader.timeout = 2
     assert await reader.read() == [(b"q.2", b"late")]   # BRPOP woke on the push
     await task
+    await r.aclose()
+
+
+async def test_refused_command_is_reported_others_run_and_link_reconnects(redis_url):
+    from redis.exceptions import RedisError, ResponseError
+    r = aioredis.Redis.from_url(redis_url)
+    await r.set("not.a.list", b"x")
+    failures: list[tuple[Exception, int]] = []
+    writer = RedisWriter(r, on_error=lambda exc, n: failures.append((exc, n)))
+    writer.start()
+    writer.push("q.ok", b"1")
+    writer.push("not.a.list", b"2")       # WRONGTYPE: refused by Redis, not retried
+    writer.push("q.ok", b"3")
+    await writer.flush()
+    assert await r.lrange("q.ok", 0, -1) == [b"3", b"1"]
+    assert len(failures) == 1 and isinstance(failures[0][0], ResponseError)
+    reader = QueueReader(r, ["not.a.list"], timeout=0.2)
+    try:
+        await reader.read()
+        raise AssertionError("reading a string key must raise")
+    except RedisError:
+        pass
+    # the server drops the link's connection: run() raises once, then reconnects
+    link = RedisLink(r)
+    [cid] = await link.run([("CLIENT", "ID")])
+    await r.execute_command("CLIENT", "KILL", "ID", cid)
+    try:
+        await link.run([("LPUSH", "q.ok", b"4")])
+    except RedisError:
+        await link.run([("LPUSH", "q.ok", b"4")])
+    assert await r.lindex("q.ok", 0) == b"4"
+    await link.close()
+    await reader.close()
+    await writer.close()
     await r.aclose()

@@ -14,7 +14,7 @@ written by spark/compact.py, local paths or any Hadoop-compatible URI. Without `
 Python API: `run(inputs, out, master=None, sla_path=None, spark=None, strict=False,
 parquet_cache=None) -> dict` (the summary, also written as summary.json).
 
-Pipeline (one shuffle: everything is keyed by trace_id):
+Pipeline (one shuffle of the events: everything is keyed by trace_id):
 1. read with the explicit schema from the catalogues (spark/schema.py), PERMISSIVE with a
    corrupt-record column. Corrupt lines are `torn` (the line does not end in `}`: a write cut
    short, expected only as the last line of a file) or `bad` (a complete line that violates
@@ -25,9 +25,12 @@ Pipeline (one shuffle: everything is keyed by trace_id):
 2. every event becomes zero or more steps of its trace through the data-driven stage model
    (spark/stages.py); facts of a trace (RMB requester twin, origin relay) come from one
    window over trace_id.
-3. per (trace, step, branch): first timestamp, node, count, duplicates (the same step logged
-   more than once by one process), detail. Per trace: a map step|branch -> that record.
-   This table is the only thing cached.
+3. per (trace, step, branch): first timestamp, node, count, duplicates (the same event with
+   the same attrs logged more than once by one process), detail; cached. Per (trace,
+   branch): a map step -> record holding the root steps, the branch's own steps and the
+   unattributed (`?`) steps of single-branch traces; stage edges and outcome flags are read
+   from it (cached too). No Python UDFs and no SQL lambdas on the per-event path: executors
+   need no Python, and everything is compiled by whole-stage codegen.
 4. clock alignment (spark/clock.py): stage edges marked `clock` between two nodes give the
    minimum delta per ordered node pair; a node's timestamps are corrected only when a pair
    proves skew (a receive logged before its send), by the midpoint of the proven interval

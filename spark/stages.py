@@ -36,8 +36,10 @@ its peer belongs to the request leg. The round trip ends at `app.answer`: a repl
 not the peer's own expiry notice. Reply codes: `rmb.app.replied.code` null or 0 = answer,
 102 = expired (rmb-peer error codes), anything else = error.
 
-REMP (seeds: remp-protocol-b.txt): fullnode received -> statuses by kind (every kind is a step
-`fullnode.<kind>` / `validator.<kind>`, the first occurrence over all validators) -> Finalized.
+REMP (seeds: remp-protocol-b.txt): fullnode received -> sent (first rempMessage to a validator)
+-> statuses by kind (every kind is a step `fullnode.<kind>` / `validator.<kind>`, the first
+occurrence over all validators) -> Finalized; `remp.fullnode.final` (the full node's verdict,
+`final.<outcome>`) also makes a message finalized / rejected / timed out.
 Time to first receipt = received -> the first status the full node got from a validator
 (any kind except its own SentToValidators / RejectedByFullnode).
 
@@ -224,6 +226,13 @@ REMP = Protocol(
     name="remp",
     rules=(
         R("remp.fullnode.received", "fullnode.received"),
+        R("remp.fullnode.sent", "fullnode.sent"),
+        R("remp.fullnode.final", step_sql="concat('final.', attrs.outcome)",
+          when="attrs.outcome IS NOT NULL", detail="attrs.kind"),
+        R("remp.fullnode.final", "finalized", "attrs.outcome = 'finalized'", hop=False),
+        R("remp.fullnode.final", "rejected", "attrs.outcome = 'rejected'", detail="attrs.kind",
+          hop=False),
+        R("remp.fullnode.final", "timeout", "attrs.outcome = 'timeout'", hop=False),
         R("remp.fullnode.status", step_sql="concat('fullnode.', attrs.kind)",
           when="attrs.kind IS NOT NULL", detail="attrs.reason"),
         R("remp.validator.status", step_sql="concat('validator.', attrs.kind)",
@@ -241,6 +250,7 @@ REMP = Protocol(
         S("first_receipt", "fullnode.received", "first_receipt", e2e=True),
         S("finalized", "fullnode.received", "finalized", e2e=True),
         S("sent_to_validators", "fullnode.received", "fullnode.SentToValidators"),
+        S("to_first_validator", "fullnode.received", "fullnode.sent"),
         S("to_queue", "fullnode.received", "validator.PutIntoQueue"),
         S("collator", "validator.PutIntoQueue", "validator.IncludedIntoBlock", clock=False),
         S("shardchain", "validator.IncludedIntoBlock", "validator.IncludedIntoAcceptedBlock",

@@ -121,7 +121,7 @@ peer("11", -100, "rmb.peer.connected", None, relay="r1.local")
 relay("r1", -90, "rmb.relay.connected", None, src="11")
 relay("r1", 9 * S, "rmb.relay.teleported", "uid-ok", dst="22")
 
-# REMP: M1 finalized after 8 s, M2 rejected by the full node, M3 finalized after 30 s
+# REMP: M1 finalized after 8 s, M2 rejected by the full node, M3 finalized after 30 s, M4 timeout
 FN, V1, V2 = "fn-a1b2", "v-0011", "v-0022"
 M1, M2, M3 = "a1" * 32, "b2" * 32, "c3" * 32
 
@@ -149,6 +149,14 @@ for m, t0, fin in ((M1, 10 * S, 8000), (M3, 20 * S, 30000)):
 fn(15 * S, "remp.fullnode.received", M2, size=70000, shard="8000000000000000")
 ev("remp.jsonl", 15 * S + 3, "remp-fullnode", FN, "remp.fullnode.status", M2, lvl="warning",
    kind="RejectedByFullnode", level=0, reason="size > 65535 bytes")
+
+# M4: sent to v1, queued there, then the full node's final verdict: timeout (shortened to 15 s)
+M4 = "d4" * 32
+fn(40 * S, "remp.fullnode.received", M4, size=300, shard="8000000000000000")
+fn(40 * S + 3, "remp.fullnode.sent", M4, peer=V1, shard="8000000000000000", size=300, count=1)
+val(V1, 40 * S + 150, M4, "PutIntoQueue", 1)
+fn(55 * S, "remp.fullnode.final", M4, lvl="warning", outcome="timeout", kind="Timeout", count=3,
+   duration_ms=15000.0, shard="8000000000000000")
 
 # Marlin: one block, consumers k1 (rebuilt after 35 ms) and k2 (after 50 ms)
 MID = "0a0b0c0d:0x00000000000000000000000000000000000000aa"

@@ -155,8 +155,33 @@ def steps_expr() -> str:
     return f"CASE event {whens} END"
 
 
+def _ref(p: Protocol, step: str) -> str:
+    """Column holding the record of `step` in a (trace, branch) row (see _step_columns)."""
+    return "r_" + "".join(c if c.isalnum() else "_" for c in f"{p.name}_{step}")
+
+
+def _referenced_steps() -> dict[str, tuple[Protocol, str]]:
+    refs = {}
+    for p in PROTOCOLS.values():
+        o = p.outcomes
+        steps = [s for st in p.stages for s in (st.from_step, st.to_step)]
+        steps += list(o.start + o.sent + o.delivered + o.answered + o.expired + o.errored)
+        steps += [o.ttl_step] if o.ttl_step else []
+        for s in steps:
+            refs[_ref(p, s)] = (p, s)
+    return refs
+
+
+def _step_columns():
+    """One map lookup per referenced step and row (Spark looks map keys up linearly, and the
+    stage/outcome expressions read each record several times)."""
+    from pyspark.sql import functions as F
+    return [F.expr(f"try_element_at(mb, {_q(p.name + ':' + s)})").alias(col)
+            for col, (p, s) in _referenced_steps().items()]
+
+
 def _lookup(p: Protocol, step: str) -> str:
-    return f"try_element_at(mb, {_q(p.name + ':' + step)})"
+    return _ref(p, step)
 
 
 def _stages_array(p: Protocol) -> str:
@@ -446,6 +471,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                 "error_code"):
         cols[key] = _by_protocol({n: _outcome_cols(p, ttl_default[n])[key]
                                   for n, p in PROTOCOLS.items()})
+    tb = tb.select("trace_id", "protocol", "branch", "branches", "t0", *_step_columns())
     tb = tb.select("trace_id", "protocol", "branch",
                    F.expr("branch = coalesce(try_element_at(branches, 1), '')").alias("first"),
                    *[F.expr(v).alias(k) for k, v in cols.items()])

@@ -376,9 +376,12 @@ async def main() -> None:
                 for r in range(rounds):
                     await asyncio.sleep(1.0)
                     waits = {k: runqueue_wait(p) for k, p in procs.items()}
+                    cpu0 = {k: cpu_seconds(p) for k, p in procs.items()}
                     lat, err, achieved, samples = await open_loop_timed(rmb_call, opts.rate, duration)
                     waits = {k: (runqueue_wait(p) - waits[k]) / max(len(lat), 1) * 1e6
                              for k, p in procs.items()}
+                    cpu_at_rate = {k: (cpu_seconds(p) - cpu0[k]) / max(len(lat), 1) * 1e6
+                                   for k, p in procs.items()}
                     p99s.append(pct(lat, .99))
                     print(f"  round {r + 1} at {opts.rate:,.0f} req/s offered: p50 {pct(lat, .50):.2f} ms, "
                           f"p99 {pct(lat, .99):.2f} ms, p99.9 {pct(lat, .999):.2f} ms, max {max(lat):.2f} ms "
@@ -386,6 +389,9 @@ async def main() -> None:
                           f"{os.getloadavg()[0]:.1f})", flush=True)
                     print(f"    histogram (ms): {histogram(lat)}")
                     print(f"    p99 per second: {timeline(samples)}")
+                    print("    CPU per round trip at this rate, us: "
+                          + ", ".join(f"{k} {v:.0f}" for k, v in cpu_at_rate.items())
+                          + f"; total {sum(cpu_at_rate.values()):.0f}")
                     print("    waiting for a CPU (run queue) per round trip, us: "
                           + ", ".join(f"{k} {v:.0f}" for k, v in waits.items())
                           + f"; total {sum(waits.values()):.0f}")

@@ -200,19 +200,24 @@ class RedisLink:
 
 class QueueReader:
     """Consumer of one or more Redis lists (the rmb-peer queues are LPUSHed, so RPOP takes
-    the oldest first) with as few round trips as the load allows:
+    the oldest first) with ONE round trip per batch, at any load: every read() sends
 
-    - idle: one BRPOP over all `keys` (blocks up to `timeout` s); the element it returns
-      is handed back at once (lowest latency);
-    - after a BRPOP or a non-empty drain: the next read() drains every key with
-      `RPOP key count` in one pipelined round trip, and keeps doing so while elements come
-      back, so a sustained load costs one round trip per batch instead of BRPOP + RPOP;
-    - an empty drain means idle again: BRPOP (in the same read() call).
+        BRPOP key1 key2 ... timeout ; RPOP key1 count ; RPOP key2 count ; ...
+
+    in one packet on the reader's own connection. Redis serves a client's pipelined
+    commands in order and holds the ones behind a blocked BRPOP until it is served, so the
+    RPOPs run right after the BRPOP returned and bring the rest of the burst along: an idle
+    reader blocks (up to `timeout` s), a single message costs one round trip (not BRPOP and
+    then an RPOP that comes back empty), and a burst comes back whole (up to 1 + count per
+    key).
 
         reader = QueueReader(redis_client, ["msgbus.system.local", "msgbus.system.reply"])
-        items = await reader.read()   # [(key bytes, value bytes), ...], [] after a timeout
+        items = await reader.read()   # [(key bytes, value bytes), ...] in order per key; []
+                                      # after a timeout
+        await reader.close()
 
-    Raises what redis.asyncio raises (RedisError, OSError); the caller backs off.
+    Raises what redis.asyncio raises (RedisError, OSError; ResponseError for a key that is
+    not a list); the caller backs off.
     """
 
     def __init__(self, client: aioredis.Redis, keys: list[str], count: int = 256,
@@ -222,29 +227,20 @@ class QueueReader:
         self._bkeys = [k.encode() for k in self.keys]
         self.count = count
         self.timeout = timeout
-        self._busy = False
         self._link = RedisLink(client)
 
     async def read(self) -> list[tuple[bytes, bytes]]:
-        link = self._link
-        if self._busy:
-            got = await link.run([("RPOP", key, self.count) for key in self.keys])
-            items = []
-            for bkey, values in zip(self._bkeys, got):
-                if isinstance(values, ResponseError):
-                    raise values
-                if values:
-                    items.extend((bkey, raw) for raw in values)
-            if items:
-                return items
-            self._busy = False
-        [got] = await link.run([("BRPOP", *self.keys, self.timeout)])
-        if isinstance(got, ResponseError):
-            raise got
-        if got is None:
-            return []
-        self._busy = True
-        return [(bytes(got[0]), got[1])]
+        replies = await self._link.run([("BRPOP", *self.keys, self.timeout)]
+                                       + [("RPOP", key, self.count) for key in self.keys])
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
+        first = replies[0]
+        items = [] if first is None else [(bytes(first[0]), first[1])]
+        for bkey, values in zip(self._bkeys, replies[1:]):
+            if values:
+                items.extend((bkey, raw) for raw in values)
+        return items
 
     async def close(self) -> None:
         """Give the reader's connection back to the pool."""

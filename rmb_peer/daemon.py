@@ -7,7 +7,7 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
   the first live relay in flag order; failover when it dies; keepalive ping every 20 s,
   dead after 40 s of silence, reconnect with backoff — decided by the core);
 - `msgbus.system.local` (app requests) and `msgbus.system.reply` (service replies) read by
-  rmb_peer.redisq.QueueReader (BRPOP when idle, RPOP COUNT drains while busy); pushes
+  rmb_peer.redisq.QueueReader (BRPOP + RPOP COUNT drains in one round trip); pushes
   (LPUSH + LTRIM 0 9999, one LPUSH per queue per pipeline), backlog SET EX / DEL pipelined
   by rmb_peer.redisq.RedisWriter; a batch of frames to a relay is written with the socket
   corked (TCP_CORK, Linux);
@@ -555,8 +555,8 @@ class PeerDaemon:
 
     # ------------------------------------------------------------------ local queues
     async def _local_loop(self) -> None:
-        """App requests and service replies through a QueueReader: BRPOP when idle (the
-        element is handled at once), RPOP COUNT drains in one round trip while busy."""
+        """App requests and service replies through a QueueReader (BRPOP and RPOP COUNT
+        drains in one round trip), handled in order; core events executed once per batch."""
         reader = QueueReader(self.redis, [LOCAL_QUEUE, REPLY_QUEUE], DRAIN_COUNT, timeout=1)
         local_b = LOCAL_QUEUE.encode()
         try:

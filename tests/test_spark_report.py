@@ -250,14 +250,19 @@ def test_bad_ts_fails_strict_and_is_counted_permissive(spark, tmp_path):
     assert {s["status"] for s in summary["sla"]} == {"no data"}
 
 
-def test_compacted_parquet_gives_the_same_report(spark, report, tmp_path):
-    from spark.compact import compact
+def test_parquet_cache_gives_the_same_report(spark, report, tmp_path):
+    """--parquet-cache: the logs are compacted (spark/compact.py) and the report reads that."""
     from spark.report import run
-    path = compact(spark, LOGS, str(tmp_path / "cache"))
-    summary = run([path], str(tmp_path / "out"), spark=spark, strict=True)
+    cache = tmp_path / "cache"
+    summary = run(LOGS, str(tmp_path / "out"), spark=spark, strict=True,
+                  parquet_cache=str(cache))
+    assert summary["inputs"] == [f"{cache}/events.parquet"] and "compact_s" in summary["timings"]
+    assert list((cache / "events.parquet").glob("*.parquet"))
     want, _ = report
     assert summary["ingest"]["torn_lines"] == 1 and summary["ingest"]["unknown_events"] == {
         "rmb.relay.teleported": 1}
+    assert summary["ingest"]["torn_files"] == want["ingest"]["torn_files"]   # source kept
     assert summary["delivery"] == want["delivery"]
     assert summary["latency"] == want["latency"]
+    assert summary["sla"] == want["sla"]
     assert summary["clock"]["corrections_ms"] == want["clock"]["corrections_ms"]

@@ -537,16 +537,17 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
             "within": {i: r[f"within_{i}"] for i, _ in within_objs}}
 
     dl_rows = dl.groupBy("protocol").agg(
-        F.count(F.lit(1)).alias("branches"), F.count_if("first").alias("traces"),
-        F.count_if("sent").alias("sent"), F.count_if("delivered").alias("delivered"),
-        *[F.count_if(F.col("outcome") == o).alias(o) for o in OUTCOME_COLUMNS]).collect()
+        F.count_if("sent").alias("branches"), F.count_if("first").alias("traces"),
+        F.count_if("sent").alias("sent"), F.count_if(F.col("sent") & F.col("delivered")).alias("delivered"),
+        *[F.count_if(F.col("sent") & (F.col("outcome") == o)).alias(o)
+          for o in OUTCOME_COLUMNS]).collect()
     delivery = {}
     for r in dl_rows:
         d = r.asDict()
         per_proto.setdefault(r["protocol"], {})["traces"] = d.pop("traces")
         d["duplicates"] = int(per_proto.get(r["protocol"], {}).get("duplicates") or 0)
         delivery[r["protocol"]] = d
-    err_rows = (dl.filter("outcome = 'errored'").groupBy("protocol", "error_code")
+    err_rows = (dl.filter("sent AND outcome = 'errored'").groupBy("protocol", "error_code")
                 .count().orderBy("protocol", F.desc("count")).collect())
     errors = [{"protocol": r["protocol"], "code": r["error_code"], "count": r["count"]}
               for r in err_rows]
@@ -572,7 +573,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
             .withColumn("ts", F.expr("timestamp_micros(ts_us)")).drop("ts_us"))
 
     outputs = {}
-    for name, df in (("hops", hops), ("stages", stages), ("delivery", dl.drop("first"))):
+    for name, df in (("hops", hops), ("stages", stages), ("delivery", dl.filter("sent").drop("first"))):
         path = _join(out, f"{name}.parquet")
         df.write.mode("overwrite").parquet(path)
         outputs[name] = path

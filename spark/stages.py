@@ -33,8 +33,12 @@ federation hop) and `relay.fed_received -> relay.federated` (the 202 coming back
 expired, federated) get their leg from the trace facts: an envelope whose `dst` is the
 requester twin is a response; `federated` logged by the relay that received the request from
 its peer belongs to the request leg. The round trip ends at `app.answer`: a reply that is
-not the peer's own expiry notice. Reply codes: `rmb.app.replied.code` null or 0 = answer,
-102 = expired (rmb-peer error codes), anything else = error.
+not the peer's own expiry notice. Reply codes (`rmb.app.replied` / `rmb.peer.answered`): null or 0 = answer,
+102 = expired (rmb-peer error codes), anything else = error. rmb_peer/client.py logs the app
+events under the app's own `ref`, not the envelope uid: such a trace holds only
+app.requested -> app.replied (the round trip, the app's view); delivery is counted on the
+envelope traces (`sent` = peer sent / relay received the request), so a request is not
+counted twice.
 
 REMP (seeds: remp-protocol-b.txt): fullnode received -> sent (first rempMessage to a validator)
 -> statuses by kind (every kind is a step `fullnode.<kind>` / `validator.<kind>`, the first
@@ -89,9 +93,10 @@ class Stage:
 
 @dataclass(frozen=True)
 class Outcomes:
-    """Delivery classification of one (trace, branch). Precedence answered > errored >
-    expired; none of them and older than the TTL at the end of the logs = lost_or_stuck,
-    else in_flight. ttl_step: step whose `detail` is the TTL in seconds (else default_ttl_s)."""
+    """Delivery classification of one (trace, branch). Only rows with a `sent` step are in
+    the delivery table. Precedence answered > errored > expired; none of them and older than
+    the TTL at the end of the logs = lost_or_stuck, else in_flight. ttl_step: step whose
+    `detail` is the TTL in seconds (else default_ttl_s)."""
 
     start: tuple[str, ...]
     sent: tuple[str, ...]
@@ -180,6 +185,12 @@ RMB = Protocol(
         R("rmb.relay.expired", "relay.expired", _LEG_RESP, "NULL", "attrs.reason"),
         R("rmb.peer.received", "peer.received.resp", _RESP, _SRC_TWIN),
         R("rmb.peer.answered", "peer.answered", "true", _SRC_TWIN, _CODE),
+        R("rmb.peer.answered", "peer.answered.ok", "coalesce(attrs.code, 0) = 0", _SRC_TWIN,
+          _CODE, hop=False),
+        R("rmb.peer.answered", "peer.answered.expired", "attrs.code = 102", _SRC_TWIN, _CODE,
+          hop=False),
+        R("rmb.peer.answered", "peer.answered.error", "coalesce(attrs.code, 0) NOT IN (0, 102)",
+          _SRC_TWIN, _CODE, hop=False),
         R("rmb.peer.expired", "peer.expired", "true", "dst_twin", _CODE),
         R("rmb.peer.rejected", "peer.rejected", "true", _SRC_TWIN, _CODE),
         R("rmb.app.replied", "app.replied", "true", _SRC_TWIN, _CODE),
@@ -213,11 +224,11 @@ RMB = Protocol(
     ),
     outcomes=Outcomes(
         start=("app.requested", "peer.sent.req", "relay.received.req"),
-        sent=("app.requested", "peer.sent.req"),
+        sent=("peer.sent.req", "relay.received.req"),
         delivered=("peer.delivered",),
-        answered=("reply.ok",),
-        expired=("reply.expired", "peer.expired", "relay.expired"),
-        errored=("reply.error", "relay.rejected", "peer.rejected"),
+        answered=("reply.ok", "peer.answered.ok"),
+        expired=("reply.expired", "peer.answered.expired", "peer.expired", "relay.expired"),
+        errored=("reply.error", "peer.answered.error", "relay.rejected", "peer.rejected"),
         default_ttl_s=300.0, ttl_step="app.requested"),
 )
 

@@ -103,7 +103,7 @@ def test_spark_submit_to_standalone_master_and_worker(tmp_path):
         app = summary["spark"]["app_id"]
         # the worker launched an executor for this application
         assert (tmp_path / "work" / app).is_dir()
-        assert summary["delivery"]["rmb"]["answered"] == 6
+        assert summary["delivery"]["rmb"]["answered"] == 7
         assert summary["delivery"]["rmb"]["lost_or_stuck"] == 1
         assert summary["clock"]["corrections_ms"] == {"22": 500.0}
         assert summary["ingest"]["torn_lines"] == 1

@@ -68,7 +68,7 @@ def test_ingest_counts_torn_unknown_untraced(report):
     assert ing["bad_lines"] == 0
     assert ing["unknown_events"] == {"rmb.relay.teleported": 1}
     assert ing["untraced_events"] == {"rmb.peer.connected": 1, "rmb.relay.connected": 1}
-    assert summary["traces"] == {"rmb": 9, "remp": 4, "marlin": 1}
+    assert summary["traces"] == {"rmb": 11, "remp": 4, "marlin": 1}
 
 
 def test_clock_skew_proven_and_corrected(report):
@@ -143,6 +143,18 @@ def test_multi_destination_branches(report):
     assert out_by == {"22": "answered", "33": "answered"}
 
 
+def test_app_trace_under_its_own_ref(report):
+    """The app logs under its ref, the peers and relays under the envelope uid: the round
+    trip comes from the app's trace, delivery from the envelope's, nothing counted twice."""
+    _, out = report
+    st = {(r["trace_id"], r["stage"]): r["duration_ms"] for r in table(out, "stages")
+          if r["trace_id"] in ("ref-app", "uid-env")}
+    assert st[("ref-app", "round_trip")] == 33.0
+    assert ("uid-env", "round_trip") not in st and st[("uid-env", "relay_to_peer")] == 4.0
+    assert [r["trace_id"] for r in table(out, "delivery") if r["trace_id"] in ("ref-app", "uid-env")] \
+        == ["uid-env"]
+
+
 def test_federation_hops(report):
     _, out = report
     st = {r["stage"]: (r["duration_ms"], r["from_node"], r["to_node"])
@@ -161,7 +173,8 @@ def test_latency_table(report):
     summary, out = report
     lat = {(r["protocol"], r["stage"]): r for r in table(out, "latency")}
     assert lat == {(r["protocol"], r["stage"]): r for r in summary["latency"]}
-    expect = {("rmb", "round_trip"): [33, 43, 63, 23, 43, 33, 60],   # expired reply excluded
+    # expired reply excluded; ref-app: the app's own trace
+    expect = {("rmb", "round_trip"): [33, 43, 63, 23, 43, 33, 60, 33],
               ("remp", "finalized"): [8000, 30000], ("remp", "first_receipt"): [180, 180],
               ("remp", "to_queue"): [150, 150, 150], ("remp", "to_first_validator"): [3],
               ("marlin", "rebuild"): [35, 50],
@@ -180,7 +193,7 @@ def test_delivery_table(report):
     summary, out = report
     rows = {r["protocol"]: r for r in table(out, "delivery_summary")}
     expect = {
-        "rmb": dict(branches=10, sent=10, delivered=8, answered=6, errored=1, expired=1,
+        "rmb": dict(branches=11, sent=11, delivered=9, answered=7, errored=1, expired=1,
                     lost_or_stuck=1, in_flight=1, duplicates=2),
         "remp": dict(branches=4, sent=4, delivered=3, answered=2, errored=1, expired=1,
                      lost_or_stuck=0, in_flight=0, duplicates=0),
@@ -193,7 +206,7 @@ def test_delivery_table(report):
     assert per == {"uid-ok": "answered", "uid-multi": "answered", "uid-expired": "expired",
                    "uid-error": "errored", "uid-missing": "answered", "uid-dup": "answered",
                    "uid-lost": "lost_or_stuck", "uid-fed": "answered",
-                   "uid-inflight": "in_flight"}
+                   "uid-inflight": "in_flight", "uid-env": "answered"}   # not ref-app
     remp = {r["trace_id"][:2]: r["outcome"] for r in table(out, "delivery") if r["protocol"] == "remp"}
     assert remp == {"a1": "answered", "b2": "errored", "c3": "answered", "d4": "expired"}
     errors = {(r["protocol"], r["code"]): r["count"] for r in table(out, "delivery_errors")}
@@ -210,9 +223,9 @@ def test_sla(report):
         "marlin-rebuild-p99": "pass"}
     assert sla["rmb-round-trip-p99"]["actual"] == 63.0
     assert sla["rmb-round-trip-p99"]["budget_used"] == 0.0
-    # 6 answered of 9 finished (1 in flight): (1 - 6/9) / (1 - 0.99)
-    assert sla["rmb-delivery-rate"]["actual"] == round(6 / 9, 6)
-    assert sla["rmb-delivery-rate"]["budget_used"] == pytest.approx((1 - 6 / 9) / 0.01, rel=1e-5)
+    # 7 answered of 10 finished (1 in flight): (1 - 0.7) / (1 - 0.99)
+    assert sla["rmb-delivery-rate"]["actual"] == 0.7
+    assert sla["rmb-delivery-rate"]["budget_used"] == pytest.approx(0.3 / 0.01, rel=1e-5)
     # 1 of 4 finished REMP messages finalized within 25 s (M4 timed out: remp.fullnode.final)
     assert sla["remp-finalized-within-25s"]["actual"] == 0.25
     assert sla["marlin-rebuild-p99"]["actual"] == 50.0

@@ -53,8 +53,9 @@ def deliver(t0, uid, dst, times=1):
     peer(dst, t0 + 11, "rmb.peer.delivered", uid, cmd="calc.add", src="11")
 
 
-def answer(t0, uid, dst, handled, code=0, kind="response"):
-    """dst's service handles at t0+handled, the answer travels back to 11."""
+def answer(t0, uid, dst, handled, code=0, kind="response", app_trace=None):
+    """dst's service handles at t0+handled, the answer travels back to 11 (whose app logs
+    its reply under app_trace when given)."""
     h = t0 + handled
     app(dst, h, "rmb.app.handled", uid, cmd="calc.add", src="11", code=code, duration_ms=5.0)
     peer(dst, h + 2, "rmb.peer.sent", uid, kind=kind, dst="11", size=100, encrypted=True,
@@ -63,7 +64,8 @@ def answer(t0, uid, dst, handled, code=0, kind="response"):
     relay("r1", h + 7, "rmb.relay.delivered", uid, dst="11", size=100, queued_ms=0.0)
     peer("11", h + 10, "rmb.peer.received", uid, kind=kind, src=dst, size=100, relay="r1.local")
     peer("11", h + 11, "rmb.peer.answered", uid, src=dst, code=code)
-    app("11", h + 13, "rmb.app.replied", uid, src=dst, code=code, size=10, duration_ms=1.0)
+    app("11", h + 13, "rmb.app.replied", app_trace or uid, src=dst, code=code, size=10,
+        duration_ms=1.0)
 
 
 S = 1000
@@ -116,6 +118,14 @@ peer("11", 8 * S + 57, "rmb.peer.answered", U, src="44", code=0)
 app("11", 8 * S + 60, "rmb.app.replied", U, src="44", code=0, size=10, duration_ms=1.0)
 # T9 in flight at the end of the logs: sent 1 ms before the last line, ttl 60 s
 request(59 * S, "uid-inflight", "33", ttl=60)
+# T10 as rmb_peer/client.py logs today: the app's two events under its own ref, everything
+# else under the envelope uid; round trip 33 ms in the app's trace, delivery on the envelope's
+app("11", 9500, "rmb.app.requested", "ref-app", cmd="calc.add", dst="33", count=1, size=10, ttl=30)
+peer("11", 9502, "rmb.peer.sent", "uid-env", kind="request", dst="33", size=200, encrypted=True,
+     relay="r1.local")
+relay("r1", 9505, "rmb.relay.received", "uid-env", kind="request", src="11", dst="33", size=200)
+deliver(9500, "uid-env", "33")
+answer(9500, "uid-env", "33", 20, app_trace="ref-app")
 # connection events (no trace) and an event no catalogue declares
 peer("11", -100, "rmb.peer.connected", None, relay="r1.local")
 relay("r1", -90, "rmb.relay.connected", None, src="11")

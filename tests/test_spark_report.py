@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,26 +17,6 @@ pytestmark = pytest.mark.spark
 
 DATA = Path(__file__).parent / "data" / "eventlogs"
 LOGS = sorted(str(p) for p in DATA.glob("*.jsonl"))
-
-
-@pytest.fixture(scope="session")
-def spark():
-    if shutil.which("java") is None:
-        pytest.skip("java not found on PATH: PySpark 4 needs a system JDK 17 or 21")
-    import os
-    import sys
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-    session = (SparkSession.builder.master("local[1]").appName("relay-suite-tests")
-               .config("spark.sql.shuffle.partitions", "1")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.adaptive.enabled", "true")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -57,8 +57,15 @@ def measure(cmd: list[str], env=None, log: Path | None = None) -> dict:
 
 # ----------------------------------------------------------------------------- DuckDB baseline
 
-def duckdb_report(inputs: list[str], out: str, threads: int = 2) -> dict:
-    """The report's tables with DuckDB (same stage model, spark/stages.py, same clock rule)."""
+def duckdb_report(inputs: list[str], out: str, threads: int = 2, facts_by: str = "join") -> dict:
+    """The report's tables with DuckDB, written the way a DuckDB user would: read_json with
+    explicit columns (newline-delimited, only the columns the rules use are materialized),
+    one pipeline from the JSON to the per-step table (derived columns, trace facts, rule
+    matching grouped by event name, the two aggregations), materialized once because the
+    stages, delivery and hops tables all read it; then the per-branch step records (read by
+    stages and delivery), clock alignment (spark/clock.py) and the three Parquet outputs.
+    threads = 2 (like local[2]). Same stage model (spark/stages.py) as the Spark job;
+    `--check` compares the outputs table by table."""
     import duckdb
 
     from spark.clock import align
@@ -67,51 +74,66 @@ def duckdb_report(inputs: list[str], out: str, threads: int = 2) -> dict:
 
     con = duckdb.connect()
     con.execute(f"SET threads={threads}")
+    con.execute("SET preserve_insertion_order=false")
     files = "[" + ", ".join(f"'{p}'" for p in inputs) + "]"
     known = ", ".join(f"'{e}'" for e in sorted(known_events()))
     der = ", ".join(f"{sql} AS {name}" for name, sql in derived("duckdb").items())
-    con.execute(f"""
-        CREATE TEMP TABLE ev0 AS SELECT *, epoch_us(TRY_CAST(ts AS TIMESTAMPTZ)) AS ts_us
-        FROM read_json({files}, format='newline_delimited', columns={duckdb_columns()},
-                       ignore_errors=true)
-        WHERE ts IS NOT NULL AND event IN ({known}) AND trace_id IS NOT NULL""")
-    con.execute(f"CREATE TEMP TABLE ev1 AS SELECT *, {der} FROM ev0")
     facts = {}
     for p in PROTOCOLS.values():
         facts.update(p.facts)
-    fsql = ", ".join(f"max({sql}) OVER (PARTITION BY trace_id) AS {n}" for n, sql in facts.items())
-    con.execute(f"CREATE TEMP TABLE ev AS SELECT *, {fsql} FROM ev1")
-
-    parts = []
+    # rules grouped by event: a row evaluates only its own event's rules (no lambda)
+    by_event: dict[str, list[str]] = {}
     for p in PROTOCOLS.values():
         for r in p.rules:
             step = f"'{p.name}:' || ({r.step_sql})" if r.step_sql else f"'{p.name}:{r.step}'"
             branch = "''" if r.branch is None else f"coalesce(CAST(({r.branch}) AS VARCHAR), '?')"
             detail = f"CAST(({r.detail}) AS VARCHAR)" if r.detail else "NULL::VARCHAR"
-            parts.append(f"CASE WHEN event = '{r.event}' AND ({r.when}) THEN "
-                         f"{{'step': {step}, 'branch': {branch}, 'detail': {detail}, "
-                         f"'hop': {str(r.hop).lower()}}} END")
+            by_event.setdefault(r.event, []).append(
+                f"CASE WHEN {r.when} THEN {{'step': {step}, 'branch': {branch}, "
+                f"'detail': {detail}, 'hop': {str(r.hop).lower()}}} END")
+    rules = "CASE event " + " ".join(
+        f"WHEN '{e}' THEN [{', '.join(parts)}]" for e, parts in by_event.items()) + " END"
+    if facts_by == "window":
+        fact_cte = ""
+        fact_cols = ", ".join(f"max({sql}) OVER (PARTITION BY trace_id) AS {n}"
+                              for n, sql in facts.items())
+        evf = f"SELECT *, {fact_cols} FROM ev"
+    else:
+        fact_cte = (", facts AS (SELECT trace_id, " + ", ".join(
+            f"max({sql}) AS {n}" for n, sql in facts.items()) +
+            " FROM ev WHERE event LIKE 'rmb.%' GROUP BY trace_id)")
+        evf = "SELECT * FROM ev LEFT JOIN facts USING (trace_id)"
     con.execute(f"""
-        CREATE TEMP TABLE st AS SELECT trace_id, substr(event, 1, strpos(event, '.') - 1) AS protocol,
-            node, ts_us, hash(event, attrs) AS fact, s.step, s.branch, s.detail, s.hop
-        FROM (SELECT *, unnest(list_filter([{', '.join(parts)}], lambda x: x IS NOT NULL)) AS s FROM ev)""")
-    con.execute("""
         CREATE TEMP TABLE steps AS
-        WITH pp AS (SELECT trace_id, protocol, step, branch, node, fact, detail, min(ts_us) AS ts,
-                           count(*) AS n, bool_or(hop) AS hop FROM st GROUP BY ALL)
-        SELECT trace_id, protocol, step, branch, min(ts) AS ts, arg_min(node, ts) AS node,
+        WITH ev AS (
+            SELECT trace_id, node, event, attrs,
+                   epoch_us(TRY_CAST(ts AS TIMESTAMP)) AS ts_us, {der}
+            FROM read_json({files}, format='newline_delimited', columns={duckdb_columns()},
+                           ignore_errors=true)
+            WHERE ts IS NOT NULL AND event IN ({known}) AND trace_id IS NOT NULL
+                  AND trace_id <> ''){fact_cte},
+        st AS (
+            SELECT trace_id, protocol, node, ts_us, fact, s.step, s.branch, s.detail, s.hop
+            FROM (SELECT trace_id, substr(event, 1, strpos(event, '.') - 1) AS protocol, node,
+                         ts_us, hash(event, attrs) AS fact, unnest({rules}) AS s
+                  FROM ({evf}))
+            WHERE s IS NOT NULL),
+        pp AS (SELECT trace_id, protocol, step, branch, node, fact, detail, min(ts_us) AS ts,
+                      count(*) AS n, bool_or(hop) AS hop FROM st GROUP BY ALL)
+        SELECT trace_id, protocol, step, branch, min(ts) AS ts,
+               arg_min(node, {{'t': ts, 'n': node}}) AS node,
                sum(n) AS n, sum(CASE WHEN branch = '?' THEN 0 ELSE n - 1 END) AS dup,
-               arg_min(detail, ts) AS detail, bool_or(hop) AS hop FROM pp GROUP BY ALL""")
+               arg_min(detail, {{'t': ts, 'n': node}}) AS detail, bool_or(hop) AS hop
+        FROM pp GROUP BY ALL""")
+    # per (trace, branch) the step records: root steps, the branch's own, `?` of single-branch
     con.execute("""
-        CREATE TEMP TABLE tb AS
+        CREATE TEMP TABLE rs AS
         WITH br AS (SELECT trace_id, protocol,
                            coalesce(list_sort(list(DISTINCT branch) FILTER (
                                WHERE branch NOT IN ('', '?'))), []) AS bs
-                    FROM steps GROUP BY ALL)
-        SELECT trace_id, protocol, unnest(CASE WHEN len(bs) = 0 THEN [''] ELSE bs END) AS branch,
-               len(bs) AS nb, coalesce(bs[1], '') AS fb FROM br""")
-    con.execute("""
-        CREATE TEMP TABLE rs AS
+                    FROM steps GROUP BY ALL),
+        tb AS (SELECT trace_id, protocol, unnest(CASE WHEN len(bs) = 0 THEN [''] ELSE bs END)
+                      AS branch, len(bs) AS nb, coalesce(bs[1], '') AS fb FROM br)
         SELECT tb.trace_id, tb.protocol, tb.branch, tb.fb, s.step, s.ts, s.node, s.detail
         FROM tb JOIN steps s ON s.trace_id = tb.trace_id AND
              (s.branch IN ('', tb.branch) OR (s.branch = '?' AND tb.nb <= 1))
@@ -126,59 +148,141 @@ def duckdb_report(inputs: list[str], out: str, threads: int = 2) -> dict:
     con.execute("CREATE TEMP TABLE edges (protocol VARCHAR, stage VARCHAR, f VARCHAR, t VARCHAR,"
                 " e2e BOOLEAN, clock BOOLEAN, rr BOOLEAN)")
     con.executemany("INSERT INTO edges VALUES (?, ?, ?, ?, ?, ?, ?)", edges)
-    con.execute("""
-        CREATE TEMP TABLE sr AS
-        SELECT a.trace_id, a.protocol, a.branch, e.stage, e.e2e, e.clock, a.ts AS from_ts,
+    sr = """SELECT a.trace_id, a.protocol, a.branch, e.stage, e.e2e, e.clock, a.ts AS from_ts,
                b.ts AS to_ts, a.node AS from_node, b.node AS to_node
         FROM rs a JOIN edges e ON e.protocol = a.protocol AND e.f = a.step
         JOIN rs b ON b.trace_id = a.trace_id AND b.branch = a.branch AND b.step = e.t
-        WHERE NOT e.rr OR a.branch = a.fb""")
+        WHERE NOT e.rr OR a.branch = a.fb"""
+    con.execute(f"CREATE TEMP TABLE sr AS {sr}")
     pairs = con.execute("""SELECT from_node, to_node, min(to_ts - from_ts) / 1000.0 FROM sr
                            WHERE clock AND from_node <> to_node GROUP BY ALL""").fetchall()
     clock = align({(a, b): d for a, b, d in pairs})
     con.execute("CREATE TEMP TABLE corr (node VARCHAR, ms DOUBLE)")
     if clock.corrections:
         con.executemany("INSERT INTO corr VALUES (?, ?)", list(clock.corrections.items()))
-    con.execute("""
-        CREATE TEMP TABLE stages AS
-        SELECT sr.*, (to_ts - from_ts) / 1000.0 + coalesce(ct.ms, 0) - coalesce(cf.ms, 0) AS duration_ms
-        FROM sr LEFT JOIN corr cf ON cf.node = sr.from_node LEFT JOIN corr ct ON ct.node = sr.to_node""")
-    latency = con.execute("""
+    stages = """SELECT trace_id, protocol, branch, stage, e2e, from_node, to_node,
+               make_timestamp(from_ts + CAST(coalesce(cf.ms, 0) * 1000 AS BIGINT)) AS from_ts,
+               (to_ts - from_ts) / 1000.0 + coalesce(ct.ms, 0) - coalesce(cf.ms, 0) AS duration_ms
+        FROM sr LEFT JOIN corr cf ON cf.node = sr.from_node LEFT JOIN corr ct ON ct.node = sr.to_node"""
+    latency = con.execute(f"""
         SELECT protocol, stage, count(*), quantile_disc(duration_ms, [0.5, 0.9, 0.99]), max(duration_ms)
-        FROM stages GROUP BY ALL ORDER BY ALL""").fetchall()
-    # delivery outcomes per (trace, branch)
+        FROM sr LEFT JOIN corr cf ON cf.node = sr.from_node LEFT JOIN corr ct ON ct.node = sr.to_node,
+             LATERAL (SELECT (to_ts - from_ts) / 1000.0 + coalesce(ct.ms, 0) - coalesce(cf.ms, 0)
+                      AS duration_ms)
+        GROUP BY ALL ORDER BY ALL""").fetchall()
+    # delivery outcomes per (trace, branch), for branches with a `sent` step
     log_end = con.execute("SELECT max(ts) FROM steps").fetchone()[0] or 0
-    case = []
+    cols = {k: [] for k in ("sent", "delivered", "answered", "errored", "expired", "ttl_s",
+                            "error_code", "outcome", "start")}
     for p in PROTOCOLS.values():
         o = p.outcomes
 
         def has(steps, p=p):
             return ("bool_or(step IN (" + ", ".join(f"'{p.name}:{s}'" for s in steps) + "))"
                     if steps else "false")
+
+        def first(steps, what, p=p):
+            return ", ".join(f"min(CASE WHEN step = '{p.name}:{s}' THEN {what} END)" for s in steps)
         ttl = (f"coalesce(TRY_CAST(max(CASE WHEN step = '{p.name}:{o.ttl_step}' THEN detail END)"
-               f" AS DOUBLE), {o.default_ttl_s})" if o.ttl_step else str(o.default_ttl_s))
-        start = ("coalesce(" + ", ".join(f"min(CASE WHEN step = '{p.name}:{s}' THEN ts END)"
-                                         for s in o.start) + ", min(ts))")
-        case.append(f"""WHEN protocol = '{p.name}' THEN CASE WHEN {has(o.answered)} THEN 'answered'
-            WHEN {has(o.errored)} THEN 'errored' WHEN {has(o.expired)} THEN 'expired'
-            WHEN {log_end} - {start} > {ttl} * 1000000 THEN 'lost_or_stuck' ELSE 'in_flight' END""")
-    con.execute(f"""CREATE TEMP TABLE delivery AS SELECT trace_id, protocol, branch,
-                    CASE {' '.join(case)} END AS outcome FROM rs GROUP BY trace_id, protocol, branch""")
-    delivery = con.execute("SELECT protocol, outcome, count(*) FROM delivery GROUP BY ALL "
-                           "ORDER BY ALL").fetchall()
+               f" AS DOUBLE), {float(o.default_ttl_s)})" if o.ttl_step else f"{float(o.default_ttl_s)}")
+        start = f"coalesce({first(o.start, 'ts')}, min(ts))"
+        code = (f"CASE WHEN {has(o.errored)} THEN coalesce({first(o.errored, 'detail')}, 'unknown') END"
+                if o.errored else "NULL::VARCHAR")
+        outcome = (f"CASE WHEN {has(o.answered)} THEN 'answered' WHEN {has(o.errored)} THEN 'errored' "
+                   f"WHEN {has(o.expired)} THEN 'expired' WHEN {log_end} - {start} > {ttl} * 1000000 "
+                   f"THEN 'lost_or_stuck' ELSE 'in_flight' END")
+        vals = {"sent": has(o.sent), "delivered": has(o.delivered), "answered": has(o.answered),
+                "errored": has(o.errored), "expired": has(o.expired), "ttl_s": ttl,
+                "error_code": code, "outcome": outcome, "start": f"make_timestamp({start})"}
+        for k, v in vals.items():
+            cols[k].append(f"WHEN '{p.name}' THEN {v}")
+    sel = ", ".join(f"CASE protocol {' '.join(v)} END AS {k}" for k, v in cols.items())
+    delivery = f"""SELECT * FROM (SELECT trace_id, protocol, branch, {sel} FROM rs
+                   GROUP BY trace_id, protocol, branch) WHERE sent"""
     # hops with corrected ts, ordered, time spent
-    con.execute("""
-        CREATE TEMP TABLE hops AS
-        SELECT trace_id, protocol, step, branch, s.node, n, dup,
-               ts + CAST(coalesce(c.ms, 0) * 1000 AS BIGINT) AS ts_c,
-               row_number() OVER w AS seq, (lead(ts_c) OVER w - ts_c) / 1000.0 AS spent_ms
-        FROM steps s LEFT JOIN corr c ON c.node = s.node WHERE hop
-        WINDOW w AS (PARTITION BY trace_id ORDER BY ts_c, step, branch)""")
+    hops = """SELECT trace_id, protocol, step, branch, s.node, n, dup, detail, row_number() OVER w AS seq,
+               (lead(ts_c) OVER w - ts_c) / 1000.0 AS spent_ms, make_timestamp(ts_c) AS ts
+        FROM (SELECT *, ts + CAST(coalesce(c.ms, 0) * 1000 AS BIGINT) AS ts_c
+              FROM steps s LEFT JOIN corr c ON c.node = s.node WHERE hop) s
+        WINDOW w AS (PARTITION BY trace_id ORDER BY ts_c, step, branch)"""
     Path(out).mkdir(parents=True, exist_ok=True)
-    for t in ("hops", "stages", "delivery"):
-        con.execute(f"COPY {t} TO '{out}/{t}.parquet' (FORMAT parquet)")
+    for name, q in (("hops", hops), ("stages", stages), ("delivery", delivery)):
+        con.execute(f"COPY ({q}) TO '{out}/{name}.parquet' (FORMAT parquet)")
+    outcomes = con.execute(f"SELECT protocol, outcome, count(*) FROM ({delivery}) GROUP BY ALL "
+                           "ORDER BY ALL").fetchall()
     return {"latency": [(p, s, n, q, m) for p, s, n, q, m in latency if s == "round_trip"],
-            "delivery": delivery, "clock_corrections": len(clock.corrections)}
+            "delivery": outcomes, "clock_corrections": len(clock.corrections)}
+
+
+# ----------------------------------------------------------------------------- equality check
+
+#: columns compared per table (Spark's output vs DuckDB's), doubles rounded to 6 places
+CHECK_COLUMNS = {
+    "hops": "trace_id, protocol, step, branch, node, n, dup, detail, seq, "
+            "round(spent_ms, 6) AS spent_ms, ts",
+    "stages": "trace_id, protocol, branch, stage, e2e, from_node, to_node, from_ts, "
+              "round(duration_ms, 6) AS duration_ms",
+    "delivery": "trace_id, protocol, branch, sent, delivered, answered, errored, expired, "
+                "ttl_s, error_code, outcome, start",
+}
+
+
+def compare_outputs(spark_out: str, duck_out: str) -> dict[str, dict]:
+    """Row-by-row comparison of hops/stages/delivery (multiset difference both ways) and
+    the latency table (count and max per stage; p50/p90/p99 where Spark's percentile is
+    exact, i.e. below 10000 samples). Returns table -> {rows, only_spark, only_duckdb}."""
+    import duckdb
+    con = duckdb.connect()
+    res = {}
+    for t, cols in CHECK_COLUMNS.items():
+        a = f"SELECT {cols} FROM read_parquet('{spark_out}/{t}.parquet/*.parquet')"
+        b = f"SELECT {cols} FROM read_parquet('{duck_out}/{t}.parquet')"
+        res[t] = {"rows": con.execute(f"SELECT count(*) FROM ({a})").fetchone()[0],
+                  "rows_duckdb": con.execute(f"SELECT count(*) FROM ({b})").fetchone()[0],
+                  "only_spark": con.execute(f"SELECT count(*) FROM ({a} EXCEPT ALL {b})").fetchone()[0],
+                  "only_duckdb": con.execute(f"SELECT count(*) FROM ({b} EXCEPT ALL {a})").fetchone()[0],
+                  "sample": con.execute(f"({a} EXCEPT ALL {b}) LIMIT 3").fetchall()}
+    lat_s = {(r[0], r[1]): r[2:] for r in con.execute(
+        f"SELECT protocol, stage, count, p50_ms, p90_ms, p99_ms, max_ms FROM "
+        f"read_parquet('{spark_out}/latency.parquet/*.parquet')").fetchall()}
+    lat_d = {(r[0], r[1]): r[2:] for r in con.execute(
+        f"SELECT protocol, stage, count(*), round(quantile_disc(duration_ms, 0.5), 3), "
+        f"round(quantile_disc(duration_ms, 0.9), 3), round(quantile_disc(duration_ms, 0.99), 3), "
+        f"round(max(duration_ms), 3) FROM read_parquet('{duck_out}/stages.parquet') "
+        f"GROUP BY ALL").fetchall()}
+    bad = []
+    for k in sorted(set(lat_s) | set(lat_d)):
+        s, d = lat_s.get(k), lat_d.get(k)
+        if s is None or d is None or s[0] != d[0] or s[4] != d[4] or (
+                s[0] < 10000 and tuple(s[1:4]) != tuple(d[1:4])):
+            bad.append((k, s, d))
+    res["latency"] = {"rows": len(lat_s), "mismatch": bad[:5], "mismatches": len(bad)}
+    return res
+
+
+def check(logdir: str, base: Path, partitions: int) -> int:
+    """Spark (in this process, local[2]) and DuckDB over the same logs; 0 when every table
+    is identical."""
+    from spark.report import build_session, run
+    inputs = sorted(str(p) for p in Path(logdir).glob("*.jsonl"))
+    t = time.time()
+    duckdb_report(inputs, str(base / "check-duckdb"))
+    print(f"duckdb {time.time() - t:.1f} s", flush=True)
+    spark = build_session("local[2]", shuffle_partitions=partitions)
+    try:
+        t = time.time()
+        run(inputs, str(base / "check-spark"), spark=spark)
+        print(f"spark {time.time() - t:.1f} s", flush=True)
+    finally:
+        spark.stop()
+    res = compare_outputs(str(base / "check-spark"), str(base / "check-duckdb"))
+    ok = True
+    for t, r in res.items():
+        print(t, json.dumps(r, default=str))
+        ok &= not (r.get("only_spark") or r.get("only_duckdb") or r.get("mismatches")) and (
+            r.get("rows_duckdb", r["rows"]) == r["rows"])
+    print("IDENTICAL" if ok else "DIFFERENT")
+    return 0 if ok else 1
 
 
 # ----------------------------------------------------------------------------- driver
@@ -190,6 +294,8 @@ def main(argv=None) -> int:
     ap.add_argument("--driver-memory", default="3g")
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--skip-json", action="store_true", help="skip Spark over JSON")
+    ap.add_argument("--check", metavar="LOGDIR",
+                    help="run Spark and DuckDB over LOGDIR/*.jsonl and compare every table")
     ap.add_argument("--child-duckdb", nargs=2, metavar=("LOGDIR", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -200,6 +306,8 @@ def main(argv=None) -> int:
         return 0
 
     base = Path(args.dir)
+    if args.check:
+        return check(args.check, base, args.partitions)
     logs = base / f"logs-{args.events}"
     if not (logs / "DONE").exists():
         from gen_eventlog import generate

@@ -273,11 +273,13 @@ def _step_table(spark, inputs: list[str]):
                           "fact", "detail", "hop").agg(
         F.min("ts_us").alias("ts"), F.count(F.lit(1)).alias("n"))
     per_step = per_proc.groupBy("trace_id", "protocol", "step", "branch").agg(
-        F.min("ts").alias("ts"), F.min_by("node", "ts").alias("node"),
+        # node and detail of the first occurrence; ties on ts go to the smallest node, so
+        # the result does not depend on the order rows arrive in
+        F.min("ts").alias("ts"), F.expr("min_by(node, struct(ts, node))").alias("node"),
         F.sum("n").alias("n"),
         # a step logged twice by one process; unattributed (`?`) steps are not counted
         F.sum(F.expr("CASE WHEN branch = '?' THEN 0 ELSE n - 1 END")).alias("dup"),
-        F.min_by("detail", "ts").alias("detail"), F.max("hop").alias("hop"))
+        F.expr("min_by(detail, struct(ts, node))").alias("detail"), F.max("hop").alias("hop"))
     # the trace's branches (sorted), for attributing root and `?` steps; per_step comes out
     # sorted by trace_id, so this window needs no further shuffle or sort
     w = Window.partitionBy("trace_id")

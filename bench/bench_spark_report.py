@@ -4,6 +4,7 @@ stage, delivery outcomes, ordered hops written as Parquet) in the same run.
 
     .venv/bin/python bench/bench_spark_report.py [--events 5000000] [--dir /tmp/relay-bench]
         [--driver-memory 3g] [--partitions 8] [--skip-json]
+    .venv/bin/python bench/bench_spark_report.py --check LOGDIR    (equality check)
 
 Steps: generate logs once (bench/gen_eventlog.py, reused when the event count matches),
 then each engine runs in its own child process while this process samples the child's
@@ -15,6 +16,13 @@ process tree (driver JVM + Python workers; DuckDB's Python) every 0.1 s for peak
    reported separately, not part of the report's time).
 4. Spark: the same report over the compacted Parquet.
 Prints wall s, peak MB, and each Spark run's ratio to DuckDB. Not part of the test suite.
+
+The DuckDB baseline is meant to be fair (what a competent DuckDB user writes, not a strawman):
+read_json with explicit columns and format=newline_delimited, one pipeline from the JSON to
+the per-step table, rules grouped by event name, no temp copies of the events. `--check
+LOGDIR` runs Spark (in process, local[2]) and DuckDB over the same logs and compares
+hops/stages/delivery row by row and the latency table (counts, max, and the percentiles
+where Spark's are exact); it printed IDENTICAL at 300k events (gen_eventlog seed 1).
 """
 from __future__ import annotations
 

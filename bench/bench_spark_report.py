@@ -31,7 +31,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -172,7 +171,7 @@ def duckdb_report(inputs: list[str], out: str, threads: int = 2, facts_by: str =
                make_timestamp(from_ts + CAST(coalesce(cf.ms, 0) * 1000 AS BIGINT)) AS from_ts,
                (to_ts - from_ts) / 1000.0 + coalesce(ct.ms, 0) - coalesce(cf.ms, 0) AS duration_ms
         FROM sr LEFT JOIN corr cf ON cf.node = sr.from_node LEFT JOIN corr ct ON ct.node = sr.to_node"""
-    latency = con.execute(f"""
+    latency = con.execute("""
         SELECT protocol, stage, count(*), quantile_disc(duration_ms, [0.5, 0.9, 0.99]), max(duration_ms)
         FROM sr LEFT JOIN corr cf ON cf.node = sr.from_node LEFT JOIN corr ct ON ct.node = sr.to_node,
              LATERAL (SELECT (to_ts - from_ts) / 1000.0 + coalesce(ct.ms, 0) - coalesce(cf.ms, 0)

@@ -30,7 +30,7 @@ import collections
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable
+from typing import Any, Iterable
 
 from rmb_peer.envelope import Envelope, is_expired, message_kind, relay_error
 

@@ -44,11 +44,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import socket
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import aiohttp
 import redis.asyncio as aioredis

@@ -1,5 +1,4 @@
 import argparse
-import asyncio
 import os
 import subprocess
 import sys

@@ -140,7 +140,6 @@ def test_constructor_ids_match_ton_api():
 
 def test_block_hash_and_signature_are_over_the_block_id():
     k = NodeKey.from_seed(b"\x01" * 32)
-    members = [k.public, NodeKey.from_seed(b"\x02" * 32).public]
     root = cc.root_dep(SESSION, 2)
     b = sign_block(k, SESSION, 0, 1, root, (), cc.pack_records([b"hello"]))
     idb = cc.block_id_bytes(SESSION, k.key_id, 1, b.data_hash())

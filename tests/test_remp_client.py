@@ -193,6 +193,7 @@ def test_lifetime_timeout():
     assert net.finals() == []
     net.step(T0 + 30)
     (final,) = net.finals()
+    assert final.message_id == mid
     assert final.outcome == "timeout" and final.datagrams == 7 + 7 * 8  # t=0..12 one each, t=14..28 all seven
     assert net.kinds("fullnode")[-1] == "Timeout"
 

@@ -9,7 +9,7 @@ import socket
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.test_relay_daemon import Cluster, envelope, recv_env, url
+from tests.relay_harness import Cluster, envelope, recv_env, url
 
 
 @pytest.fixture

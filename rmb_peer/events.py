@@ -40,6 +40,10 @@ RMB_EVENTS = Catalogue("rmb", [
       {"kind": "string", "src": "string", "dst": "string", "size": "long"}),
     E("rmb.relay.delivered", "an envelope was written to a local connection",
       {"dst": "string", "size": "long", "queued_ms": "double"}),
+    E("rmb.relay.forwarded", "the live local route: an envelope from a connected peer was "
+      "written at once to its destination's connection on the same relay (received and "
+      "delivered in one loop pass: one event, read as both steps by the trace report)",
+      {"kind": "string", "src": "string", "dst": "string", "size": "long"}),
     E("rmb.relay.queued", "the destination is offline: the envelope was queued",
       {"dst": "string", "size": "long"}),
     E("rmb.relay.federated", "an envelope was accepted (202) by another relay",

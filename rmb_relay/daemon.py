@@ -430,27 +430,25 @@ class RelayServer:
         verdict = self.router.check_inbound(peer.session, env, size, now)
         if type(verdict) is Forward:
             target = self.table.get(session_of(env.destination))
-            if target is not None and not target.replaying:
-                # the hot path: received + delivered (the trace needs both), no Redis, no
-                # lookup. check_inbound proved env.source == peer.session, and the target
-                # was found by env.destination, so their names are the events' src/dst.
-                events = self.events
-                events.emit("rmb.relay.received", env.uid, kind=env.WhichOneof("message") or "none",
-                            src=peer.name, dst=target.name, size=size)
-                ws = target.ws
-                if not ws.closed:
-                    self._note_write(target)
-                    try:
-                        await ws.send_bytes(data)
-                    except (ConnectionError, RuntimeError):
-                        pass
-                    else:
-                        self.metrics.dl_live.inc()
-                        events.emit("rmb.relay.delivered", env.uid, dst=target.name,
-                                    size=size, queued_ms=0.0)
-                        return None
-            else:
-                self._received_event(env, size)
+            if target is not None and not target.replaying and not target.ws.closed:
+                # the hot path: the live local route, no Redis, no lookup. Received and
+                # delivered in one loop pass are one state change for the trace, so ONE
+                # event, `forwarded` (DESIGN.md section 6: hot paths log at info only what
+                # traces need; spark/stages.py maps it onto both steps). check_inbound
+                # proved env.source == peer.session and the target was found by
+                # env.destination, so their names are the event's src/dst.
+                self._note_write(target)
+                try:
+                    await target.ws.send_bytes(data)
+                except (ConnectionError, RuntimeError):
+                    pass       # closed meanwhile: the slow path queues it
+                else:
+                    self.metrics.dl_live.inc()
+                    self.events.emit("rmb.relay.forwarded", env.uid,
+                                     kind=env.WhichOneof("message") or "none",
+                                     src=peer.name, dst=target.name, size=size)
+                    return None
+            self._received_event(env, size)
             await self._forward(peer, env, data, now)
             return None
         self._received_event(env, size)

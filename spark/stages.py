@@ -29,7 +29,9 @@ app handled -> and back for the response, which shares the request's envelope ui
 `rmb.relay.federated` is logged when the remote relay answered 202, i.e. after the remote
 `federation_received`, so the model has `relay.received -> relay.fed_received` (the
 federation hop) and `relay.fed_received -> relay.federated` (the 202 coming back), not
-`federated -> federation_received`. Relay events without `kind` (delivered, queued,
+`federated -> federation_received`. `rmb.relay.forwarded` (the live local route: received
+and written to the destination's connection in one loop pass, one event on the hot path) is
+both `relay.received` and `relay.delivered` of its leg, at the same ts. Relay events without `kind` (delivered, queued,
 expired, federated) get their leg from the trace facts: an envelope whose `dst` is the
 requester twin is a response; `federated` logged by the relay that received the request from
 its peer belongs to the request leg. The round trip ends at `app.answer`: a reply that is
@@ -158,10 +160,11 @@ RMB = Protocol(
         "requester": (
             f"CASE WHEN event = 'rmb.app.requested' THEN twin "
             f"WHEN event = 'rmb.peer.sent' AND {_REQ} THEN twin "
-            f"WHEN event IN ('rmb.relay.received', 'rmb.relay.federation_received') AND {_REQ} "
-            f"THEN src_twin END"),
+            f"WHEN event IN ('rmb.relay.received', 'rmb.relay.federation_received', "
+            f"'rmb.relay.forwarded') AND {_REQ} THEN src_twin END"),
         # the relay the requester's peer is connected to
-        "origin_relay": f"CASE WHEN event = 'rmb.relay.received' AND {_REQ} THEN node END",
+        "origin_relay": (f"CASE WHEN event IN ('rmb.relay.received', 'rmb.relay.forwarded') "
+                         f"AND {_REQ} THEN node END"),
     },
     rules=(
         R("rmb.app.requested", "app.requested", detail="CAST(attrs.ttl AS STRING)"),
@@ -171,6 +174,8 @@ RMB = Protocol(
         R("rmb.relay.federated", "relay.federated.req", _FED_REQ, "NULL"),
         R("rmb.relay.queued", "relay.queued.req", _LEG_REQ, "dst_twin"),
         R("rmb.relay.delivered", "relay.delivered.req", _LEG_REQ, "dst_twin"),
+        R("rmb.relay.forwarded", "relay.received.req", _REQ, "dst_twin"),
+        R("rmb.relay.forwarded", "relay.delivered.req", _REQ, "dst_twin"),
         R("rmb.relay.expired", "relay.expired", _LEG_REQ, "dst_twin", "attrs.reason"),
         R("rmb.relay.rejected", "relay.rejected", "true", "dst_twin", "attrs.reason"),
         R("rmb.peer.received", "peer.received.req", _REQ, "twin"),
@@ -182,6 +187,8 @@ RMB = Protocol(
         R("rmb.relay.federated", "relay.federated.resp", _FED_RESP, "NULL"),
         R("rmb.relay.queued", "relay.queued.resp", _LEG_RESP, "NULL"),
         R("rmb.relay.delivered", "relay.delivered.resp", _LEG_RESP, "NULL"),
+        R("rmb.relay.forwarded", "relay.received.resp", _RESP, _SRC_TWIN),
+        R("rmb.relay.forwarded", "relay.delivered.resp", _RESP, _SRC_TWIN),
         R("rmb.relay.expired", "relay.expired", _LEG_RESP, "NULL", "attrs.reason"),
         R("rmb.peer.received", "peer.received.resp", _RESP, _SRC_TWIN),
         R("rmb.peer.answered", "peer.answered", "true", _SRC_TWIN, _CODE),

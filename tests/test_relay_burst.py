@@ -41,9 +41,11 @@ async def test_burst_delivered_in_order_logged_and_uncorked(cluster):
         await wa.send(single.SerializeToString())
         assert (await recv_env(wb, timeout=2)).uid == single.uid
     uids = {e.uid for e in envs}
+    # the live local route logs ONE event per envelope, `forwarded`, at info
+    events = [e for e in relay.test_events.of("rmb.relay.forwarded") if e["trace_id"] in uids]
+    assert len(events) == len(envs) and {e["level"] for e in events} == {"info"}
     for name in ("rmb.relay.received", "rmb.relay.delivered"):
-        events = [e for e in relay.test_events.of(name) if e["trace_id"] in uids]
-        assert len(events) == len(envs) and {e["level"] for e in events} == {"info"}
-    received = {e["trace_id"]: e["attrs"] for e in relay.test_events.of("rmb.relay.received")}
-    assert received[envs[0].uid] == {"kind": "request", "src": str(a), "dst": str(b),
-                                     "size": envs[0].ByteSize()}
+        assert not [e for e in relay.test_events.of(name) if e["trace_id"] in uids]
+    forwarded = {e["trace_id"]: e["attrs"] for e in events}
+    assert forwarded[envs[0].uid] == {"kind": "request", "src": str(a), "dst": str(b),
+                                      "size": envs[0].ByteSize()}

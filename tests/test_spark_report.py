@@ -258,3 +258,57 @@ def test_parquet_cache_gives_the_same_report(spark, report, tmp_path):
     assert summary["latency"] == want["latency"]
     assert summary["sla"] == want["sla"]
     assert summary["clock"]["corrections_ms"] == want["clock"]["corrections_ms"]
+
+
+# ------------------------------------------------------------------ the live local route
+
+def test_forwarded_is_both_relay_steps(spark, tmp_path):
+    """`rmb.relay.forwarded` (the relay's one event on the live local route) is read as
+    relay.received and relay.delivered of its leg at one ts: the stages around the relay
+    are measured, the response is attributed to the responder's branch, and the request
+    counts as sent and answered. A two-destination request: the relay forwards to 22 and
+    queues for 33 (received + queued + delivered), so both event shapes meet in one trace."""
+    from spark.report import run
+
+    def line(ms, service, node, event, **attrs):
+        ts = f"2026-11-20T10:00:00.{ms * 1000:06d}Z"
+        return json.dumps({"ts": ts, "level": "info", "service": service, "node": node,
+                           "event": event, "trace_id": "uid-fwd", "attrs": attrs})
+
+    fwd = lambda ms, **a: line(ms, "rmb-relay", "r1.local", "rmb.relay.forwarded", **a)  # noqa: E731
+    rows = [
+        line(0, "rmb-peer", "11", "rmb.peer.sent", kind="request", dst="22", size=200,
+             encrypted=True, relay="r1.local"),
+        line(1, "rmb-peer", "11", "rmb.peer.sent", kind="request", dst="33", size=200,
+             encrypted=True, relay="r1.local"),
+        fwd(3, kind="request", src="11", dst="22", size=200),
+        line(4, "rmb-relay", "r1.local", "rmb.relay.received", kind="request", src="11",
+             dst="33", size=200),
+        line(5, "rmb-relay", "r1.local", "rmb.relay.queued", dst="33", size=200),
+        line(7, "rmb-peer", "22", "rmb.peer.received", kind="request", src="11", size=200,
+             relay="r1.local"),
+        line(8, "rmb-peer", "22", "rmb.peer.delivered", cmd="calc.add", src="11"),
+        line(20, "rmb-peer", "22", "rmb.peer.sent", kind="response", dst="11", size=100,
+             encrypted=True, relay="r1.local"),
+        fwd(24, kind="response", src="22", dst="11", size=100),
+        line(27, "rmb-peer", "11", "rmb.peer.received", kind="response", src="22", size=100,
+             relay="r1.local"),
+        line(28, "rmb-peer", "11", "rmb.peer.answered", src="22", code=0),
+        line(45, "rmb-relay", "r1.local", "rmb.relay.delivered", dst="33", size=200,
+             queued_ms=40.0),
+    ]
+    log = tmp_path / "fwd.jsonl"
+    log.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    summary = run([str(log)], str(out), spark=spark, strict=True)
+    assert summary["ingest"]["unknown_events"] == {}
+    st = {(r["branch"], r["stage"]): r["duration_ms"] for r in table(out, "stages")}
+    assert st[("22", "peer_to_relay")] == 3.0 and st[("22", "relay_transit")] == 0.0
+    assert st[("22", "relay_to_peer")] == 4.0
+    assert st[("22", "peer_to_relay_resp")] == 4.0 and st[("22", "relay_transit_resp")] == 0.0
+    assert st[("22", "relay_to_peer_resp")] == 3.0
+    assert st[("33", "relay_queue")] == 40.0 and st[("33", "relay_transit")] == 41.0
+    hops = [(h["branch"], h["step"]) for h in sorted(table(out, "hops"), key=lambda h: h["seq"])]
+    assert ("22", "rmb:relay.received.req") in hops and ("22", "rmb:relay.delivered.resp") in hops
+    outcome = {r["branch"]: r["outcome"] for r in table(out, "delivery")}
+    assert outcome["22"] == "answered" and outcome["33"] != "answered"

@@ -36,8 +36,10 @@ Tag `fail-fast`: an offline destination gives the relay error `destination offli
 
 Relay errors answer requests only (rmb_peer.envelope.relay_error). Events: rmb.relay.*
 (rmb_peer/events.py), trace_id = envelope uid; payloads are never logged. Every envelope
-from a peer logs `rmb.relay.received` and then `delivered` / `queued` / an error at info
-(the trace report's peer_to_relay and relay_transit stages need both). Event loop: uvloop
+from a peer logs at info either `rmb.relay.forwarded` (the live local route: written to the
+destination's connection in the same loop pass, one event read as received + delivered by
+the trace report) or `rmb.relay.received` and then `delivered` / `queued` / `federated` / an
+error (the peer_to_relay and relay_transit stages need both). Event loop: uvloop
 when installed (--event-loop).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """rmb-relay hot path under a burst: every envelope is delivered in order, the trace events
-(received + delivered, at info) are logged for each, and the destination socket is never left
+(one `forwarded` at info on this live local route) are logged for each, and the destination socket is never left
 corked (rmb_relay.daemon write coalescing with TCP_CORK)."""
 from __future__ import annotations
 

@@ -69,6 +69,17 @@ def runqueue_wait(pid: int) -> float:
     return total / 1e9
 
 
+def machine_busy() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine so far, all cores (/proc/stat)."""
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return float("nan"), float("nan")
+    tck = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal: busy = all but idle and iowait
+    return (sum(f[:8]) - f[3] - f[4]) / tck, f[7] / tck
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -203,6 +214,8 @@ def service_main(redis_url: str, log_path: str | None = None) -> None:
         loop = asyncio.get_running_loop()
         import signal
         loop.add_signal_handler(signal.SIGTERM, stop.set)
+        from daemon_runtime.lifecycle import freeze_heap
+        freeze_heap()   # as the daemons do once ready: no 15-30 ms full GC pauses later
         print("READY {}", flush=True)
         await svc.run(stop)
     use_event_loop("auto")
@@ -284,13 +297,21 @@ def hop_latencies(log_dir: Path, last: int) -> list[str]:
                 if name == "rmb.peer.sent":
                     name += "." + attrs["kind"]
                 steps = first.setdefault(uid, {})
-                if name in ("rmb.relay.received", "rmb.relay.delivered"):
-                    name += ".2" if name + ".1" in steps else ".1"
-                if name not in steps:
-                    steps[name] = datetime.datetime.fromisoformat(
-                        e["ts"].replace("Z", "+00:00")).timestamp()
-                    if name == "rmb.app.requested":
-                        starts.append((steps[name], uid))
+                # the relay's live local route logs one `forwarded` event: received and
+                # delivered at the same ts
+                names = (["rmb.relay.received", "rmb.relay.delivered"]
+                         if name == "rmb.relay.forwarded" else [name])
+                ts = None
+                for name in names:
+                    if name in ("rmb.relay.received", "rmb.relay.delivered"):
+                        name += ".2" if name + ".1" in steps else ".1"
+                    if name not in steps:
+                        if ts is None:
+                            ts = datetime.datetime.fromisoformat(
+                                e["ts"].replace("Z", "+00:00")).timestamp()
+                        steps[name] = ts
+                        if name == "rmb.app.requested":
+                            starts.append((ts, uid))
     starts.sort()
     traces = [first[uid] for _, uid in starts[-last:]]
     out = []
@@ -354,6 +375,11 @@ async def main() -> None:
                 for _ in range(200):  # warm up: caches, connections
                     await rmb_call()
                 await closed_loop(rmb_call, opts.inflight, min(duration, 2.0))
+                # the load generator's own start-up heap (registry, harness) out of the GC's
+                # reach, as the daemons do once ready: a full collection of it paused this
+                # process 15-30 ms, which showed up as latency of the system under test
+                from daemon_runtime.lifecycle import freeze_heap
+                freeze_heap()
                 rates, costs = [], []
                 for r in range(rounds):
                     before = {k: cpu_seconds(p) for k, p in procs.items()}
@@ -377,24 +403,33 @@ async def main() -> None:
                     await asyncio.sleep(1.0)
                     waits = {k: runqueue_wait(p) for k, p in procs.items()}
                     cpu0 = {k: cpu_seconds(p) for k, p in procs.items()}
+                    busy0, steal0 = machine_busy()
+                    wall0, perf0 = time.time(), time.perf_counter()
                     lat, err, achieved, samples = await open_loop_timed(rmb_call, opts.rate, duration)
                     waits = {k: (runqueue_wait(p) - waits[k]) / max(len(lat), 1) * 1e6
                              for k, p in procs.items()}
-                    cpu_at_rate = {k: (cpu_seconds(p) - cpu0[k]) / max(len(lat), 1) * 1e6
-                                   for k, p in procs.items()}
+                    cpu_used = {k: cpu_seconds(p) - cpu0[k] for k, p in procs.items()}
+                    busy1, steal1 = machine_busy()
+                    elapsed = time.perf_counter() - perf0
+                    cpu_at_rate = {k: v / max(len(lat), 1) * 1e6 for k, v in cpu_used.items()}
                     p99s.append(pct(lat, .99))
                     print(f"  round {r + 1} at {opts.rate:,.0f} req/s offered: p50 {pct(lat, .50):.2f} ms, "
                           f"p99 {pct(lat, .99):.2f} ms, p99.9 {pct(lat, .999):.2f} ms, max {max(lat):.2f} ms "
                           f"({len(lat)} ok, {err} errors, {achieved:,.0f}/s completed, load "
                           f"{os.getloadavg()[0]:.1f})", flush=True)
                     print(f"    histogram (ms): {histogram(lat)}")
-                    print(f"    p99 per second: {timeline(samples)}")
+                    print(f"    p99 per second: {timeline(samples)}; slowest call issued at "
+                          f"unix {wall0 + max(samples, key=lambda x: x[1])[0] - perf0:.3f} "
+                          f"(to match against the daemons' event logs)")
                     print("    CPU per round trip at this rate, us: "
                           + ", ".join(f"{k} {v:.0f}" for k, v in cpu_at_rate.items())
                           + f"; total {sum(cpu_at_rate.values()):.0f}")
                     print("    waiting for a CPU (run queue) per round trip, us: "
                           + ", ".join(f"{k} {v:.0f}" for k, v in waits.items())
                           + f"; total {sum(waits.values()):.0f}")
+                    # a quiet machine shows ~0 here; other jobs make rounds incomparable
+                    print(f"    other processes on the machine used {(busy1 - busy0 - sum(cpu_used.values())) / elapsed:.2f} "
+                          f"cores during the round (steal {(steal1 - steal0) / elapsed:.2f})")
                 print(f"  p99 at {opts.rate:,.0f} req/s: best {min(p99s):.2f} ms, median "
                       f"{statistics.median(p99s):.2f} ms   target p99 <= 20 ms")
                 if opts.app_logs:

@@ -38,20 +38,23 @@ RMB_EVENTS = Catalogue("rmb", [
       {"kind": "string", "src": "string", "dst": "string", "size": "long"}),
     E("rmb.relay.federation_received", "an envelope arrived by federation POST",
       {"kind": "string", "src": "string", "dst": "string", "size": "long"}),
-    E("rmb.relay.delivered", "an envelope was written to a local connection",
-      {"dst": "string", "size": "long", "queued_ms": "double"}),
+    E("rmb.relay.delivered", "an envelope was written to a local connection (after a "
+      "lookup, a federation POST or from the offline queue)",
+      {"kind": "string", "src": "string", "dst": "string", "size": "long",
+       "queued_ms": "double"}),
     E("rmb.relay.forwarded", "the live local route: an envelope from a connected peer was "
       "written at once to its destination's connection on the same relay (received and "
       "delivered in one loop pass: one event, read as both steps by the trace report)",
       {"kind": "string", "src": "string", "dst": "string", "size": "long"}),
     E("rmb.relay.queued", "the destination is offline: the envelope was queued",
-      {"dst": "string", "size": "long"}),
+      {"kind": "string", "src": "string", "dst": "string", "size": "long"}),
     E("rmb.relay.federated", "an envelope was accepted (202) by another relay",
       {"domain": "string", "attempt": "long", "duration_ms": "double"}),
     E("rmb.relay.federation_failed", "a federation attempt failed",
       {"domain": "string", "attempt": "long", "status": "long", "reason": "string"}),
-    E("rmb.relay.expired", "an envelope's TTL ran out in the relay",
-      {"dst": "string", "reason": "string"}),
+    E("rmb.relay.expired", "an envelope's TTL ran out in the relay (kind and src when the "
+      "envelope is at hand)",
+      {"kind": "string", "src": "string", "dst": "string", "reason": "string"}),
     E("rmb.relay.rejected", "the relay answered or dropped an envelope with an error",
       {"reason": "string", "src": "string", "dst": "string"}),
     E("rmb.relay.rate_limited", "a twin exceeded --limit; the envelope was dropped",

@@ -463,7 +463,8 @@ class RelayServer:
         elif type(verdict) is Drop:
             if verdict.reason == ERR_EXPIRED:
                 self.metrics.expired.inc()
-                self.events.emit("rmb.relay.expired", env.uid, dst=address_str(env.destination),
+                self.events.emit("rmb.relay.expired", env.uid, kind=message_kind(env),
+                                 src=_src(env), dst=address_str(env.destination),
                                  reason="expired on arrival")
             else:
                 self._reject_event(env, verdict.reason, peer)
@@ -544,8 +545,8 @@ class RelayServer:
         if target is not None and not target.replaying:
             if await self._send(target, data):
                 self.metrics.dl_live.inc()
-                self.events.emit("rmb.relay.delivered", env.uid, dst=target.name,
-                                 size=len(data), queued_ms=0.0)
+                self.events.emit("rmb.relay.delivered", env.uid, kind=message_kind(env),
+                                 src=_src(env), dst=target.name, size=len(data), queued_ms=0.0)
                 return True
         return await self._enqueue(dst, env, data, now)
 
@@ -573,7 +574,8 @@ class RelayServer:
             if peer is not None:
                 peer.queue_writes -= 1
         self.metrics.queued.inc()
-        self.events.emit("rmb.relay.queued", env.uid, dst=session_str(dst), size=len(data))
+        self.events.emit("rmb.relay.queued", env.uid, kind=message_kind(env), src=_src(env),
+                         dst=session_str(dst), size=len(data))
         return True
 
     async def _replay(self, peer: _Peer) -> None:
@@ -595,19 +597,23 @@ class RelayServer:
                 broken = False
                 for entry_id, fields in entries:
                     data = fields[b"e"]
-                    uid = _lenient_uid(data)
+                    queued = _lenient_decode(data)     # it parsed when it was queued
+                    uid = queued.uid if queued is not None else None
+                    kind = message_kind(queued) if queued is not None else None
+                    src = _src(queued) if queued is not None else None
                     if float(fields[b"d"]) <= now:
                         done.append(entry_id)
                         self.metrics.expired.inc()
-                        self.events.emit("rmb.relay.expired", uid, dst=peer.name,
-                                         reason="expired in the offline queue")
+                        self.events.emit("rmb.relay.expired", uid, kind=kind, src=src,
+                                         dst=peer.name, reason="expired in the offline queue")
                         continue
                     if not await self._send(peer, data):
                         broken = True
                         break
                     done.append(entry_id)
                     self.metrics.dl_replay.inc()
-                    self.events.emit("rmb.relay.delivered", uid, dst=peer.name, size=len(data),
+                    self.events.emit("rmb.relay.delivered", uid, kind=kind, src=src,
+                                     dst=peer.name, size=len(data),
                                      queued_ms=max(0.0, (now - float(fields[b"t"])) * 1000.0))
                 if done:
                     await self.redis.xdel(key, *done)
@@ -718,7 +724,8 @@ class RelayServer:
                          src=src, dst=address_str(env.destination), size=len(data))
         if is_expired(env, now):
             self.metrics.expired.inc()
-            self.events.emit("rmb.relay.expired", env.uid, dst=session_str(dst),
+            self.events.emit("rmb.relay.expired", env.uid, kind=message_kind(env),
+                             src=_src(env), dst=session_str(dst),
                              reason="expired on federation arrival")
             return web.Response(status=400, text=ERR_EXPIRED + "\n")
         target = self.table.get(dst)
@@ -746,9 +753,9 @@ def _reason_label(reason: str) -> str:
     return "other"
 
 
-def _lenient_uid(data: bytes) -> str | None:
-    env = _lenient_decode(data)
-    return env.uid if env is not None else None
+def _src(env: Envelope) -> str:
+    """The `src` attr of relay events: "twin[:connection]", "" without a source."""
+    return address_str(env.source) if env.HasField("source") else ""
 
 
 # ---------------------------------------------------------------------- CLI

@@ -31,9 +31,11 @@ app handled -> and back for the response, which shares the request's envelope ui
 federation hop) and `relay.fed_received -> relay.federated` (the 202 coming back), not
 `federated -> federation_received`. `rmb.relay.forwarded` (the live local route: received
 and written to the destination's connection in one loop pass, one event on the hot path) is
-both `relay.received` and `relay.delivered` of its leg, at the same ts. Relay events without `kind` (delivered, queued,
-expired, federated) get their leg from the trace facts: an envelope whose `dst` is the
-requester twin is a response; `federated` logged by the relay that received the request from
+both `relay.received` and `relay.delivered` of its leg, at the same ts. Relay events without
+`kind` (`federated`; `delivered`, `queued` and `expired` in logs from before they carried
+`kind` and `src`) get their leg from the trace facts: an envelope whose `dst` is the
+requester twin is a response; a response's branch is its `src` (the responder) when logged,
+else inferred; `federated` logged by the relay that received the request from
 its peer belongs to the request leg. The round trip ends at `app.answer`: a reply that is
 not the peer's own expiry notice. Reply codes (`rmb.app.replied` / `rmb.peer.answered`): null or 0 = answer,
 102 = expired (rmb-peer error codes), anything else = error. rmb_peer/client.py logs the app
@@ -144,8 +146,10 @@ DERIVED = derived()
 
 _REQ = "is_req"
 _RESP = "NOT is_req"
-# leg of relay events that carry dst but no kind
-_LEG_RESP = "coalesce(dst_twin = requester, false)"
+# leg of relay events: by `kind` when logged (delivered, queued, expired since
+# rmb.relay.forwarded came in), else by dst: an envelope to the requester is a response
+_LEG_RESP = ("CASE WHEN attrs.kind IS NOT NULL THEN NOT is_req "
+             "ELSE coalesce(dst_twin = requester, false) END")
 _LEG_REQ = f"NOT {_LEG_RESP}"
 # `federated` carries neither kind nor dst: the relay that got the request from its peer
 _FED_REQ = "coalesce(node = origin_relay, false)"
@@ -185,11 +189,11 @@ RMB = Protocol(
         R("rmb.relay.received", "relay.received.resp", _RESP, _SRC_TWIN),
         R("rmb.relay.federation_received", "relay.fed_received.resp", _RESP, _SRC_TWIN),
         R("rmb.relay.federated", "relay.federated.resp", _FED_RESP, "NULL"),
-        R("rmb.relay.queued", "relay.queued.resp", _LEG_RESP, "NULL"),
-        R("rmb.relay.delivered", "relay.delivered.resp", _LEG_RESP, "NULL"),
+        R("rmb.relay.queued", "relay.queued.resp", _LEG_RESP, _SRC_TWIN),
+        R("rmb.relay.delivered", "relay.delivered.resp", _LEG_RESP, _SRC_TWIN),
         R("rmb.relay.forwarded", "relay.received.resp", _RESP, _SRC_TWIN),
         R("rmb.relay.forwarded", "relay.delivered.resp", _RESP, _SRC_TWIN),
-        R("rmb.relay.expired", "relay.expired", _LEG_RESP, "NULL", "attrs.reason"),
+        R("rmb.relay.expired", "relay.expired", _LEG_RESP, _SRC_TWIN, "attrs.reason"),
         R("rmb.peer.received", "peer.received.resp", _RESP, _SRC_TWIN),
         R("rmb.peer.answered", "peer.answered", "true", _SRC_TWIN, _CODE),
         R("rmb.peer.answered", "peer.answered.ok", "coalesce(attrs.code, 0) = 0", _SRC_TWIN,

@@ -267,7 +267,9 @@ def test_forwarded_is_both_relay_steps(spark, tmp_path):
     relay.received and relay.delivered of its leg at one ts: the stages around the relay
     are measured, the response is attributed to the responder's branch, and the request
     counts as sent and answered. A two-destination request: the relay forwards to 22 and
-    queues for 33 (received + queued + delivered), so both event shapes meet in one trace."""
+    queues for 33 (received + queued + delivered), so both event shapes meet in one trace;
+    33's response is delivered after a lookup with `kind` and `src`, which put it on 33's
+    branch (older logs without them leave a multi-destination response unattributed)."""
     from spark.report import run
 
     def line(ms, service, node, event, **attrs):
@@ -294,8 +296,21 @@ def test_forwarded_is_both_relay_steps(spark, tmp_path):
         line(27, "rmb-peer", "11", "rmb.peer.received", kind="response", src="22", size=100,
              relay="r1.local"),
         line(28, "rmb-peer", "11", "rmb.peer.answered", src="22", code=0),
-        line(45, "rmb-relay", "r1.local", "rmb.relay.delivered", dst="33", size=200,
-             queued_ms=40.0),
+        line(45, "rmb-relay", "r1.local", "rmb.relay.delivered", kind="request", src="11",
+             dst="33", size=200, queued_ms=40.0),
+        line(48, "rmb-peer", "33", "rmb.peer.received", kind="request", src="11", size=200,
+             relay="r1.local"),
+        line(60, "rmb-peer", "33", "rmb.peer.sent", kind="response", dst="11", size=100,
+             encrypted=True, relay="r1.local"),
+        # the response from 33 after a lookup (not the live route): received + delivered,
+        # both with kind and src, so the delivery is 33's branch, not `?`
+        line(63, "rmb-relay", "r1.local", "rmb.relay.received", kind="response", src="33",
+             dst="11", size=100),
+        line(64, "rmb-relay", "r1.local", "rmb.relay.delivered", kind="response", src="33",
+             dst="11", size=100, queued_ms=0.0),
+        line(66, "rmb-peer", "11", "rmb.peer.received", kind="response", src="33", size=100,
+             relay="r1.local"),
+        line(67, "rmb-peer", "11", "rmb.peer.answered", src="33", code=0),
     ]
     log = tmp_path / "fwd.jsonl"
     log.write_text("\n".join(rows) + "\n")
@@ -308,7 +323,10 @@ def test_forwarded_is_both_relay_steps(spark, tmp_path):
     assert st[("22", "peer_to_relay_resp")] == 4.0 and st[("22", "relay_transit_resp")] == 0.0
     assert st[("22", "relay_to_peer_resp")] == 3.0
     assert st[("33", "relay_queue")] == 40.0 and st[("33", "relay_transit")] == 41.0
+    assert st[("33", "relay_transit_resp")] == 1.0 and st[("33", "relay_to_peer_resp")] == 2.0
     hops = [(h["branch"], h["step"]) for h in sorted(table(out, "hops"), key=lambda h: h["seq"])]
     assert ("22", "rmb:relay.received.req") in hops and ("22", "rmb:relay.delivered.resp") in hops
+    assert ("33", "rmb:relay.delivered.resp") in hops
+    assert not [h for h in hops if h[0] == "?"]
     outcome = {r["branch"]: r["outcome"] for r in table(out, "delivery")}
-    assert outcome["22"] == "answered" and outcome["33"] != "answered"
+    assert outcome == {"22": "answered", "33": "answered"}

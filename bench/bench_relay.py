@@ -11,8 +11,8 @@ last receive. Each run stops at --count envelopes or --seconds, whichever comes 
 - rmb-relay: the real daemon (`python -m rmb_relay.daemon`, event log at info to a file),
   a real registry, embedded Redis (or $REDIS_URL), two twins connected with real tokens;
   the sender's envelopes are 1 KiB-payload requests A -> B (the relay parses each one,
-  checks its source, expiry and rate limit, writes it to B's connection without touching
-  Redis, and logs one `rmb.relay.forwarded` event at info to its event log file).
+  checks its source and expiry (no --limit, the default), writes it to B's connection
+  without touching Redis, and logs one `rmb.relay.forwarded` event at info to its file).
 - baseline: a websockets-library server that forwards every binary frame from the first
   connection to the second, nothing else (`--baseline-server`).
 Both servers and the client run on the SAME event loop implementation (--loop; auto =

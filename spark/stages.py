@@ -221,6 +221,8 @@ RMB = Protocol(
         S("federation_ack", "relay.fed_received.req", "relay.federated.req"),
         S("relay_queue", "relay.queued.req", "relay.delivered.req"),
         S("relay_to_peer", "relay.delivered.req", "peer.received.req"),
+        # rmb-peer logs `received` at debug only: this edge is measured at info too
+        S("relay_to_service", "relay.delivered.req", "peer.delivered"),
         S("peer_to_service", "peer.received.req", "peer.delivered"),
         S("service", "peer.delivered", "app.handled"),
         S("service_to_peer", "app.handled", "peer.sent.resp"),
@@ -230,6 +232,7 @@ RMB = Protocol(
         S("federation_ack_resp", "relay.fed_received.resp", "relay.federated.resp"),
         S("relay_queue_resp", "relay.queued.resp", "relay.delivered.resp"),
         S("relay_to_peer_resp", "relay.delivered.resp", "peer.received.resp"),
+        S("relay_to_app", "relay.delivered.resp", "peer.answered"),
         S("peer_to_app", "peer.received.resp", "peer.answered"),
         S("app_return", "peer.answered", "app.replied"),
     ),

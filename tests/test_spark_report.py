@@ -322,6 +322,8 @@ def test_forwarded_is_both_relay_steps(spark, tmp_path):
     assert st[("22", "relay_to_peer")] == 4.0
     assert st[("22", "peer_to_relay_resp")] == 4.0 and st[("22", "relay_transit_resp")] == 0.0
     assert st[("22", "relay_to_peer_resp")] == 3.0
+    # measured without rmb.peer.received (which rmb-peer logs at debug only)
+    assert st[("22", "relay_to_service")] == 5.0 and st[("22", "relay_to_app")] == 4.0
     assert st[("33", "relay_queue")] == 40.0 and st[("33", "relay_transit")] == 41.0
     assert st[("33", "relay_transit_resp")] == 1.0 and st[("33", "relay_to_peer_resp")] == 2.0
     hops = [(h["branch"], h["step"]) for h in sorted(table(out, "hops"), key=lambda h: h["seq"])]

@@ -80,6 +80,23 @@ def machine_busy() -> tuple[float, float]:
     return (sum(f[:8]) - f[3] - f[4]) / tck, f[7] / tck
 
 
+def wakeups(pid: int) -> int:
+    """Context switches of all the process's threads so far (voluntary: it blocked and was
+    woken again; involuntary: preempted), /proc/<pid>/task/*/status."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                for line in (task / "status").read_text().splitlines():
+                    if "ctxt_switches:" in line:
+                        total += int(line.split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    except OSError:
+        return 0
+    return total
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -356,6 +373,10 @@ async def main() -> None:
                 from rmb_peer.events import RMB_EVENTS
                 app_log = EventLog("bench-app", "client", [RMB_EVENTS], sink=str(tmp / "app.jsonl"))
             client = RmbClient(pa.redis_url, name="bench", log=app_log)
+            # Redis's own latency monitor: what blocked its event loop >= 2 ms (command,
+            # expire-cycle, fork, ...), printed per latency round
+            admin = aioredis.Redis.from_url(srv.url)
+            await admin.config_set("latency-monitor-threshold", 2)
             print(f"event logs: {tmp}", flush=True)
             failures: list[str] = []
 
@@ -401,7 +422,10 @@ async def main() -> None:
                 p99s = []
                 for r in range(rounds):
                     await asyncio.sleep(1.0)
+                    await admin.execute_command("LATENCY", "RESET")
+                    expired0 = (await admin.info("stats"))["expired_keys"]
                     waits = {k: runqueue_wait(p) for k, p in procs.items()}
+                    switches = {k: wakeups(p) for k, p in procs.items()}
                     cpu0 = {k: cpu_seconds(p) for k, p in procs.items()}
                     busy0, steal0 = machine_busy()
                     wall0, perf0 = time.time(), time.perf_counter()
@@ -409,6 +433,8 @@ async def main() -> None:
                     waits = {k: (runqueue_wait(p) - waits[k]) / max(len(lat), 1) * 1e6
                              for k, p in procs.items()}
                     cpu_used = {k: cpu_seconds(p) - cpu0[k] for k, p in procs.items()}
+                    switches = {k: (wakeups(p) - switches[k]) / max(len(lat), 1)
+                                for k, p in procs.items()}
                     busy1, steal1 = machine_busy()
                     elapsed = time.perf_counter() - perf0
                     cpu_at_rate = {k: v / max(len(lat), 1) * 1e6 for k, v in cpu_used.items()}
@@ -427,9 +453,19 @@ async def main() -> None:
                     print("    waiting for a CPU (run queue) per round trip, us: "
                           + ", ".join(f"{k} {v:.0f}" for k, v in waits.items())
                           + f"; total {sum(waits.values()):.0f}")
+                    print("    context switches per round trip: "
+                          + ", ".join(f"{k} {v:.1f}" for k, v in switches.items())
+                          + f"; total {sum(switches.values()):.1f}")
+                    spikes = await admin.execute_command("LATENCY", "LATEST")
+                    expired = (await admin.info("stats"))["expired_keys"] - expired0
+                    print(f"    redis: {expired} keys expired during the round; its event "
+                          "loop blocked >= 2 ms by: "
+                          + (", ".join(f"{e[0].decode() if isinstance(e[0], bytes) else e[0]}: "
+                                       f"max {e[3]} ms" for e in spikes) or "none"))
                     # a quiet machine shows ~0 here; other jobs make rounds incomparable
                     print(f"    other processes on the machine used {(busy1 - busy0 - sum(cpu_used.values())) / elapsed:.2f} "
-                          f"cores during the round (steal {(steal1 - steal0) / elapsed:.2f})")
+                          f"cores during the round; the hypervisor stole {(steal1 - steal0) * 1000:.0f} ms "
+                          "of CPU time (steal, all cores)")
                 print(f"  p99 at {opts.rate:,.0f} req/s: best {min(p99s):.2f} ms, median "
                       f"{statistics.median(p99s):.2f} ms   target p99 <= 20 ms")
                 if opts.app_logs:
@@ -443,6 +479,7 @@ async def main() -> None:
                     print("  sample failures:", failures)
             finally:
                 await client.close()
+                await admin.aclose()
                 svc_proc.terminate()
                 svc_proc.wait(10)
         echo = RedisEcho(srv.url.rsplit("/", 1)[0] + "/15")

@@ -43,6 +43,8 @@ __all__ = ["Reply", "RmbClient", "RmbService", "ServiceError", "CALL_GRACE"]
 #: gives up on the peer (e.g. rmb-peer not running) and answers 102 itself.
 CALL_GRACE = 5.0
 DRAIN_COUNT = 256
+#: BRPOP groups a reader keeps queued in Redis (rmb_peer.redisq.QueueReader depth).
+READ_DEPTH = 4
 
 
 @dataclass
@@ -159,7 +161,7 @@ class RmbClient:
         return call.replies
 
     async def _read(self) -> None:
-        reader = QueueReader(self.redis, [self.ret], DRAIN_COUNT, timeout=1)
+        reader = QueueReader(self.redis, [self.ret], DRAIN_COUNT, timeout=1, depth=READ_DEPTH)
         try:
             while not self._closed:
                 try:
@@ -241,7 +243,7 @@ class RmbService:
         if not self.handlers:
             raise ValueError("no handlers registered")
         queues = ["msgbus." + cmd for cmd in self.handlers]
-        reader = QueueReader(self.redis, queues, DRAIN_COUNT, timeout=0.5)
+        reader = QueueReader(self.redis, queues, DRAIN_COUNT, timeout=0.5, depth=READ_DEPTH)
         self._writer.start()
         try:
             while not stop.is_set():

@@ -602,3 +602,43 @@ def test_ed25519_twins_interoperate(sim):
     sim.serve(a)
     [reply] = b.all("app.ret")
     assert "err" not in reply
+
+
+def test_finished_requests_are_remembered_until_their_deadline_then_forgotten(sim):
+    """A duplicated reply to a finished request is dropped as late (no backlog lookup)
+    until the request's deadline; after it, the uid is forgotten (a reply then goes to
+    the backlog lookup). A uid finished twice (the app reused its ref) is remembered
+    until the later deadline, even when the earlier record is pruned."""
+    a = sim.add(1)
+    b = sim.add(2)
+    lookups = []
+    original = sim.execute
+
+    def execute(node, ev):
+        if isinstance(ev, LookupBacklog):
+            lookups.append(ev.uid)
+        original(node, ev)
+    sim.execute = execute
+    ref, uid = sim.app_send(a, [2], exp=30)
+    sim.serve(b)
+    response = b.sent[-1].data
+    assert a.core.pending_count == 0 and len(a.all("app.ret")) == 1
+    sim.route(response)                       # duplicate within the TTL: late
+    sim.pump()
+    assert a.core.stats["late_replies"] == 1 and lookups == []
+    sim.advance(20)
+    _, uid2 = sim.app_send(a, [2], exp=30, ref=ref)   # same ref: the same uid again
+    assert uid2 == uid
+    sim.serve(b)
+    sim.advance(15)                           # past the first deadline, before the second
+    _, other = sim.app_send(a, [2], exp=30)   # a completion prunes expired records
+    sim.serve(b)
+    sim.route(response)
+    sim.pump()
+    assert a.core.stats["late_replies"] == 2 and lookups == []   # still remembered
+    sim.advance(31)
+    sim.app_send(a, [2], exp=30)
+    sim.serve(b)                              # prunes both records of uid
+    sim.route(response)
+    sim.pump()
+    assert a.core.stats["late_replies"] == 2 and lookups == [uid]

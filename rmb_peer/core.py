@@ -40,6 +40,7 @@ import uuid
 from collections import Counter, deque
 
 import orjson
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -290,16 +291,30 @@ def parse_address(text: Any) -> tuple[int, str | None]:
 
 
 class SharedKeyCache:
-    """An E2EKey whose ECDH shared keys are memoized per peer pk (the ECDH point
-    multiplication dominates e2e cost; the AES-GCM format stays rmb_peer.e2e's).
-    Duck-types E2EKey for rmb_peer.e2e.encrypt/decrypt: `pk`, `shared_key(peer_pk)`.
-    size: peer keys remembered (the cache is cleared when full)."""
+    """An E2EKey whose ECDH shared keys, and the AES-256-GCM objects keyed with them, are
+    memoized per peer pk (the ECDH point multiplication dominates e2e cost; the derived
+    key per (own key, peer pk) is deterministic, so caching is exact; the AES-GCM format
+    stays rmb_peer.e2e's). Duck-types E2EKey for rmb_peer.e2e.encrypt/decrypt: `pk`,
+    `shared_key(peer_pk)`, plus `aead(peer_pk)`. size: peer keys remembered (each cache
+    is cleared when full)."""
 
     def __init__(self, key: E2EKey, size: int = 4096):
         self.key = key
         self.pk = key.pk
         self.size = size
         self._cache: dict[bytes, bytes] = {}
+        self._aead: dict[bytes, AESGCM] = {}
+
+    def aead(self, peer_pk: bytes) -> AESGCM:
+        """AESGCM(shared_key(peer_pk)), cached. Raises ValueError for a malformed pk."""
+        peer_pk = bytes(peer_pk)
+        hit = self._aead.get(peer_pk)
+        if hit is None:
+            hit = AESGCM(self.shared_key(peer_pk))
+            if len(self._aead) >= self.size:
+                self._aead.clear()
+            self._aead[peer_pk] = hit
+        return hit
 
     def shared_key(self, peer_pk: bytes) -> bytes:
         peer_pk = bytes(peer_pk)

@@ -27,7 +27,12 @@ class E2EError(ValueError):
 
 
 def _aes(key: E2EKey, peer_pk: bytes) -> AESGCM:
+    """The AES-256-GCM cipher for (our key, peer pk); a key object with an `aead(peer_pk)`
+    method (rmb_peer.core.SharedKeyCache) hands out a cached one."""
     try:
+        aead = getattr(key, "aead", None)
+        if aead is not None:
+            return aead(peer_pk)
         return AESGCM(key.shared_key(bytes(peer_pk)))
     except (ValueError, TypeError) as exc:
         raise E2EError(f"bad peer public key: {exc}") from None

@@ -642,3 +642,26 @@ def test_finished_requests_are_remembered_until_their_deadline_then_forgotten(si
     sim.route(response)
     sim.pump()
     assert a.core.stats["late_replies"] == 2 and lookups == [uid]
+
+
+def test_shared_key_cache_is_exact_and_interoperates_with_plain_keys():
+    """SharedKeyCache memoizes the ECDH key and its AES-GCM object per peer pk; ciphers it
+    makes open with the plain E2EKey of the other side and vice versa (DESIGN.md section
+    3: key = sha256 of the shared point, deterministic per key pair); a malformed pk is
+    still an E2EError."""
+    from rmb_peer.core import SharedKeyCache
+    from rmb_peer.e2e import E2EError, decrypt, encrypt
+    ours, theirs = E2EKey.from_seed(b"\x01" * 32), E2EKey.from_seed(b"\x02" * 32)
+    cache = SharedKeyCache(ours, size=2)
+    assert cache.shared_key(theirs.pk) == ours.shared_key(theirs.pk)
+    assert cache.aead(theirs.pk) is cache.aead(theirs.pk)
+    c1 = encrypt(cache, theirs.pk, b"ping")
+    assert decrypt(theirs, ours.pk, c1) == b"ping"
+    assert decrypt(cache, theirs.pk, encrypt(theirs, ours.pk, b"pong")) == b"pong"
+    others = [E2EKey.from_seed(bytes([i]) * 32).pk for i in (3, 4, 5)]
+    for pk in others:           # more peers than `size`: cleared, still correct
+        assert decrypt(cache, pk, encrypt(E2EKey.from_seed(bytes([others.index(pk) + 3]) * 32),
+                                          ours.pk, b"x")) == b"x"
+    assert len(cache._aead) <= 2
+    with pytest.raises(E2EError):
+        encrypt(cache, b"\x02" + b"\x00" * 31, b"x")

@@ -43,8 +43,6 @@ __all__ = ["Reply", "RmbClient", "RmbService", "ServiceError", "CALL_GRACE"]
 #: gives up on the peer (e.g. rmb-peer not running) and answers 102 itself.
 CALL_GRACE = 5.0
 DRAIN_COUNT = 256
-#: BRPOP groups a reader keeps queued in Redis (rmb_peer.redisq.QueueReader depth).
-READ_DEPTH = 4
 
 
 @dataclass
@@ -161,7 +159,7 @@ class RmbClient:
         return call.replies
 
     async def _read(self) -> None:
-        reader = QueueReader(self.redis, [self.ret], DRAIN_COUNT, timeout=1, depth=READ_DEPTH)
+        reader = QueueReader(self.redis, [self.ret], DRAIN_COUNT, timeout=1)
         try:
             while not self._closed:
                 try:
@@ -243,7 +241,7 @@ class RmbService:
         if not self.handlers:
             raise ValueError("no handlers registered")
         queues = ["msgbus." + cmd for cmd in self.handlers]
-        reader = QueueReader(self.redis, queues, DRAIN_COUNT, timeout=0.5, depth=READ_DEPTH)
+        reader = QueueReader(self.redis, queues, DRAIN_COUNT, timeout=0.5)
         self._writer.start()
         try:
             while not stop.is_set():

@@ -7,9 +7,8 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
   the first live relay in flag order; failover when it dies; keepalive ping every 20 s,
   dead after 40 s of silence, reconnect with backoff — decided by the core);
 - `msgbus.system.local` (app requests) and `msgbus.system.reply` (service replies) read by
-  rmb_peer.redisq.QueueReader (BRPOP + RPOP COUNT drains in one round trip, READ_DEPTH
-  such groups queued per packet; the backlog SETs of a batch ride in front of the next
-  packet when one is due); pushes
+  rmb_peer.redisq.QueueReader (BRPOP + RPOP COUNT drains in one round trip; the backlog
+  SETs of the batch just handled ride in front of the next BRPOP); pushes
   (LPUSH + LTRIM 0 9999, one LPUSH per queue per pipeline), backlog SET EX / DEL pipelined
   by rmb_peer.redisq.RedisWriter on a `CLIENT REPLY OFF` connection (no reply to wait
   for or wake up on; a push Redis refuses, e.g. WRONGTYPE, goes unreported, connection
@@ -59,9 +58,6 @@ __all__ = ["PeerDaemon", "build_parser", "parse_args", "relay_url", "relay_domai
 
 #: Messages taken from Redis per burst after a BRPOP returned (RPOP key COUNT).
 DRAIN_COUNT = 256
-#: BRPOP groups the local reader keeps queued in Redis (QueueReader depth): one packet
-#: per READ_DEPTH batches.
-READ_DEPTH = 4
 #: Lifetime of the relay authentication token, seconds.
 TOKEN_TTL = 60
 #: Twin records held by the refresh-ahead cache (cleared when full).
@@ -571,8 +567,7 @@ class PeerDaemon:
     async def _local_loop(self) -> None:
         """App requests and service replies through a QueueReader (BRPOP and RPOP COUNT
         drains in one round trip), handled in order; core events executed once per batch."""
-        reader = QueueReader(self.redis, [LOCAL_QUEUE, REPLY_QUEUE], DRAIN_COUNT, timeout=1,
-                             depth=READ_DEPTH)
+        reader = QueueReader(self.redis, [LOCAL_QUEUE, REPLY_QUEUE], DRAIN_COUNT, timeout=1)
         local_b = LOCAL_QUEUE.encode()
         try:
             while not self._stopping:
@@ -586,7 +581,7 @@ class PeerDaemon:
                     self._redis_failed(exc, len(sets))
                     await asyncio.sleep(1.0)
                     continue
-                self._in_batch = reader.sends_next   # else a BRPOP is queued ahead of them
+                self._in_batch = True
                 try:
                     for key, raw in items:
                         await self._local_message(key == local_b, raw)

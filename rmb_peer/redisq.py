@@ -24,7 +24,7 @@ import asyncio
 from typing import Callable
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 __all__ = ["RedisWriter", "QueueReader", "RedisLink", "QUEUE_MAX_LEN"]
 
@@ -245,25 +245,10 @@ class RedisLink:
     async def run(self, commands: list[tuple], replies: int | None = None) -> list:
         """Send `commands` in one packet and read `replies` replies (default: one per
         command; fewer when some are preceded by CLIENT REPLY SKIP)."""
-        await self.write(commands)
-        return await self.read_replies(len(commands) if replies is None else replies)
-
-    async def write(self, commands: list[tuple]) -> None:
-        """Send `commands` in one packet; their replies are read later with
-        read_replies() (run() = write + read_replies)."""
         conn = await self._connection()
+        n = len(commands) if replies is None else replies
         try:
             await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-        except BaseException:
-            await conn.disconnect(nowait=True)
-            raise
-
-    async def read_replies(self, n: int) -> list:
-        """The next `n` replies, in order; a refused command's reply is its ResponseError."""
-        conn = self._conn
-        if conn is None:
-            raise ConnectionError("RedisLink: nothing was written on this connection")
-        try:
             replies = []
             for _ in range(n):
                 try:
@@ -274,12 +259,6 @@ class RedisLink:
         except BaseException:
             await conn.disconnect(nowait=True)
             raise
-
-    async def drop(self) -> None:
-        """Close the connection (its state is unknown, e.g. replies left unread); the next
-        command opens a new one."""
-        if self._conn is not None:
-            await self._conn.disconnect(nowait=True)
 
     async def close(self) -> None:
         """Give the connection back to the pool."""
@@ -309,62 +288,32 @@ class QueueReader:
                                       # after a timeout
         await reader.close()
 
-    depth > 1: one packet carries `depth` such groups (BRPOP + RPOPs, repeated). Redis
-    runs the next group as soon as the previous BRPOP was served, without a new packet
-    from us: a packet per `depth` batches instead of one per batch, so at low rates
-    (one message per batch) the reader's re-issued BRPOP no longer costs a send here and
-    a wake-up of Redis per message. An idle reader still returns [] every `timeout` s
-    (one group times out at a time). Cost: a reader that stops (close, cancel, error)
-    drops its connection with up to `depth` groups queued; a group Redis served just
-    before that is lost with the connection, as a single served BRPOP is at depth 1.
-    The groups still queued in Redis are discarded with the connection without popping.
-
     Raises what redis.asyncio raises (RedisError, OSError; ResponseError for a key that is
     not a list); the caller backs off.
     """
 
     def __init__(self, client: aioredis.Redis, keys: list[str], count: int = 256,
-                 timeout: float = 1.0, depth: int = 1):
+                 timeout: float = 1.0):
         self.client = client
         self.keys = list(keys)
         self._bkeys = [k.encode() for k in self.keys]
         self.count = count
         self.timeout = timeout
-        self.depth = max(1, int(depth))
         self._link = RedisLink(client)
-        self._queued = 0   # groups sent whose replies were not read yet
-
-    @property
-    def sends_next(self) -> bool:
-        """True when the next read() sends a packet (no group is queued in Redis): only
-        then do its `before` commands run right away."""
-        return self._queued == 0
 
     async def read(self, before: list[tuple] = ()) -> list[tuple[bytes, bytes]]:
         """One batch (see the class docstring). before: write commands to run first, in
         the same packet, each behind CLIENT REPLY SKIP (Redis answers nothing for them;
         one send instead of a second one on a writer connection). Only for writes whose
         order against other connections' writes does not matter (e.g. SET of a key
-        nobody else writes), and which may be lost if the read raises. With depth > 1
-        they are queued behind the groups already in Redis when sends_next is False
-        (they run when those were served)."""
-        try:
-            if self._queued == 0 or before:
-                commands: list[tuple] = []
-                for cmd in before:
-                    commands.append(("CLIENT", "REPLY", "SKIP"))
-                    commands.append(cmd)
-                groups = self.depth if self._queued == 0 else 0
-                for _ in range(groups):
-                    commands.append(("BRPOP", *self.keys, self.timeout))
-                    commands.extend(("RPOP", key, self.count) for key in self.keys)
-                await self._link.write(commands)
-                self._queued += groups
-            replies = await self._link.read_replies(1 + len(self.keys))
-            self._queued -= 1
-        except BaseException:
-            self._queued = 0   # the link dropped its connection and the queued groups
-            raise
+        nobody else writes), and which may be lost if the read raises."""
+        commands: list[tuple] = []
+        for cmd in before:
+            commands.append(("CLIENT", "REPLY", "SKIP"))
+            commands.append(cmd)
+        commands.append(("BRPOP", *self.keys, self.timeout))
+        commands.extend(("RPOP", key, self.count) for key in self.keys)
+        replies = await self._link.run(commands, 1 + len(self.keys))
         for reply in replies:
             if isinstance(reply, ResponseError):
                 raise reply
@@ -376,9 +325,5 @@ class QueueReader:
         return items
 
     async def close(self) -> None:
-        """Give the reader's connection back to the pool (dropped instead when groups are
-        still queued in Redis)."""
-        if self._queued:
-            await self._link.drop()
-            self._queued = 0
+        """Give the reader's connection back to the pool."""
         await self._link.close()

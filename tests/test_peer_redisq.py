@@ -142,33 +142,3 @@ async def test_reader_runs_writes_in_front_of_its_brpop_without_replies(redis_ur
     assert await reader.read() == [(b"q.in", b"m3")]    # replies still line up
     await reader.close()
     await r.aclose()
-
-
-async def test_reader_with_queued_groups_keeps_order_idles_and_closes_without_popping(redis_url):
-    """depth=3: one packet per 3 batches; bursts come back in order across the groups, an
-    idle reader returns [] per timeout, and closing with groups still queued in Redis
-    pops nothing more (a message pushed after close stays in the list)."""
-    r = aioredis.Redis.from_url(redis_url)
-    reader = QueueReader(r, ["q.d"], count=4, timeout=0.2, depth=3)
-    assert reader.sends_next
-    for i in range(23):
-        await r.lpush("q.d", f"m{i}")
-    got = []
-    sends = 0
-    while len(got) < 23:
-        sends += reader.sends_next
-        got.extend(v.decode() for _, v in await asyncio.wait_for(reader.read(), 5))
-    assert got == [f"m{i}" for i in range(23)]   # 5 per group (BRPOP + RPOP 4)
-    assert sends == 2                            # 5 groups in 2 packets
-    assert not reader.sends_next
-    assert await asyncio.wait_for(reader.read(), 5) == []   # the last queued group timed out
-    assert reader.sends_next
-    # queue groups again (one served), then close with two still blocked in Redis
-    await r.lpush("q.d", "x")
-    assert await reader.read() == [(b"q.d", b"x")] and not reader.sends_next
-    await reader.close()
-    await asyncio.sleep(0.05)
-    await r.lpush("q.d", "after-close")
-    await asyncio.sleep(0.3)   # longer than a BRPOP timeout: nothing popped it
-    assert await r.lrange("q.d", 0, -1) == [b"after-close"]
-    await r.aclose()

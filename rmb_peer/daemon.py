@@ -7,8 +7,7 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
   the first live relay in flag order; failover when it dies; keepalive ping every 20 s,
   dead after 40 s of silence, reconnect with backoff — decided by the core);
 - `msgbus.system.local` (app requests) and `msgbus.system.reply` (service replies) read by
-  rmb_peer.redisq.QueueReader (BRPOP + RPOP COUNT drains in one round trip; the backlog
-  SETs of the batch just handled ride in front of the next BRPOP); pushes
+  rmb_peer.redisq.QueueReader (BRPOP + RPOP COUNT drains in one round trip); pushes
   (LPUSH + LTRIM 0 9999, one LPUSH per queue per pipeline), backlog SET EX / DEL pipelined
   by rmb_peer.redisq.RedisWriter on a `CLIENT REPLY OFF` connection (no reply to wait
   for or wake up on; a push Redis refuses, e.g. WRONGTYPE, goes unreported, connection
@@ -229,10 +228,6 @@ class PeerDaemon:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._stopping = False
-        #: the local loop is handling a batch: backlog SETs made now are sent in front of
-        #: its next BRPOP (same packet) instead of through the writer
-        self._in_batch = False
-        self._backlog_sets: list[tuple] = []
         self._connected = asyncio.Event()
         self.metrics = CollectorRegistry()
         self.metrics.register(_StatsCollector(self))
@@ -405,10 +400,7 @@ class PeerDaemon:
             elif isinstance(ev, SendFrame):
                 self._send(ev)
             elif isinstance(ev, StoreBacklog):
-                if self._in_batch:   # rides on the local reader's next BRPOP packet
-                    self._backlog_sets.append(("SET", ev.key, ev.record, "EX", max(1, int(ev.ttl))))
-                else:
-                    writer.set(ev.key, ev.record, ev.ttl)
+                writer.set(ev.key, ev.record, ev.ttl)
             elif isinstance(ev, LookupBacklog):
                 self._spawn(self._lookup_backlog(ev))
             elif isinstance(ev, Connect):
@@ -571,29 +563,18 @@ class PeerDaemon:
         local_b = LOCAL_QUEUE.encode()
         try:
             while not self._stopping:
-                # the batch's backlog records (SET msgbus.backlog.<uid> EX ttl: unique keys,
-                # written once) go in the same packet as the next BRPOP: one send to Redis
-                # per batch instead of two
-                sets, self._backlog_sets = self._backlog_sets, []
                 try:
-                    items = await reader.read(sets)
+                    items = await reader.read()
                 except (RedisError, OSError) as exc:
-                    self._redis_failed(exc, len(sets))
+                    self._redis_failed(exc, 0)
                     await asyncio.sleep(1.0)
                     continue
-                self._in_batch = True
-                try:
-                    for key, raw in items:
-                        await self._local_message(key == local_b, raw)
-                    if items:
-                        self._after()
-                finally:
-                    self._in_batch = False
+                for key, raw in items:
+                    await self._local_message(key == local_b, raw)
+                if items:
+                    self._after()
         finally:
             await reader.close()
-            for cmd in self._backlog_sets:   # stopping: the writer flushes them
-                self.writer.set(cmd[1], cmd[2], cmd[4])
-            self._backlog_sets = []
 
     async def _local_message(self, local: bool, raw: bytes) -> None:
         """One app request (local) or service reply, with the one error boundary."""

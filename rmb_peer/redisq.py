@@ -242,15 +242,12 @@ class RedisLink:
             await conn.disconnect(nowait=True)
             raise
 
-    async def run(self, commands: list[tuple], replies: int | None = None) -> list:
-        """Send `commands` in one packet and read `replies` replies (default: one per
-        command; fewer when some are preceded by CLIENT REPLY SKIP)."""
+    async def run(self, commands: list[tuple]) -> list:
         conn = await self._connection()
-        n = len(commands) if replies is None else replies
         try:
             await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
             replies = []
-            for _ in range(n):
+            for _ in commands:
                 try:
                     replies.append(await conn.read_response())
                 except ResponseError as exc:
@@ -301,19 +298,9 @@ class QueueReader:
         self.timeout = timeout
         self._link = RedisLink(client)
 
-    async def read(self, before: list[tuple] = ()) -> list[tuple[bytes, bytes]]:
-        """One batch (see the class docstring). before: write commands to run first, in
-        the same packet, each behind CLIENT REPLY SKIP (Redis answers nothing for them;
-        one send instead of a second one on a writer connection). Only for writes whose
-        order against other connections' writes does not matter (e.g. SET of a key
-        nobody else writes), and which may be lost if the read raises."""
-        commands: list[tuple] = []
-        for cmd in before:
-            commands.append(("CLIENT", "REPLY", "SKIP"))
-            commands.append(cmd)
-        commands.append(("BRPOP", *self.keys, self.timeout))
-        commands.extend(("RPOP", key, self.count) for key in self.keys)
-        replies = await self._link.run(commands, 1 + len(self.keys))
+    async def read(self) -> list[tuple[bytes, bytes]]:
+        replies = await self._link.run([("BRPOP", *self.keys, self.timeout)]
+                                       + [("RPOP", key, self.count) for key in self.keys])
         for reply in replies:
             if isinstance(reply, ResponseError):
                 raise reply

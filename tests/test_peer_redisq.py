@@ -124,21 +124,3 @@ async def test_writer_without_replies_keeps_order_flushes_and_survives_a_dropped
     assert killed == 1 and await r.lindex("q.a", 0) == b"after"
     await writer.close()
     await r.aclose()
-
-
-async def test_reader_runs_writes_in_front_of_its_brpop_without_replies(redis_url):
-    """QueueReader.read(before): the writes run first (same packet, CLIENT REPLY SKIP
-    each), the read's result is unchanged, and no stray reply is left on the connection
-    to be mistaken for the next read's."""
-    r = aioredis.Redis.from_url(redis_url)
-    reader = QueueReader(r, ["q.in"], count=5, timeout=0.2)
-    await r.lpush("q.in", "m1", "m2")
-    items = await reader.read([("SET", "bl.1", b"rec1", "EX", 60), ("SET", "bl.2", b"rec2", "EX", 60)])
-    assert items == [(b"q.in", b"m1"), (b"q.in", b"m2")]
-    assert await r.get("bl.1") == b"rec1" and 0 < await r.ttl("bl.2") <= 60
-    assert await reader.read([("SET", "bl.3", b"rec3", "EX", 60)]) == []   # timed out
-    assert await r.get("bl.3") == b"rec3"
-    await r.lpush("q.in", "m3")
-    assert await reader.read() == [(b"q.in", b"m3")]    # replies still line up
-    await reader.close()
-    await r.aclose()

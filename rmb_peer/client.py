@@ -16,8 +16,6 @@ reuses it as the envelope uid, so app events and peer/relay events share one tra
 its own return queue `msgbus.client.<uuid>`; one reader task BRPOPs that queue and resolves
 calls by `ref`. RmbService BRPOPs `msgbus.<cmd>` for its commands and pushes replies to the
 request's `ret` (msgbus.system.reply). Payloads are bytes; `dat` is standard base64.
-Both push through a rmb_peer.redisq.RedisWriter with replies=False (CLIENT REPLY OFF: one
-send per batch, no reply to wake up for).
 """
 from __future__ import annotations
 
@@ -107,7 +105,7 @@ class RmbClient:
         self.ret = f"msgbus.client.{name}.{uuid.uuid4()}"
         self._calls: dict[str, _Call] = {}
         self._reader: asyncio.Task | None = None
-        self._writer = RedisWriter(self.redis, replies=False)
+        self._writer = RedisWriter(self.redis)
         self._closed = False
 
     async def call(self, dst: list[int] | int, cmd: str, data: bytes, ttl: int = 60,
@@ -224,7 +222,7 @@ class RmbService:
         self.log = log
         self.handlers: dict[str, Handler] = {}
         self._sem = asyncio.Semaphore(concurrency)
-        self._writer = RedisWriter(self.redis, replies=False)
+        self._writer = RedisWriter(self.redis)
         self._tasks: set[asyncio.Task] = set()
         #: requests handled (tests, metrics)
         self.handled = 0

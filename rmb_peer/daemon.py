@@ -9,10 +9,8 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
 - `msgbus.system.local` (app requests) and `msgbus.system.reply` (service replies) read by
   rmb_peer.redisq.QueueReader (BRPOP + RPOP COUNT drains in one round trip); pushes
   (LPUSH + LTRIM 0 9999, one LPUSH per queue per pipeline), backlog SET EX / DEL pipelined
-  by rmb_peer.redisq.RedisWriter on a `CLIENT REPLY OFF` connection (no reply to wait
-  for or wake up on; a push Redis refuses, e.g. WRONGTYPE, goes unreported, connection
-  errors are logged); a batch of frames to a relay is written with the socket corked
-  (TCP_CORK, Linux);
+  by rmb_peer.redisq.RedisWriter; a batch of frames to a relay is written with the socket
+  corked (TCP_CORK, Linux);
 - twins looked up through rmb_peer.twins.TwinDirectory, with a refresh-ahead cache of
   --twin-cache-ttl s (the hot path never waits on the registry for a twin in use);
 - at start (unless --no-update) the twin's relay domains and e2e pk are published to the
@@ -273,7 +271,7 @@ class PeerDaemon:
                              debug=self.args.log_level == "debug")
         self.redis = aioredis.Redis.from_url(self.args.redis)
         await self.redis.ping()
-        self.writer = RedisWriter(self.redis, on_error=self._redis_failed, replies=False)
+        self.writer = RedisWriter(self.redis, on_error=self._redis_failed)
         self.writer.start()
         status_runner = None
         if self.args.status_listen is not None:

@@ -8,8 +8,7 @@ pushes the values left to right, so the consumer's RPOP/BRPOP still sees them in
 order) followed by ONE `LTRIM queue 0 max_len-1` (same end state as trimming after every
 push); the command sits where the queue's first push was. Order is preserved per key:
 operations on one key are executed in the order they were queued (operations on different
-keys within one pipeline may be regrouped; they are sent together anyway). With
-replies=False the writer's connection runs `CLIENT REPLY OFF` (see RedisWriter).
+keys within one pipeline may be regrouped; they are sent together anyway).
 
     writer = RedisWriter(redis_client)         # redis.asyncio.Redis
     writer.start()
@@ -37,26 +36,14 @@ BATCH = 512
 class RedisWriter:
     """Pipelines LPUSH+LTRIM / SET EX / DEL from one task. `on_error(exc, n_ops)` is called
     when a pipeline fails after `retries` attempts (the operations are then dropped: the
-    caller logs it once); a daemon never stops on a Redis error.
-
-    replies=False (used by rmb-peer and its apps): the writer's connection runs with
-    `CLIENT REPLY OFF`, so Redis sends nothing back for the pushes. Each pipeline is then
-    one send and nothing else: no reply for Redis to write and no wake-up of this process
-    to read it (at 1,000 messages/s on the bench VM that wake-up, not the command, was
-    the cost: ~5 of the ~11 process wake-ups per RMB round trip were for "+OK"/":1"
-    replies). What that gives up: a command Redis refuses (e.g. WRONGTYPE when a queue
-    key holds a string) is not reported through on_error; connection errors still are.
-    flush() still means "executed by Redis": it ends with a `CLIENT REPLY ON` round trip
-    on the same connection (Redis runs one connection's commands in order)."""
+    caller logs it once); a daemon never stops on a Redis error."""
 
     def __init__(self, client: aioredis.Redis, max_len: int = QUEUE_MAX_LEN,
-                 on_error: Callable[[Exception, int], None] | None = None, retries: int = 3,
-                 replies: bool = True):
+                 on_error: Callable[[Exception, int], None] | None = None, retries: int = 3):
         self.client = client
         self.max_len = max_len
         self.on_error = on_error
         self.retries = retries
-        self.replies = replies
         self._ops: list[tuple] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -95,12 +82,6 @@ class RedisWriter:
             await self._idle.wait()
             if self._ops:
                 await asyncio.sleep(0)
-        if not self.replies:
-            try:
-                await self._link.barrier()
-            except (RedisError, OSError) as exc:
-                if self.on_error is not None:
-                    self.on_error(exc, 0)
 
     async def _run(self) -> None:
         while True:
@@ -141,10 +122,6 @@ class RedisWriter:
                 commands.append(("DEL", op[1]))
         for attempt in range(self.retries):
             try:
-                if not self.replies:
-                    await self._link.send(commands)
-                    self.written += len(ops)
-                    return
                 replies = await self._link.run(commands)
             except (RedisError, OSError) as exc:   # connection-level: retried, then dropped
                 if attempt == self.retries - 1:
@@ -196,54 +173,11 @@ class RedisLink:
     def __init__(self, client: aioredis.Redis):
         self.client = client
         self._conn = None
-        self._quiet = False   # CLIENT REPLY OFF is in effect on self._conn
-
-    async def _connection(self):
-        conn = self._conn
-        if conn is None or not conn.is_connected:
-            if conn is not None:   # dropped (e.g. by a failed send): a fresh one
-                await self.close()
-            conn = self._conn = await self.client.connection_pool.get_connection()
-            self._quiet = False
-        return conn
-
-    async def send(self, commands: list[tuple]) -> None:
-        """Send `commands` without reading replies: the connection is switched to
-        `CLIENT REPLY OFF` first (once per connection), so Redis sends none. A command
-        Redis refuses goes unreported. Raises like run() on connection errors; a
-        connection Redis closed is noticed (EOF seen by the reader) and replaced before
-        the send. Do not mix with run() on one link without barrier() in between."""
-        conn = await self._connection()
-        reader = getattr(conn, "_reader", None)
-        if reader is not None and (reader.at_eof() or reader.exception() is not None):
-            await conn.disconnect(nowait=True)
-            conn = await self._connection()
-        if not self._quiet:
-            commands = [("CLIENT", "REPLY", "OFF"), *commands]
-        try:
-            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-        except BaseException:
-            await conn.disconnect(nowait=True)
-            raise
-        self._quiet = True
-
-    async def barrier(self) -> None:
-        """After send(): wait until Redis executed everything sent so far (`CLIENT REPLY
-        ON` and its reply); the connection answers normally again."""
-        if self._conn is None or not self._quiet:
-            return
-        conn = self._conn
-        self._quiet = False
-        try:
-            await conn.send_packed_command(conn.pack_command("CLIENT", "REPLY", "ON"),
-                                           check_health=False)
-            await conn.read_response()
-        except BaseException:
-            await conn.disconnect(nowait=True)
-            raise
 
     async def run(self, commands: list[tuple]) -> list:
-        conn = await self._connection()
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = await self.client.connection_pool.get_connection()
         try:
             await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
             replies = []
@@ -261,9 +195,6 @@ class RedisLink:
         """Give the connection back to the pool."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            if self._quiet:   # not handed back to the pool in CLIENT REPLY OFF mode
-                await conn.disconnect(nowait=True)
-            self._quiet = False
             await self.client.connection_pool.release(conn)
 
 

@@ -90,37 +90,3 @@ async def test_refused_command_is_reported_others_run_and_link_reconnects(redis_
     await reader.close()
     await writer.close()
     await r.aclose()
-
-
-async def test_writer_without_replies_keeps_order_flushes_and_survives_a_dropped_connection(redis_url):
-    """replies=False (rmb-peer, RmbClient, RmbService): the link runs CLIENT REPLY OFF, so
-    Redis sends nothing back; flush() is still a barrier; a refused command is not
-    reported but the others run; a connection the server closed is replaced."""
-    r = aioredis.Redis.from_url(redis_url)
-    await r.set("not.a.list", b"x")
-    failures: list = []
-    writer = RedisWriter(r, max_len=50, replies=False, on_error=lambda e, n: failures.append(e))
-    writer.start()
-    for i in range(120):
-        writer.push("q.a", f"a{i}".encode())
-        if i % 10 == 0:
-            writer.set(f"k{i}", f"v{i}".encode(), ttl=60)
-    writer.push("not.a.list", b"2")
-    writer.push("q.a", b"last")
-    await writer.flush()     # returns only once Redis executed all of it
-    a = [x.decode() for x in reversed(await r.lrange("q.a", 0, -1))]
-    assert a == [f"a{i}" for i in range(71, 120)] + ["last"]
-    assert await r.get("k110") == b"v110"
-    assert failures == [] and writer.written == 120 + 12 + 2
-    # no reply was sent: nothing is waiting to be read on the writer's connection
-    conn = writer._link._conn
-    assert conn._reader is not None and len(conn._reader._buffer) == 0
-    # the server drops the writer's connection: the next pushes go on a new one
-    [cid] = await writer._link.run([("CLIENT", "ID")])   # after flush(): replies are on
-    killed = await r.execute_command("CLIENT", "KILL", "ID", cid)
-    await asyncio.sleep(0.05)
-    writer.push("q.a", b"after")
-    await writer.flush()
-    assert killed == 1 and await r.lindex("q.a", 0) == b"after"
-    await writer.close()
-    await r.aclose()

@@ -42,7 +42,7 @@ from websockets.asyncio.client import connect as ws_connect
 from daemon_runtime.eventlog import EventLog
 from rmb_peer.core import (
     LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, LookupBacklog, PeerCore,
-    PushQueue, SendFrame, SendPing, StoreBacklog,
+    PushQueue, SendFrame, SendPing, StoreBacklog, DropBacklog,
 )
 from rmb_peer.envelope import MAX_ENVELOPE_SIZE
 from rmb_peer.events import RMB_EVENTS
@@ -399,6 +399,8 @@ class PeerDaemon:
                 self._send(ev)
             elif isinstance(ev, StoreBacklog):
                 writer.set(ev.key, ev.record, ev.ttl)
+            elif isinstance(ev, DropBacklog):
+                writer.delete(ev.key)
             elif isinstance(ev, LookupBacklog):
                 self._spawn(self._lookup_backlog(ev))
             elif isinstance(ev, Connect):

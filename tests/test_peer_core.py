@@ -14,7 +14,7 @@ from rmb_peer.challenge import sign_envelope
 from rmb_peer.core import (
     BACKLOG_PREFIX, DEAD_AFTER, PING_INTERVAL, REPLY_QUEUE, VERSION, Connect,
     Disconnect, LookupBacklog, PeerCore, PeerStateError, PushQueue, SendFrame,
-    SendPing, StoreBacklog,
+    SendPing, StoreBacklog, DropBacklog,
 )
 from rmb_peer.envelope import Backlog, Envelope, new_uid, relay_error
 from rmb_peer.events import RMB_EVENTS
@@ -40,6 +40,7 @@ class Node:
         self.twin = Twin(twin_id, self.identity.account, list(relays), self.e2e.pk if pk else None)
         self.queues: dict[str, list[bytes]] = {}
         self.kv: dict[str, tuple[bytes, float]] = {}
+        self.dropped: list[str] = []
         self.sent: list[SendFrame] = []
         self.pings: list[SendPing] = []
         self.disconnects: list[Disconnect] = []
@@ -108,6 +109,9 @@ class Sim:
             del q[10000:]
         elif isinstance(ev, StoreBacklog):
             node.kv[ev.key] = (ev.record, self.now + ev.ttl)
+        elif isinstance(ev, DropBacklog):
+            node.kv.pop(ev.key, None)
+            node.dropped.append(ev.key)
         elif isinstance(ev, LookupBacklog):
             hit = node.kv.get(ev.key)
             if hit and hit[1] > self.now:
@@ -243,11 +247,13 @@ def test_multi_destination_one_uid_n_replies(sim):
     for t in (4, 2):
         sim.serve(sim.nodes[t])
     assert len(a.all("app.ret")) == 2 and a.core.pending_count == 1
+    assert BACKLOG_PREFIX + uid in a.kv          # a reply is still due: the record stays
     sim.serve(sim.nodes[3])
     replies = a.all("app.ret")
     assert sorted(r["src"] for r in replies) == ["2", "3", "4"]
     assert all(r["ref"] == ref for r in replies)
     assert a.core.pending_count == 0
+    assert a.dropped == [BACKLOG_PREFIX + uid]   # finished: the record is deleted, once
 
 
 def test_expiry_sends_102_for_each_missing_reply(sim):
@@ -264,6 +270,7 @@ def test_expiry_sends_102_for_each_missing_reply(sim):
     assert len(replies) == 2
     assert replies[1]["src"] == "3" and replies[1]["err"]["code"] == 102
     assert a.core.pending_count == 0
+    assert a.dropped == [BACKLOG_PREFIX + uid]   # expired is finished too
     # the late reply after expiry is not pushed to the app
     sim.serve(sim.nodes[3])
     assert len(a.all("app.ret")) == 2

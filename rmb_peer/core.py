@@ -301,40 +301,37 @@ def parse_address(text: Any) -> tuple[int, str | None]:
 
 
 class SharedKeyCache:
-    """An E2EKey whose ECDH shared keys, and the AES-256-GCM objects keyed with them, are
-    memoized per peer pk (the ECDH point multiplication dominates e2e cost; the derived
-    key per (own key, peer pk) is deterministic, so caching is exact; the AES-GCM format
-    stays rmb_peer.e2e's). Duck-types E2EKey for rmb_peer.e2e.encrypt/decrypt: `pk`,
-    `shared_key(peer_pk)`, plus `aead(peer_pk)`. size: peer keys remembered (each cache
-    is cleared when full)."""
+    """An E2EKey whose ECDH shared key, and the AES-256-GCM object keyed with it, are
+    memoized per peer pk in one table (the ECDH point multiplication dominates e2e cost;
+    the derived key per (own key, peer pk) is deterministic, so caching is exact; the
+    AES-GCM format stays rmb_peer.e2e's). Duck-types E2EKey for rmb_peer.e2e.encrypt/
+    decrypt: `pk`, `shared_key(peer_pk)`, plus `aead(peer_pk)`. size: peer keys
+    remembered (the table is cleared when full)."""
 
     def __init__(self, key: E2EKey, size: int = 4096):
         self.key = key
         self.pk = key.pk
         self.size = size
-        self._cache: dict[bytes, bytes] = {}
-        self._aead: dict[bytes, AESGCM] = {}
+        self._cache: dict[bytes, tuple[bytes, AESGCM]] = {}
 
-    def aead(self, peer_pk: bytes) -> AESGCM:
-        """AESGCM(shared_key(peer_pk)), cached. Raises ValueError for a malformed pk."""
-        peer_pk = bytes(peer_pk)
-        hit = self._aead.get(peer_pk)
-        if hit is None:
-            hit = AESGCM(self.shared_key(peer_pk))
-            if len(self._aead) >= self.size:
-                self._aead.clear()
-            self._aead[peer_pk] = hit
-        return hit
-
-    def shared_key(self, peer_pk: bytes) -> bytes:
+    def _entry(self, peer_pk: bytes) -> tuple[bytes, AESGCM]:
         peer_pk = bytes(peer_pk)
         hit = self._cache.get(peer_pk)
         if hit is None:
-            hit = self.key.shared_key(peer_pk)  # raises ValueError for a malformed pk
+            shared = self.key.shared_key(peer_pk)  # raises ValueError for a malformed pk
+            hit = (shared, AESGCM(shared))
             if len(self._cache) >= self.size:
                 self._cache.clear()
             self._cache[peer_pk] = hit
         return hit
+
+    def shared_key(self, peer_pk: bytes) -> bytes:
+        """The 32-byte e2e key with this peer, cached. Raises ValueError for a malformed pk."""
+        return self._entry(peer_pk)[0]
+
+    def aead(self, peer_pk: bytes) -> AESGCM:
+        """AESGCM(shared_key(peer_pk)), cached. Raises ValueError for a malformed pk."""
+        return self._entry(peer_pk)[1]
 
 
 def _dumps(obj: dict) -> bytes:

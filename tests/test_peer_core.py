@@ -669,6 +669,6 @@ def test_shared_key_cache_is_exact_and_interoperates_with_plain_keys():
     for pk in others:           # more peers than `size`: cleared, still correct
         assert decrypt(cache, pk, encrypt(E2EKey.from_seed(bytes([others.index(pk) + 3]) * 32),
                                           ours.pk, b"x")) == b"x"
-    assert len(cache._aead) <= 2
+    assert len(cache._cache) <= 2
     with pytest.raises(E2EError):
         encrypt(cache, b"\x02" + b"\x00" * 31, b"x")

@@ -1,6 +1,6 @@
 """Every protocol's event catalogue in one place, for the Spark schema and the docs.
 
-    all_catalogues() -> [RMB_EVENTS, REMP_EVENTS, MARLIN_EVENTS]
+    all_catalogues() -> [RMB_EVENTS, REMP_EVENTS, MARLIN_EVENTS, DEMO_EVENTS]
     render_markdown() -> the text of docs/event-catalogue.md (a test keeps the file in sync:
                          regenerate with `python -m daemon_runtime.catalogues > docs/event-catalogue.md`)
 """
@@ -12,8 +12,9 @@ from daemon_runtime.eventlog import LINE_FIELDS, Catalogue, attr_types
 def all_catalogues() -> list[Catalogue]:
     from marlin_cluster.events import MARLIN_EVENTS
     from remp_node.events import REMP_EVENTS
+    from deploy.events import DEMO_EVENTS
     from rmb_peer.events import RMB_EVENTS
-    return [RMB_EVENTS, REMP_EVENTS, MARLIN_EVENTS]
+    return [RMB_EVENTS, REMP_EVENTS, MARLIN_EVENTS, DEMO_EVENTS]
 
 
 def render_markdown() -> str:

@@ -30,7 +30,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import sys
 import time
@@ -41,18 +40,14 @@ from pathlib import Path
 import aiohttp
 
 from daemon_runtime.eventlog import EventLog
-from daemon_runtime.lifecycle import Ready
 from daemon_runtime.redis_server import EmbeddedRedis, free_port
 from deploy.blocks import BlockError, BlockFile, generated_blocks, load_blocks, verify_block
+from deploy.daemons import Daemon, LaunchError, script  # noqa: F401  (re-exported)
 from rmb_peer.events import RMB_EVENTS
 
 DEFAULT_CONFIG = Path(__file__).with_name("cluster.toml")
 SHARED_DATA = Path(os.environ.get("RELAYSUITE_SHARED_DATA",
                                   Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
-
-
-class LaunchError(RuntimeError):
-    """A cluster that cannot start or keep running; the message says what and why."""
 
 
 # --------------------------------------------------------------------------- config
@@ -97,96 +92,6 @@ def java_available() -> str | None:
     if home and Path(home, "bin", "java").exists():
         return str(Path(home, "bin", "java"))
     return shutil.which("java")
-
-
-# --------------------------------------------------------------------------- daemons
-
-
-@dataclass
-class Daemon:
-    """One daemon subprocess: its command, READY info, logs and liveness."""
-
-    name: str
-    argv: list[str]
-    logdir: Path
-    proc: asyncio.subprocess.Process | None = None
-    info: dict = field(default_factory=dict)
-    expected_exit: bool = False
-    starts: int = 0
-
-    @property
-    def stderr_path(self) -> Path:
-        return self.logdir / f"{self.name}.stderr"
-
-    async def start(self, timeout: float) -> dict:
-        self.starts += 1
-        self.expected_exit = False
-        err = open(self.stderr_path, "ab")
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdout=asyncio.subprocess.PIPE, stderr=err,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        err.close()
-        try:
-            self.info = await asyncio.wait_for(self._read_ready(), timeout)
-        except asyncio.TimeoutError:
-            await self.stop(1)
-            raise LaunchError(f"{self.name} did not report READY within {timeout:.0f} s; "
-                              f"see {self.stderr_path}:\n{self.stderr_tail()}") from None
-        asyncio.ensure_future(self._drain_stdout())
-        return self.info
-
-    async def _read_ready(self) -> dict:
-        assert self.proc and self.proc.stdout
-        while True:
-            line = await self.proc.stdout.readline()
-            if not line:
-                code = await self.proc.wait()
-                raise LaunchError(f"{self.name} exited with code {code} before READY; "
-                                  f"see {self.stderr_path}:\n{self.stderr_tail()}")
-            info = Ready.parse(line.decode(errors="replace"))
-            if info is not None:
-                return info
-
-    async def _drain_stdout(self) -> None:
-        proc = self.proc
-        while proc and proc.stdout and await proc.stdout.readline():
-            pass
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
-
-    def died(self) -> bool:
-        return self.proc is not None and self.proc.returncode is not None and not self.expected_exit
-
-    def stderr_tail(self, lines: int = 12) -> str:
-        try:
-            text = self.stderr_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join("    " + x for x in text[-lines:])
-
-    async def stop(self, grace: float) -> int | None:
-        """SIGTERM, wait up to `grace` s, then SIGKILL. Returns the exit code."""
-        self.expected_exit = True
-        if not self.alive():
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return await asyncio.wait_for(self.proc.wait(), grace)
-        except asyncio.TimeoutError:
-            self.proc.kill()
-            return await self.proc.wait()
-
-
-def script(name: str) -> str:
-    """The console script `name` next to this interpreter (the project's venv)."""
-    candidate = Path(sys.executable).parent / name
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which(name)
-    if not found:
-        raise LaunchError(f"console script {name!r} not found: is relay-suite installed (pip install -e .)?")
-    return found
 
 
 # --------------------------------------------------------------------------- counters

@@ -92,6 +92,31 @@ def load_blocks(directory: str | os.PathLike) -> list[BlockFile]:
     return out
 
 
+def load_verified_blocks(directory: str | os.PathLike) -> list[BlockFile]:
+    """load_blocks(directory), every file checked with verify_block. Raises BlockError with
+    one line naming the problem: the folder is missing or not a folder, holds no block
+    files, or holds files that are not blocks (how many, and the first with its reason)."""
+    root = Path(directory)
+    if not root.exists():
+        raise BlockError(f"folder {root} does not exist")
+    if not root.is_dir():
+        raise BlockError(f"{root} is not a folder")
+    blocks = load_blocks(root)
+    if not blocks:
+        raise BlockError(f"no block files in {root} (.json, .md and .txt files are ignored)")
+    bad = []
+    for block in blocks:
+        try:
+            verify_block(block.data)
+        except BlockError as exc:
+            bad.append((block.name, " ".join(str(exc).split())))
+    if bad:
+        name, why = bad[0]
+        raise BlockError(f"{len(bad)} of {len(blocks)} files in {root} are not valid blocks "
+                         f"(Bitcoin raw or Ethereum RLP), e.g. {name}: {why}")
+    return blocks
+
+
 def generated_blocks(count: int = 16, seed: int = 7, min_size: int = 512, max_size: int = 64 * 1024) -> list[BlockFile]:
     """Deterministic synthetic blocks for runs without --blocks."""
     rng = random.Random(seed)

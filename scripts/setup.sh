@@ -1,29 +1,38 @@
 #!/usr/bin/env bash
 # Sourced by scripts/test.sh and scripts/demo.sh: makes .venv (Python >= 3.11) and installs
-# the project with its test extras whenever pyproject.toml changed. Nothing else is needed
+# the exact versions pinned in requirements.lock, then the project itself (editable, with
+# its console scripts), whenever pyproject.toml or the lock changed. Nothing else is needed
 # on the machine but Python 3.11+ (and Java 17/21 for the Spark report).
+# pip's output goes to $VENV/setup.log; on failure its tail is shown.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${RELAYSUITE_VENV:-$ROOT/.venv}"
-PY="${PYTHON:-}"
-if [ -z "$PY" ]; then
-  for cand in python3.13 python3.12 python3.11 python3; do
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-      PY="$cand"; break
-    fi
-  done
-fi
-[ -n "$PY" ] || { echo "error: Python 3.11 or newer is required" >&2; exit 1; }
+LOCK="$ROOT/requirements.lock"
+PY="$(bash "$ROOT/scripts/find-python.sh")" || { echo "error: Python 3.11 or newer is required (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV with $PY" >&2
   "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.relaysuite-installed"
-WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+WANT="$(cat "$ROOT/pyproject.toml" "$LOCK" 2>/dev/null | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
-  echo "setup: installing relay-suite and its dependencies into $VENV" >&2
-  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2
+  LOG="$VENV/setup.log"
+  : >"$LOG"
+  setup_fail() { tail -20 "$LOG" >&2; echo "error: setup: $1 failed; the full pip output is in $LOG" >&2; exit 1; }
+  if [ -f "$LOCK" ]; then
+    echo "setup: installing the pinned dependencies (requirements.lock) and relay-suite into $VENV" >&2
+    "$VENV/bin/python" -m pip install -r "$LOCK" >>"$LOG" 2>&1 || setup_fail "pip install -r requirements.lock"
+    # the project and its console scripts; -c keeps every dependency at its pinned version
+    # (a dependency newer than the lock is still installed, and named below)
+    "$VENV/bin/python" -m pip install -c "$LOCK" -e "$ROOT[test]" >>"$LOG" 2>&1 || setup_fail "pip install -e .[test]"
+    LOCKED_FOR="$(sed -n 's/^# pyproject.toml sha256: //p' "$LOCK")"
+    if [ "$LOCKED_FOR" != "$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)" ]; then
+      echo "setup: note: requirements.lock was made from another pyproject.toml; run bash scripts/lock.sh and commit the lock" >&2
+    fi
+  else
+    echo "setup: no requirements.lock; installing relay-suite with the newest allowed versions into $VENV" >&2
+    "$VENV/bin/python" -m pip install -e "$ROOT[test]" >>"$LOG" 2>&1 || setup_fail "pip install -e .[test]"
+  fi
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

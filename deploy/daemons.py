@@ -40,12 +40,16 @@ class Daemon:
 
     async def start(self, timeout: float) -> dict:
         self.starts += 1
-        self.expected_exit = False
         err = open(self.stderr_path, "ab")
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdout=asyncio.subprocess.PIPE, stderr=err,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        err.close()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdout=asyncio.subprocess.PIPE, stderr=err,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        finally:
+            err.close()
+        # only now: while the new process was being created, the old one (stopped on
+        # purpose, e.g. a planned restart) still counts as an expected exit
+        self.proc, self.expected_exit = proc, False
         try:
             self.info = await asyncio.wait_for(self._read_ready(), timeout)
         except asyncio.TimeoutError:

@@ -592,6 +592,14 @@ async def watchdog(cluster: Cluster | None, segments: list[Segment]) -> None:
         await asyncio.sleep(0.5)
 
 
+async def _blame_dead_daemon(cluster: Cluster | None, segments: list[Segment]) -> None:
+    """A drive failed: when a daemon died (reaped within 1 s), that is the error to report."""
+    daemons = [*(cluster.daemons() if cluster else []), *(d for s in segments for d in s.daemons())]
+    for _ in range(10):
+        check_alive(daemons)
+        await asyncio.sleep(0.1)
+
+
 async def drive_all(cluster: Cluster | None, segments: list[Segment], requests: int) -> None:
     """Runs every drive() at once; the first failure (or a dead daemon) cancels the rest."""
     drives = [asyncio.ensure_future(cluster.drive(requests))] if cluster else []
@@ -602,6 +610,8 @@ async def drive_all(cluster: Cluster | None, segments: list[Segment], requests: 
         while pending:
             done, pending = await asyncio.wait(pending | {guard}, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
+                if task is not guard and task.exception() is not None:
+                    await _blame_dead_daemon(cluster, segments)
                 task.result()   # raises the first failure
             pending.discard(guard)
     finally:

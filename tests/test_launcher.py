@@ -1,10 +1,17 @@
 """The main job end to end: the README's demo command (relay-suite-demo) starts the
-registry, two relays, four peers and the app services as real processes, drives the mixed
-traffic with real block payloads, stops everything with SIGTERM, runs the Spark report, and
-the report's counts equal the launcher's."""
+registry, two relays, four peers and the app services as real processes, drives the DEFAULT
+traffic mix (deploy/cluster.toml as shipped) with real block payloads, logs its planned
+faults, stops everything with SIGTERM, runs the Spark report, and every count of the report
+equals the launcher's and every SLA objective passes.
+
+Also: the segment hook (deploy/segments.py) with a small Segment whose daemon is a real
+echo subprocess, the one-line errors (taken port, missing Java, bad --blocks, a dying
+daemon), and compare()'s coverage of every error code."""
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,45 +19,218 @@ from pathlib import Path
 
 import pytest
 
-SMALL = """
-[traffic]
-requests = 6
-concurrency = 4
-ttl = 15
-expiring = 1
-expiring_ttl = 1
-"""
+from deploy.daemons import Daemon
+from deploy.launcher import Counters, compare, late_events, sla_results
+from deploy.segments import Segment
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = Path(sys.executable).parent / "relay-suite-demo"
 
 
-def run_demo(tmp_path: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    cfg = tmp_path / "small.toml"
-    cfg.write_text(SMALL)
-    demo = Path(sys.executable).parent / "relay-suite-demo"
-    return subprocess.run([str(demo), "--config", str(cfg), "--workdir", str(tmp_path / "run"), *extra],
-                          capture_output=True, text=True, timeout=timeout)
+def demo(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(DEMO), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)
+
+
+def events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------- the main job
 
 
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.skipif(not shutil.which("java"), reason="Java is not installed: the report needs a JDK 17/21")
-def test_demo_runs_the_cluster_on_real_blocks_and_the_report_matches(tmp_path, shared_data):
-    proc = run_demo(tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_default_demo_counts_match_the_report_and_planned_faults_are_logged(tmp_path, shared_data):
+    run = tmp_path / "run"
+    proc = demo("--workdir", str(run))
     out = proc.stdout
-    assert "payloads: 10 blocks from ../shared/data (eth, btc)" in out
+    assert "payloads: 10 blocks from ../shared/data (eth, btc)" in out, out[-3000:] + proc.stderr[-3000:]
+    logs = run / "logs"
+
+    # the plan: node labels from the real `node` fields, each fault before it happened
+    plan = events(logs / "demo-plan.jsonl")
+    labels = {(e["attrs"]["target"], e["attrs"]["kind"]): e["attrs"]["peer"]
+              for e in plan if e["event"] == "demo.plan.node"}
+    relay1 = events(logs / "rmb-relay-relay1.jsonl")[0]["node"]
+    alice = events(logs / "rmb-peer-alice.jsonl")[0]["node"]
+    assert labels[("relay1", "rmb-relay")] == relay1 and labels[("alice", "rmb-peer")] == alice
+    assert labels[("alice", "demo-client")] == events(logs / "app-demo-client-alice.jsonl")[0]["node"]
+    assert labels[("registry", "rmb-registry")] == events(logs / "rmb-registry.jsonl")[0]["node"]
+    faults = [(e["event"], e["attrs"]["fault"], e["attrs"]["target"]) for e in plan
+              if e["event"] in ("demo.plan.fault", "demo.plan.recovered")]
+    assert faults == [("demo.plan.fault", "twin_offline", "dave"),
+                      ("demo.plan.recovered", "twin_offline", "dave"),
+                      ("demo.plan.fault", "relay_restart", "relay2"),
+                      ("demo.plan.recovered", "relay_restart", "relay2")], out[-3000:] + proc.stderr[-3000:]
+    expects = {e["trace_id"]: (e["attrs"]["outcome"], e["attrs"]["fault"], e["ts"])
+               for e in plan if e["event"] == "demo.plan.expect"}
+    expiring = {u for u, x in expects.items() if x[:2] == ("expired", "expiring_request")}
+    corrupted = {u for u, x in expects.items() if x[:2] == ("error", "corrupted_block")}
+    assert len(expiring) == 4 and len(corrupted) == 1   # traffic.expiring = 4 in cluster.toml
+    alice_events = events(logs / "rmb-peer-alice.jsonl")
+    sent = {e["trace_id"]: e["ts"] for e in alice_events if e["event"] == "rmb.peer.sent"}
+    for uid in expiring | corrupted:       # the planned uid IS the envelope uid, logged first
+        assert uid in sent and expects[uid][2] < sent[uid]
+    expired_at_peer = {e["trace_id"] for e in alice_events if e["event"] == "rmb.peer.expired"}
+    assert expiring <= expired_at_peer
+    # every expiring request's late reply reached alice's peer before shutdown
+    assert expiring <= {e["trace_id"] for e in late_events(logs / "rmb-peer-alice.jsonl")}
+
     counted = json.loads(out.split("launcher counted:", 1)[1].splitlines()[0])
-    # phases: 6 single + 1 multi(3) + 1 offline + 6 during the relay restart + 1 expiring + 1 refused
-    assert counted["requests"] == 16 and counted["envelopes"] == 18
-    assert counted["expired"] >= 1 and counted["errored"] == {"101": 1}
-    assert counted["mismatched"] == 0 and counted["answered"] >= 15
-    assert "MISMATCH" not in out and out.count(" ok") >= 5
-    report = tmp_path / "run" / "report"
+    # phases: 60 single + 10 multi(3) + 10 offline + 60 during the relay restart + 4 expiring + 1 refused
+    assert counted["requests"] == 145 and counted["envelopes"] == 165
+    assert counted["late"] == 4 and counted["expired"] >= 4 and counted["errored"].get("101") == 1
+    assert counted["mismatched"] == 0
+
+    # the report agrees on every row and every SLA objective passes
+    result = json.loads((run / "launcher.json").read_text())
+    bad = [r for r in result["rows"] if not r["ok"]] + [s for s in result["sla"] if s["ok"] is False]
+    assert not bad, out[-4000:]
+    assert {r["name"] for r in result["rows"]} >= {"rmb requests", "rmb sent", "rmb answered", "rmb expired",
+                                                   "rmb errored by code", "rmb late"}
+    assert proc.returncode == 0 and result["exit"] == 0, out[-3000:] + proc.stderr[-3000:]
+    assert "MISMATCH" not in out and "result: ok" in out
+    report = run / "report"
     summary = json.loads((report / "summary.json").read_text())
     assert summary["delivery"]["rmb"]["lost_or_stuck"] == 0
     assert (report / "report.html").stat().st_size > 1000
-    logs = {p.name for p in (tmp_path / "run" / "logs").glob("*.jsonl")}
-    assert {"rmb-registry.jsonl", "rmb-relay-relay1.jsonl", "rmb-relay-relay2.jsonl",
-            "rmb-peer-alice.jsonl", "rmb-peer-dave.jsonl", "app-demo-client-alice.jsonl"} <= logs
+
+
+# --------------------------------------------------------------------------- compare / SLA
+
+
+def test_compare_covers_every_error_code_and_the_late_row():
+    mine = Counters(requests=3, envelopes=3, answered=1, expired=1, errored={"101": 1}, late=1)
+    agree = {"traces": {"rmb": 3}, "delivery": {"rmb": {
+        "sent": 3, "answered": 1, "expired": 1, "errored_by_code": {"101": 1}, "late": 1}}}
+    assert all(r[3] for r in compare(mine, agree))
+    # the issue's case: a late reply counted by the report as errored 102 must show
+    late_as_error = json.loads(json.dumps(agree))
+    late_as_error["delivery"]["rmb"]["errored_by_code"]["102"] = 1
+    late_as_error["delivery"]["rmb"]["late"] = 0
+    bad = {r[0] for r in compare(mine, late_as_error) if not r[3]}
+    assert bad == {"errored by code", "late"}
+
+
+def test_sla_results_read_ok_or_passed_and_no_data_is_not_a_failure():
+    summary = {"sla": [{"objective": "rmb-round-trip-p99", "ok": False},
+                       {"objective": "rmb-delivery-rate", "ok": True},
+                       {"name": "remp-first-receipt-p99", "passed": None, "status": "no data"}]}
+    assert sla_results(summary) == [("rmb-round-trip-p99", False), ("rmb-delivery-rate", True),
+                                    ("remp-first-receipt-p99", None)]
+    assert sla_results({}) == []
+
+
+# --------------------------------------------------------------------------- the segment hook
+
+
+ECHO_DAEMON = r"""
+import signal, socket, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # graceful stop: exit 0
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+print('READY {"port": %d}' % s.getsockname()[1], flush=True)
+conn, _ = s.accept()
+while True:
+    data = conn.recv(4096)
+    if not data:
+        break
+    conn.sendall(data)
+    if DIE:
+        sys.exit(3)
+while True:   # the client is done; a daemon runs until it is stopped
+    time.sleep(1)
+"""
+
+
+class EchoSegment(Segment):
+    """A real subprocess segment: an echo server over TCP; drive() sends `messages` lines
+    and counts the echoes. `die = true` makes the daemon exit with code 3 mid-run."""
+
+    name = "probe"
+
+    async def start(self) -> None:
+        code = ECHO_DAEMON.replace("DIE", str(bool(self.cfg.get("die", False))))
+        self.daemon = Daemon(f"{self.name}-echo", [sys.executable, "-c", code], self.logdir)
+        self.info = await self.daemon.start(self.start_timeout)
+        self.plan.node("echo", f"{self.host}:{self.info['port']}", "probe-echo")
+        self.sent = self.echoed = 0
+
+    def daemons(self) -> list[Daemon]:
+        return [self.daemon]
+
+    async def drive(self) -> None:
+        reader, writer = await asyncio.open_connection(self.host, self.info["port"])
+        try:
+            for i in range(int(self.cfg.get("messages", 3))):
+                line = f"message {i}\n".encode()
+                writer.write(line)
+                self.sent += 1
+                await writer.drain()
+                if await reader.readline() == line:
+                    self.echoed += 1
+                await asyncio.sleep(float(self.cfg.get("gap_s", 0.4)))
+        finally:
+            writer.close()
+
+    def progress(self) -> str:
+        return f"echoed {self.echoed}/{self.sent}"
+
+    async def stop(self) -> None:
+        self.exit_code = await self.daemon.stop(self.grace)
+        (self.logdir / "probe-stopped.json").write_text(json.dumps(
+            {"pid": self.daemon.proc.pid, "exit": self.exit_code}))
+
+    def counters(self) -> dict:
+        return {"sent": self.sent, "echoed": self.echoed}
+
+    def compare(self, summary: dict) -> list[tuple[str, object, object, bool]]:
+        theirs = summary.get("delivery", {}).get("probe", {}).get("echoed")
+        return [("echoed", self.echoed, theirs, self.echoed == theirs)]
+
+
+def probe_config(tmp_path: Path, body: str) -> Path:
+    cfg = tmp_path / "probe.toml"
+    cfg.write_text(body)
+    return cfg
+
+
+def probe_env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO)}   # so `tests.test_launcher:EchoSegment` imports
+
+
+def test_a_segment_is_started_driven_watched_and_stopped_by_the_launcher(tmp_path):
+    cfg = probe_config(tmp_path, '[marlin]\nclass = "tests.test_launcher:EchoSegment"\nmessages = 5\n'
+                                 '[remp]\nclass = "remp_node.no_such_module:RempSegment"\n')
+    run = tmp_path / "run"
+    proc = demo("--config", str(cfg), "--only", "remp,marlin", "--no-report", "--workdir", str(run),
+                timeout=120, env=probe_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "remp: not built in this tree, skipped" in proc.stdout
+    assert "probe: started 1 daemons" in proc.stdout
+    assert "probe: echoed" in proc.stdout and "probe-echo:up" in proc.stdout   # the progress line
+    counted = json.loads(proc.stdout.split("probe counted:", 1)[1].splitlines()[0])
+    assert counted == {"sent": 5, "echoed": 5}
+    stopped = json.loads((run / "logs" / "probe-stopped.json").read_text())
+    assert stopped["exit"] == 0   # stopped with SIGTERM, exited by itself
+    with pytest.raises(ProcessLookupError):
+        os.kill(stopped["pid"], 0)
+    assert not list((run / "logs").glob("rmb-*.jsonl"))      # --only left RMB out
+    plan = events(run / "logs" / "demo-plan.jsonl")
+    assert [e["attrs"]["target"] for e in plan if e["event"] == "demo.plan.node"] == ["echo"]
+
+
+def test_a_segment_daemon_that_dies_fails_the_run(tmp_path):
+    cfg = probe_config(tmp_path, '[marlin]\nclass = "tests.test_launcher:EchoSegment"\n'
+                                 'messages = 50\ndie = true\n')
+    proc = demo("--config", str(cfg), "--only", "marlin", "--no-report", "--workdir", str(tmp_path / "r"),
+                timeout=120, env=probe_env())
+    assert proc.returncode == 1
+    assert "probe-echo died with exit code 3" in proc.stderr
+
+
+# --------------------------------------------------------------------------- one-line errors
 
 
 def test_a_taken_port_is_reported_plainly(tmp_path):
@@ -61,21 +241,36 @@ def test_a_taken_port_is_reported_plainly(tmp_path):
         port = s.getsockname()[1]
         cfg = tmp_path / "taken.toml"
         cfg.write_text(f'[[relays]]\nname = "relay1"\nport = {port}\n\n[[relays]]\nname = "relay2"\n')
-        demo = Path(sys.executable).parent / "relay-suite-demo"
-        proc = subprocess.run([str(demo), "--config", str(cfg), "--no-report", "--workdir", str(tmp_path / "r")],
-                              capture_output=True, text=True, timeout=120)
+        proc = demo("--config", str(cfg), "--no-report", "--only", "rmb", "--workdir", str(tmp_path / "r"),
+                    timeout=120)
     assert proc.returncode == 1
     assert f"port {port} for relay1 is already taken" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_missing_java_is_reported_before_anything_starts(tmp_path):
-    import os
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     env["PATH"] = str(Path(sys.executable).parent)  # the venv's scripts, no java
-    demo = Path(sys.executable).parent / "relay-suite-demo"
-    proc = subprocess.run([str(demo), "--workdir", str(tmp_path / "r")], capture_output=True,
-                          text=True, timeout=60, env=env)
+    proc = demo("--workdir", str(tmp_path / "r"), timeout=60, env=env)
     assert proc.returncode == 1 and "Java is missing" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("case", ["missing", "not-blocks", "empty"])
+def test_bad_blocks_folder_is_one_clear_line_and_nothing_starts(tmp_path, case):
+    folder = tmp_path / "blocks"
+    if case != "missing":
+        folder.mkdir()
+    if case == "not-blocks":
+        (folder / "a.bin").write_bytes(b"\x00" * 200)
+        (folder / "b.bin").write_bytes(b"hello, not a block")
+    proc = demo("--blocks", str(folder), "--no-report", "--workdir", str(tmp_path / "r"), timeout=60)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --blocks:"), proc.stderr
+    assert {"missing": "does not exist", "not-blocks": "2 of 2 files", "empty": "no block files"}[case] in lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
     assert not (tmp_path / "r").exists()
 
 
@@ -83,9 +278,8 @@ def test_a_daemon_that_dies_is_reported_with_its_exit_code_and_stderr(tmp_path):
     cfg = tmp_path / "dies.toml"
     cfg.write_text('[[relays]]\nname = "relay1"\nflags = {queue-maxlen = "many"}\n\n'
                    '[[relays]]\nname = "relay2"\n')
-    demo = Path(sys.executable).parent / "relay-suite-demo"
-    proc = subprocess.run([str(demo), "--config", str(cfg), "--no-report", "--workdir", str(tmp_path / "r")],
-                          capture_output=True, text=True, timeout=120)
+    proc = demo("--config", str(cfg), "--no-report", "--only", "rmb", "--workdir", str(tmp_path / "r"),
+                timeout=120)
     assert proc.returncode == 1
     assert "rmb-relay-relay1 exited with code 2 before READY" in proc.stderr
     assert "invalid int value: 'many'" in proc.stderr  # the tail of the daemon's own stderr

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Runs the main job N times in a row on fresh work dirs; one line per run and a tally.
+#   bash scripts/demo-repeat.sh N [relay-suite-demo args...]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+cd "$ROOT"
+exec python scripts/demo_repeat.py "$@"

@@ -651,6 +651,19 @@ def sla_results(summary: dict) -> list[tuple[str, bool | None]]:
     return out
 
 
+def sla_detail(summary: dict, objective: str) -> str:
+    """'actual ... vs target ...' for one objective when the report says them."""
+    for entry in summary.get("sla") or []:
+        if (entry.get("objective") or entry.get("name")) == objective:
+            actual, target = entry.get("actual"), entry.get("target")
+            return f"actual {actual} vs {target}" if actual is not None and target else ""
+    return ""
+
+
+def _cell(value: object) -> str:
+    return "(not in report)" if value is None else json.dumps(value, default=str)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="relay-suite-demo",
@@ -783,13 +796,13 @@ async def amain(args: argparse.Namespace) -> int:
         rows += [(f"{seg.name} {r[0]}", *r[1:]) for r in seg.compare(summary)]
     print("\nlauncher vs report:")
     for name, mine, theirs, ok in rows:
-        print(f"  {name:22} launcher={json.dumps(mine, default=str):24} "
-              f"report={json.dumps(theirs, default=str):24} {'ok' if ok else 'MISMATCH'}")
+        print(f"  {name:22} launcher={_cell(mine):24} report={_cell(theirs):24} {'ok' if ok else 'MISMATCH'}")
     slas = sla_results(summary)
     if slas:
         print("\nSLA objectives (spark/sla.toml):")
         for name, ok in slas:
-            print(f"  {name:34} {'no data' if ok is None else 'pass' if ok else 'FAIL'}")
+            print(f"  {name:34} {'no data' if ok is None else 'pass' if ok else 'FAIL':8} "
+                  f"{sla_detail(summary, name)}".rstrip())
     print(f"\nreport: {out / 'report.html'}\nsummary: {out / 'summary.json'}")
     failed = [r[0] for r in rows if not r[3]] + [n for n, ok in slas if ok is False]
     if mismatched:

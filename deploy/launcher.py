@@ -785,8 +785,11 @@ async def amain(args: argparse.Namespace) -> int:
         result["exit"] = 1 if mismatched else 0
         write_result(workdir, result)
         return result["exit"]
-    from spark.report import run as run_report
+    import spark.report as spark_report
 
+    if hasattr(spark_report, "quiet_jvm"):
+        spark_report.quiet_jvm()   # Spark's WARN/INFO off (spark/log4j2.properties) unless the user set it
+    run_report = spark_report.run
     out = workdir / "report"
     summary = run_report([str(p) for p in sorted((workdir / "logs").glob("*.jsonl"))], str(out), args.master, None)
     rows: list[Row] = []

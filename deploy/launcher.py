@@ -368,7 +368,10 @@ class Cluster:
                 self.plan.expect(ref, planned[0], planned[1])
 
         client.log.on_request = on_request   # consumed synchronously inside client.call
-        replies = await client.call(ids, cmd, block.data, ttl=ttl)
+        try:
+            replies = await client.call(ids, cmd, block.data, ttl=ttl)
+        finally:
+            client.log.on_request = None     # never left for another call's request
         if planned is not None and planned[0] == "expired":
             self.planned_late += refs
         got = 0

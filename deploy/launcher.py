@@ -426,6 +426,7 @@ class Cluster:
             if offline:
                 who = offline[0]
                 down = float(traffic.get("offline_s", 2.0))
+                marks = self._log_marks([who])
                 self.plan.fault("twin_offline", who, down)
                 await self.peers[who].stop(self.grace)
                 self.phase = f"{who} offline"
@@ -435,6 +436,7 @@ class Cluster:
                            for i in range(max(1, requests // 6))]
                 await asyncio.sleep(down)
                 await self.peers[who].start(self.timeout)
+                await self.wait_reconnected(marks, {who: self._twin(who)["relays"]})
                 self.plan.recovered("twin_offline", who)
                 await asyncio.gather(*pending)
                 self.check_alive()
@@ -446,10 +448,14 @@ class Cluster:
                          blocks[i % len(blocks)], ttl) for i in range(requests)]
                 flow = asyncio.ensure_future(self.run_phase(f"{name} restart", jobs, conc))
                 await asyncio.sleep(0.5)
+                users = [t["name"] for t in twins if name in t.get("relays", [])]
+                marks = self._log_marks(users)
                 self.plan.fault("relay_restart", name, down)
                 await self.relays[name].stop(self.grace)
                 await asyncio.sleep(down)
                 await self.relays[name].start(self.timeout)
+                # the fault lasts until every twin of that relay is connected to it again
+                await self.wait_reconnected(marks, {u: [name] for u in users})
                 self.plan.recovered("relay_restart", name)
                 await flow
             # 5. requests that expire (short TTL against a slow command)
@@ -467,6 +473,44 @@ class Cluster:
         finally:
             self.phase = "stopping"
             await client.close()
+
+    def _twin(self, name: str) -> dict:
+        return next(t for t in self.cfg["twins"] if t["name"] == name)
+
+    def _log_marks(self, twins: list[str]) -> dict[str, int]:
+        """Current size of each twin's peer log: events after it are the fault's."""
+        marks = {}
+        for twin in twins:
+            try:
+                marks[twin] = (self.logdir / f"rmb-peer-{twin}.jsonl").stat().st_size
+            except FileNotFoundError:
+                marks[twin] = 0
+        return marks
+
+    async def wait_reconnected(self, marks: dict[str, int], relays: dict[str, list[str]]) -> None:
+        """Waits (up to start_timeout) until each twin's peer logged rmb.peer.connected to
+        each of the given relays after its log mark: the end of a planned fault is when
+        the twins it cut off are reachable again, not when the process is back."""
+        want = {(twin, f"ws://{self.relay_domain[r]}") for twin, rs in relays.items() for r in rs}
+        limit = time.monotonic() + self.timeout
+        while want and time.monotonic() < limit:
+            for twin, mark in marks.items():
+                try:
+                    with open(self.logdir / f"rmb-peer-{twin}.jsonl", "rb") as fh:
+                        fh.seek(mark)
+                        for line in fh:
+                            if b'"rmb.peer.connected"' in line:
+                                try:
+                                    want.discard((twin, json.loads(line)["attrs"]["relay"]))
+                                except (ValueError, KeyError):
+                                    pass
+                except FileNotFoundError:
+                    pass
+            if want:
+                await asyncio.sleep(0.1)
+        if want:
+            print(f"note: not reconnected within {self.timeout:.0f} s: "
+                  f"{', '.join(f'{t} to {r}' for t, r in sorted(want))}", flush=True)
 
     async def wait_late_replies(self, twin: str, expected: int) -> None:
         """Waits (bounded) until the slow service sent its `expected` late replies and the

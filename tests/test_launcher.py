@@ -64,6 +64,14 @@ def test_default_demo_counts_match_the_report_and_planned_faults_are_logged(tmp_
                       ("demo.plan.recovered", "twin_offline", "dave"),
                       ("demo.plan.fault", "relay_restart", "relay2"),
                       ("demo.plan.recovered", "relay_restart", "relay2")], out[-3000:] + proc.stderr[-3000:]
+    # a fault is over when the twins it cut off are connected again, not when the process is back
+    start, end = [e["ts"] for e in plan if e["event"] in ("demo.plan.fault", "demo.plan.recovered")
+                  and e["attrs"]["fault"] == "relay_restart"]
+    relay2 = "ws://" + labels[("relay2", "rmb-relay")]
+    for twin in ("bob", "carol"):   # the twins on relay2 in cluster.toml
+        back = [e["ts"] for e in events(logs / f"rmb-peer-{twin}.jsonl") if e["event"] == "rmb.peer.connected"
+                and e["attrs"]["relay"] == relay2 and e["ts"] > start]
+        assert back and back[0] <= end
     expects = {e["trace_id"]: (e["attrs"]["outcome"], e["attrs"]["fault"], e["ts"])
                for e in plan if e["event"] == "demo.plan.expect"}
     expiring = {u for u, x in expects.items() if x[:2] == ("expired", "expiring_request")}

@@ -77,7 +77,9 @@ def duckdb_report(inputs: list[str], out: str, threads: int = 2, facts_by: str =
 
     from spark.clock import align
     from spark.schema import duckdb_columns, known_events
-    from spark.stages import PROTOCOLS, derived
+    from spark.stages import PROTOCOLS, derived, outcome_sql
+    from spark.report import load_sla
+    ttl_over = load_sla(None).get("ttl_s", {})
 
     con = duckdb.connect()
     con.execute(f"SET threads={threads}")
@@ -179,28 +181,21 @@ def duckdb_report(inputs: list[str], out: str, threads: int = 2, facts_by: str =
         GROUP BY ALL ORDER BY ALL""").fetchall()
     # delivery outcomes per (trace, branch), for branches with a `sent` step
     log_end = con.execute("SELECT max(ts) FROM steps").fetchone()[0] or 0
-    cols = {k: [] for k in ("sent", "delivered", "answered", "errored", "expired", "ttl_s",
-                            "error_code", "outcome", "start")}
+    cols = {k: [] for k in ("sent", "delivered", "outcome", "late", "error_code", "ttl_s",
+                            "start", "deadline")}
     for p in PROTOCOLS.values():
-        o = p.outcomes
+        def ts(st, p=p):
+            return f"min(CASE WHEN step = '{p.name}:{st}' THEN ts END)"
 
-        def has(steps, p=p):
-            return ("bool_or(step IN (" + ", ".join(f"'{p.name}:{s}'" for s in steps) + "))"
-                    if steps else "false")
-
-        def first(steps, what, p=p):
-            return ", ".join(f"min(CASE WHEN step = '{p.name}:{s}' THEN {what} END)" for s in steps)
-        ttl = (f"coalesce(TRY_CAST(max(CASE WHEN step = '{p.name}:{o.ttl_step}' THEN detail END)"
-               f" AS DOUBLE), {float(o.default_ttl_s)})" if o.ttl_step else f"{float(o.default_ttl_s)}")
-        start = f"coalesce({first(o.start, 'ts')}, min(ts))"
-        code = (f"CASE WHEN {has(o.errored)} THEN coalesce({first(o.errored, 'detail')}, 'unknown') END"
-                if o.errored else "NULL::VARCHAR")
-        outcome = (f"CASE WHEN {has(o.answered)} THEN 'answered' WHEN {has(o.errored)} THEN 'errored' "
-                   f"WHEN {has(o.expired)} THEN 'expired' WHEN {log_end} - {start} > {ttl} * 1000000 "
-                   f"THEN 'lost_or_stuck' ELSE 'in_flight' END")
-        vals = {"sent": has(o.sent), "delivered": has(o.delivered), "answered": has(o.answered),
-                "errored": has(o.errored), "expired": has(o.expired), "ttl_s": ttl,
-                "error_code": code, "outcome": outcome, "start": f"make_timestamp({start})"}
+        def detail(st, p=p):
+            return f"min(CASE WHEN step = '{p.name}:{st}' THEN detail END)"
+        ttl_default = float(ttl_over.get(p.name, p.outcomes.default_ttl_s))
+        o = outcome_sql(p.outcomes, ts, detail, ttl_default, int(log_end), t0="min(ts)")
+        vals = {"sent": o["sent"], "delivered": o["delivered"], "outcome": o["outcome"],
+                "late": o["late"], "ttl_s": o["ttl_s"],
+                "error_code": f"CASE WHEN ({o['outcome']}) = 'errored' THEN {o['error_code']} END",
+                "start": f"make_timestamp({o['start_us']})",
+                "deadline": f"make_timestamp({o['deadline_us']})"}
         for k, v in vals.items():
             cols[k].append(f"WHEN '{p.name}' THEN {v}")
     sel = ", ".join(f"CASE protocol {' '.join(v)} END AS {k}" for k, v in cols.items())

@@ -65,8 +65,9 @@ import tomllib
 from pathlib import Path
 
 from spark.clock import align
+from spark.plan import parse as parse_plan
 from spark.schema import CORRUPT, SOURCE, known_events, read_events
-from spark.stages import DERIVED, PROTOCOLS, Protocol
+from spark.stages import DERIVED, PROTOCOLS, Protocol, outcome_sql
 
 DEFAULT_SLA = Path(__file__).with_name("sla.toml")
 
@@ -80,12 +81,13 @@ _SMALL_SCHEMAS = {
     "latency": _ddl("protocol string, stage string, e2e boolean, count long, p50_ms double, "
                     "p90_ms double, p99_ms double, max_ms double"),
     "delivery_errors": _ddl("protocol string, code string, count long"),
-    "sla": _ddl("name string, protocol string, stage string, target string, actual double, "
+    "sla": _ddl("name string, protocol string, stage string, target_text string, "
+                "target double, unit string, counts string, actual double, "
                 "samples long, status string, passed boolean, budget_used double"),
     "clock": _ddl("node string, correction_ms double"),
     "delivery_summary": _ddl("protocol string, branches long, sent long, delivered long, "
                              "answered long, errored long, expired long, lost_or_stuck long, "
-                             "in_flight long, duplicates long"),
+                             "in_flight long, late long, duplicates long"),
 }
 OUTCOME_COLUMNS = ("answered", "errored", "expired", "lost_or_stuck", "in_flight")
 
@@ -165,8 +167,7 @@ def _referenced_steps() -> dict[str, tuple[Protocol, str]]:
     for p in PROTOCOLS.values():
         o = p.outcomes
         steps = [s for st in p.stages for s in (st.from_step, st.to_step)]
-        steps += list(o.start + o.sent + o.delivered + o.answered + o.expired + o.errored)
-        steps += [o.ttl_step] if o.ttl_step else []
+        steps += list(o.steps())
         for s in steps:
             refs[_ref(p, s)] = (p, s)
     return refs
@@ -205,19 +206,10 @@ def _any(p: Protocol, steps) -> str:
     return "(" + " OR ".join(f"{_lookup(p, s)} IS NOT NULL" for s in steps) + ")"
 
 
-def _outcome_cols(p: Protocol, ttl_default: float) -> dict[str, str]:
-    o = p.outcomes
-    start = "coalesce(" + ", ".join([f"{_lookup(p, s)}.ts" for s in o.start] + ["t0"]) + ")"
-    ttl = f"{ttl_default}D"
-    if o.ttl_step:
-        ttl = f"coalesce(try_cast({_lookup(p, o.ttl_step)}.detail AS DOUBLE), {ttl})"
-    code = ("CASE WHEN " + _any(p, o.errored) + " THEN coalesce(" + ", ".join(
-        f"{_lookup(p, s)}.detail" for s in o.errored) + ", 'unknown') END"
-            if o.errored else "CAST(NULL AS STRING)")
-    return {"sent": _any(p, o.sent), "delivered": _any(p, o.delivered),
-            "answered": _any(p, o.answered), "errored": _any(p, o.errored),
-            "expired": _any(p, o.expired), "start_us": start, "ttl_s": ttl,
-            "error_code": code}
+def _outcome_cols(p: Protocol, ttl_default: float, log_end: int) -> dict[str, str]:
+    """The shared outcome rule (spark/stages.py outcome_sql) over the record columns."""
+    return outcome_sql(p.outcomes, lambda st: f"{_lookup(p, st)}.ts",
+                       lambda st: f"{_lookup(p, st)}.detail", ttl_default, log_end)
 
 
 def _by_protocol(exprs: dict[str, str]) -> str:
@@ -238,9 +230,14 @@ def _step_table(spark, inputs: list[str]):
         f"CASE WHEN {CORRUPT} IS NOT NULL THEN "
         f"  CASE WHEN rtrim({CORRUPT}) LIKE '%}}' THEN 'bad' ELSE 'torn' END "
         f"WHEN ts IS NULL OR event IS NULL THEN 'bad' "
+        f"WHEN event LIKE 'demo.plan.%' THEN 'plan' "
         f"WHEN NOT event IN ({', '.join(_q(e) for e in known)}) THEN 'unknown' "
         f"WHEN trace_id IS NULL OR trace_id = '' THEN 'untraced' ELSE 'ok' END")
     ev = (df.withColumn("cls", cls)
+          # a plan event (deploy/events.py) travels whole, as JSON, to the driver
+          .withColumn("plan_json", F.expr(
+              "CASE WHEN cls = 'plan' THEN to_json(named_struct('ts_us', unix_micros(ts), "
+              "'event', event, 'trace_id', trace_id, 'attrs', attrs)) END"))
           .withColumn("trace_id", F.expr("CASE WHEN cls = 'ok' THEN trace_id ELSE '' END"))
           .withColumn("ts_us", F.expr("coalesce(unix_micros(ts), 0L)")))
     for name, sql in DERIVED.items():
@@ -253,7 +250,8 @@ def _step_table(spark, inputs: list[str]):
         ev = ev.withColumn(name, F.first(F.expr(sql), ignorenulls=True).over(w))
     meta = ("array(named_struct('step', concat('meta:', cls, CASE WHEN cls IN ('unknown', "
             "'untraced') THEN concat(':', event) ELSE '' END), 'branch', "
-            f"CASE WHEN cls IN ('torn', 'bad') THEN {SOURCE} ELSE '' END, 'detail', "
+            f"CASE WHEN cls IN ('torn', 'bad') THEN {SOURCE} WHEN cls = 'plan' THEN plan_json "
+            f"ELSE '' END, 'detail', "
             f"substring({CORRUPT}, 1, 300), 'hop', false))")
     ev = ev.withColumn("st", F.expr(f"CASE WHEN cls = 'ok' THEN {steps_expr()} ELSE {meta} END"))
     ev = ev.withColumn("protocol", F.expr(
@@ -313,19 +311,38 @@ def _nearest(x):
     return None if x is None else round(float(x), 3)
 
 
+#: what a rate objective's outcome counts, per protocol (the "counts" column)
+_UNITS = {"rmb": "requests (per destination)", "remp": "messages", "marlin": "blocks (per consumer)"}
+
+
 def evaluate_sla(objectives: list[dict], latency: dict, delivery: dict, within: dict) -> list[dict]:
-    """Pure evaluation of the SLA objectives (see module doc). latency: (protocol, stage) ->
-    row with count, p50.., over_<i>; delivery: protocol -> row; within: i -> (ok, finished)."""
+    """Pure evaluation of the SLA objectives (see module doc). Each argument is keyed by
+    scope first ("all", "unplanned"; an objective's `count`, default "unplanned"):
+    latency[scope]: (protocol, stage) -> {count, quantiles, over, within};
+    delivery[scope]: protocol -> row; within[scope]: i -> (ok, finished).
+
+    Each result: objective (= name), ok (= passed: True/False/None for no data), value
+    (= actual), target (number), unit ("ms" or "ratio"), counts (what the samples are),
+    samples, status, target_text, budget_used (the error budget spent, as a fraction of
+    the budget: 1.0 = all of it) and budget_unit."""
     out = []
     for i, ob in enumerate(objectives):
         proto = ob["protocol"]
+        scope = ob.get("count", "unplanned")
+        if scope not in ("all", "unplanned"):
+            raise ValueError(f"objective {ob.get('name')}: count must be 'all' or 'unplanned'")
+        what = "unplanned " if scope == "unplanned" else "all "
         res = {"name": ob.get("name", f"objective-{i}"), "protocol": proto,
-               "stage": ob.get("stage"), "target": None, "actual": None, "samples": 0,
-               "status": "no data", "passed": None, "budget_used": None}
+               "stage": ob.get("stage"), "target": None, "unit": None, "counts": None,
+               "target_text": None, "actual": None, "samples": 0, "status": "no data",
+               "passed": None, "budget_used": None,
+               "budget_unit": "fraction of the error budget spent (1 = all of it)"}
         if "quantile" in ob:
-            row = latency.get((proto, ob["stage"]))
+            row = latency[scope].get((proto, ob["stage"]))
             q, limit = float(ob["quantile"]), float(ob["max_ms"])
-            res["target"] = f"p{q * 100:g} <= {limit:g} ms"
+            res.update(target=limit, unit="ms",
+                       counts=f"{what}{_UNITS.get(proto, 'traces')}: stage {ob['stage']}",
+                       target_text=f"p{q * 100:g} <= {limit:g} ms")
             if row and row["count"]:
                 actual = row["quantiles"].get(q)
                 over = row["over"].get(limit, 0)
@@ -333,18 +350,23 @@ def evaluate_sla(objectives: list[dict], latency: dict, delivery: dict, within: 
                            passed=actual is not None and actual <= limit,
                            budget_used=(over / row["count"]) / (1.0 - q))
         elif "within_ms" in ob:
-            ok, finished = within.get(i, (0, 0))
+            ok, finished = within[scope].get(i, (0, 0))
             target = float(ob["min"])
-            res["target"] = f">= {target:g} within {float(ob['within_ms']):g} ms"
+            res.update(target=target, unit="ratio",
+                       counts=f"finished {what}{_UNITS.get(proto, 'traces')} with stage "
+                              f"{ob['stage']} <= {float(ob['within_ms']):g} ms",
+                       target_text=f">= {target:g} within {float(ob['within_ms']):g} ms")
             if finished:
                 frac = ok / finished
                 res.update(samples=finished, actual=frac, passed=frac >= target,
                            budget_used=(1.0 - frac) / (1.0 - target) if target < 1 else
                            (0.0 if frac >= 1 else math.inf))
         elif "rate" in ob:
-            row = delivery.get(proto)
+            row = delivery[scope].get(proto)
             target = float(ob["min"])
-            res["target"] = f"{ob['rate']} >= {target:g}"
+            res.update(target=target, unit="ratio",
+                       counts=f"finished {what}{_UNITS.get(proto, 'traces')} {ob['rate']}",
+                       target_text=f"{ob['rate']} >= {target:g}")
             finished = (row["branches"] - row["in_flight"]) if row else 0
             if finished:
                 frac = row[ob["rate"]] / finished
@@ -357,6 +379,7 @@ def evaluate_sla(objectives: list[dict], latency: dict, delivery: dict, within: 
             res["budget_used"] = round(res["budget_used"], 6)
         if isinstance(res["actual"], float):
             res["actual"] = round(res["actual"], 6)
+        res["objective"], res["ok"], res["value"] = res["name"], res["passed"], res["actual"]
         out.append(res)
     return out
 
@@ -427,6 +450,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     meta = per_proto.pop("_meta", None)
     ingest = {"torn": 0, "bad": 0, "unknown": {}, "untraced": {}, "torn_files": {},
               "bad_samples": []}
+    plan_rows: list[dict] = []
     if meta:
         for v in tr.filter("protocol = '_meta'").collect():
             step, branch = v["step"], v["branch"]
@@ -437,6 +461,8 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                     ingest["torn_files"][branch] = v["n"]
                 else:
                     ingest["bad_samples"].append({"file": branch, "line": v["detail"]})
+            elif kind == "plan":
+                plan_rows.append(json.loads(branch))
             else:
                 name = step.split(":", 2)[2]
                 ingest[kind][name] = ingest[kind].get(name, 0) + v["n"]
@@ -450,6 +476,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
             raise ValueError(f"more than one torn line in one file (only the last line of a "
                              f"file may be torn): {many}")
 
+    plan = parse_plan(plan_rows)
     log_end = max((r["t1"] for r in per_proto.values()), default=0) or 0
     ok_events = tr.filter("protocol <> '_meta'")
     ttl_default = {n: float(ttl_over.get(n, p.outcomes.default_ttl_s))
@@ -466,23 +493,26 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
           .groupBy("trace_id", "protocol", "tbranch").agg(
               F.map_from_entries(F.collect_list(F.struct(
                   "step", F.struct("ts", "node", "n", "detail")))).alias("mb"),
-              F.first("branches").alias("branches"), F.min("ts").alias("t0"))
+              F.first("branches").alias("branches"), F.min("ts").alias("t0"),
+              F.collect_set("node").alias("nodes"))
           .withColumnRenamed("tbranch", "branch"))
     cols = {"sa": _by_protocol({n: _stages_array(p) for n, p in PROTOCOLS.items()})}
-    for key in ("sent", "delivered", "answered", "errored", "expired", "start_us", "ttl_s",
+    for key in ("sent", "delivered", "outcome", "late", "start_us", "deadline_us", "ttl_s",
                 "error_code"):
-        cols[key] = _by_protocol({n: _outcome_cols(p, ttl_default[n])[key]
+        cols[key] = _by_protocol({n: _outcome_cols(p, ttl_default[n], log_end)[key]
                                   for n, p in PROTOCOLS.items()})
-    tb = tb.select("trace_id", "protocol", "branch", "branches", "t0", *_step_columns())
-    tb = tb.select("trace_id", "protocol", "branch",
+    tb = tb.select("trace_id", "protocol", "branch", "branches", "t0", "nodes", *_step_columns())
+    tb = tb.select("trace_id", "protocol", "branch", "nodes",
                    F.expr("branch = coalesce(try_element_at(branches, 1), '')").alias("first"),
                    *[F.expr(v).alias(k) for k, v in cols.items()])
+    tb = tb.withColumn("planned", F.expr(plan.planned_sql())).drop("nodes")
     tb = tb.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(tb)
 
     # clock: min delta per node pair over causal edges
-    stages_raw = (tb.select("trace_id", "protocol", "branch", F.explode_outer("sa").alias("s"))
-                  .filter("s IS NOT NULL").select("trace_id", "protocol", "branch", "s.*"))
+    stages_raw = (tb.select("trace_id", "protocol", "branch", "planned",
+                            F.explode_outer("sa").alias("s"))
+                  .filter("s IS NOT NULL").select("trace_id", "protocol", "branch", "planned", "s.*"))
     pairs = (stages_raw.filter("clock AND from_node <> to_node")
              .groupBy("from_node", "to_node").agg(
                  (F.min(F.col("to_ts") - F.col("from_ts")) / 1000.0).alias("d_ms"),
@@ -498,71 +528,113 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
         .select("trace_id", "protocol", "branch", "stage", "e2e", "from_node", "to_node",
                 F.timestamp_micros(F.col("from_ts") + (
                     _corr_lookup(corr, "from_node", clock) * 1000).cast("long")).alias("from_ts"),
-                "duration_ms"))
+                "duration_ms", "planned"))
 
     # delivery per (trace, branch)
-    dl = tb.select("trace_id", "protocol", "branch", "first", *list(cols)[1:])
-    dl = dl.withColumn("outcome", F.expr(
-        f"CASE WHEN answered THEN 'answered' WHEN errored THEN 'errored' "
-        f"WHEN expired THEN 'expired' WHEN {log_end}L - start_us > ttl_s * 1000000 "
-        f"THEN 'lost_or_stuck' ELSE 'in_flight' END"))
-    dl = dl.withColumn("start", F.expr("timestamp_micros(start_us)")).drop("start_us")
+    dl = tb.select("trace_id", "protocol", "branch", "first", "planned", *list(cols)[1:])
+    dl = dl.withColumn("error_code", F.expr("CASE WHEN outcome = 'errored' THEN error_code END"))
+    for o in OUTCOME_COLUMNS:
+        dl = dl.withColumn(o, F.col("outcome") == o)
+    dl = (dl.withColumn("start", F.expr("timestamp_micros(start_us)"))
+          .withColumn("deadline", F.expr("timestamp_micros(deadline_us)"))
+          .drop("start_us", "deadline_us"))
 
     # latency + SLA thresholds in one aggregation
     quant_objs = [o for o in objectives if "quantile" in o]
     limits = sorted({float(o["max_ms"]) for o in quant_objs})
     within_objs = [(i, o) for i, o in enumerate(objectives) if "within_ms" in o]
-    aggs = [F.count(F.lit(1)).alias("count"),
-            F.expr("percentile_approx(duration_ms, array(0.5, 0.9, 0.99), 10000)").alias("pq"),
-            F.max("duration_ms").alias("max_ms")]
     extra_q = sorted({float(o["quantile"]) for o in quant_objs} - {0.5, 0.9, 0.99})
-    if extra_q:
-        aggs.append(F.expr(f"percentile_approx(duration_ms, array({', '.join(map(str, extra_q))}), "
-                           "10000)").alias("pq_extra"))
-    for j, lim in enumerate(limits):
-        aggs.append(F.expr(f"count_if(duration_ms > {lim})").alias(f"over_{j}"))
-    for i, o in within_objs:
-        aggs.append(F.expr(f"count_if(duration_ms <= {float(o['within_ms'])})").alias(f"within_{i}"))
-    lat_rows = stages.groupBy("protocol", "stage", "e2e").agg(*aggs).collect()
-    latency_tbl, latency_idx = [], {}
-    for r in sorted(lat_rows, key=lambda r: (r["protocol"], not r["e2e"], r["stage"])):
-        qs = {0.5: r["pq"][0], 0.9: r["pq"][1], 0.99: r["pq"][2]}
+    aggs = []
+    # every figure twice: over all samples and over unplanned traffic only (`u_`), which the
+    # SLA objectives judge by default (spark/plan.py)
+    for pre, val in (("", "duration_ms"), ("u_", "CASE WHEN NOT planned THEN duration_ms END")):
+        aggs += [F.expr(f"count({val})").alias(pre + "count"),
+                 F.expr(f"percentile_approx({val}, array(0.5, 0.9, 0.99), 10000)").alias(pre + "pq"),
+                 F.expr(f"max({val})").alias(pre + "max_ms")]
         if extra_q:
-            qs.update(zip(extra_q, r["pq_extra"]))
-        row = {"protocol": r["protocol"], "stage": r["stage"], "e2e": r["e2e"],
-               "count": r["count"], "p50_ms": _nearest(qs[0.5]), "p90_ms": _nearest(qs[0.9]),
-               "p99_ms": _nearest(qs[0.99]), "max_ms": _nearest(r["max_ms"])}
-        latency_tbl.append(row)
-        latency_idx[(r["protocol"], r["stage"])] = {
-            "count": r["count"], "quantiles": {k: _nearest(v) for k, v in qs.items()},
-            "over": {lim: r[f"over_{j}"] for j, lim in enumerate(limits)},
-            "within": {i: r[f"within_{i}"] for i, _ in within_objs}}
+            aggs.append(F.expr(f"percentile_approx({val}, array({', '.join(map(str, extra_q))}), "
+                               "10000)").alias(pre + "pq_extra"))
+        for j, lim in enumerate(limits):
+            aggs.append(F.expr(f"count_if({val} > {lim})").alias(f"{pre}over_{j}"))
+        for i, o in within_objs:
+            aggs.append(F.expr(f"count_if({val} <= {float(o['within_ms'])})").alias(f"{pre}within_{i}"))
+    lat_rows = stages.groupBy("protocol", "stage", "e2e").agg(*aggs).collect()
+    latency_tbl = []
+    latency_idx: dict[str, dict] = {"all": {}, "unplanned": {}}
+    for r in sorted(lat_rows, key=lambda r: (r["protocol"], not r["e2e"], r["stage"])):
+        for scope, pre in (("all", ""), ("unplanned", "u_")):
+            pq = r[pre + "pq"] or [None, None, None]
+            qs = {0.5: pq[0], 0.9: pq[1], 0.99: pq[2]}
+            if extra_q:
+                qs.update(zip(extra_q, r[pre + "pq_extra"] or [None] * len(extra_q)))
+            latency_idx[scope][(r["protocol"], r["stage"])] = {
+                "count": r[pre + "count"], "quantiles": {k: _nearest(v) for k, v in qs.items()},
+                "over": {lim: r[f"{pre}over_{j}"] for j, lim in enumerate(limits)},
+                "within": {i: r[f"{pre}within_{i}"] for i, _ in within_objs}}
+            if scope == "all":
+                latency_tbl.append({
+                    "protocol": r["protocol"], "stage": r["stage"], "e2e": r["e2e"],
+                    "count": r["count"], "p50_ms": _nearest(qs[0.5]), "p90_ms": _nearest(qs[0.9]),
+                    "p99_ms": _nearest(qs[0.99]), "max_ms": _nearest(r["max_ms"])})
 
-    dl_rows = dl.groupBy("protocol").agg(
-        F.count_if("sent").alias("branches"), F.count_if("first").alias("traces"),
-        F.count_if("sent").alias("sent"), F.count_if(F.col("sent") & F.col("delivered")).alias("delivered"),
-        *[F.count_if(F.col("sent") & (F.col("outcome") == o)).alias(o)
-          for o in OUTCOME_COLUMNS]).collect()
-    delivery = {}
+    # delivery per protocol, split planned / unplanned, and the error codes, in one action
+    dl_rows = dl.groupBy("protocol", F.col("sent").alias("is_sent"), "planned", "error_code").agg(
+        F.count(F.lit(1)).alias("branches"), F.count_if("first").alias("traces"),
+        F.count(F.lit(1)).alias("sent"), F.count_if("delivered").alias("delivered"),
+        *[F.count_if(F.col("outcome") == o).alias(o) for o in OUTCOME_COLUMNS],
+        F.count_if("late").alias("late")).collect()
+    count_keys = ("branches", "traces", "sent", "delivered") + OUTCOME_COLUMNS + ("late",)
+    delivery, scoped = {}, {"all": {}, "unplanned": {}, "planned": {}}
+    errors_by: dict[tuple, int] = {}
     for r in dl_rows:
-        d = r.asDict()
-        per_proto.setdefault(r["protocol"], {})["traces"] = d.pop("traces")
-        d["duplicates"] = int(per_proto.get(r["protocol"], {}).get("duplicates") or 0)
-        delivery[r["protocol"]] = d
-    err_rows = (dl.filter("sent AND outcome = 'errored'").groupBy("protocol", "error_code")
-                .count().orderBy("protocol", F.desc("count")).collect())
-    errors = [{"protocol": r["protocol"], "code": r["error_code"], "count": r["count"]}
-              for r in err_rows]
+        proto = r["protocol"]
+        for scope in ("all", "planned" if r["planned"] else "unplanned"):
+            d = scoped[scope].setdefault(proto, dict.fromkeys(count_keys, 0))
+            d["traces"] += r["traces"]    # every trace, sent or not (e.g. an app's own ref)
+            if r["is_sent"]:
+                for key in count_keys[2:] + ("branches",):
+                    d[key] += r[key]
+        if not r["is_sent"]:
+            continue
+        if r["error_code"] is not None and r["errored"]:
+            key = (proto, r["error_code"])
+            errors_by[key] = errors_by.get(key, 0) + r["errored"]
+            for scope in ("planned" if r["planned"] else "unplanned",):
+                codes = scoped[scope][proto].setdefault("errored_by_code", {})
+                codes[r["error_code"]] = codes.get(r["error_code"], 0) + r["errored"]
+    for proto, d in scoped["all"].items():
+        d["protocol"] = proto
+        per_proto.setdefault(proto, {})["traces"] = d.pop("traces")
+        d["duplicates"] = int(per_proto.get(proto, {}).get("duplicates") or 0)
+        for scope in ("planned", "unplanned"):
+            part = scoped[scope].get(proto, dict.fromkeys(count_keys, 0))
+            part.pop("traces", None)
+            part.setdefault("errored_by_code", {})
+            d[scope] = part
+        delivery[proto] = d
+    errors = [{"protocol": p_, "code": c, "count": n} for (p_, c), n in
+              sorted(errors_by.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0][1]))]
     for proto, d in delivery.items():
         d["errored_by_code"] = {e["code"]: e["count"] for e in errors if e["protocol"] == proto}
 
-    within = {}
-    for i, o in within_objs:
-        ok = latency_idx.get((o["protocol"], o["stage"]), {}).get("within", {}).get(i, 0)
-        d = delivery.get(o["protocol"])
-        finished = (d["branches"] - d["in_flight"]) if d else 0
-        within[i] = (ok, finished)
-    sla_results = evaluate_sla(objectives, latency_idx, delivery, within)
+    # the failures themselves (trace ids), planned and unplanned, for the page and --trace
+    fail_rows = (dl.filter("sent AND outcome IN ('errored', 'expired', 'lost_or_stuck')")
+                 .select("trace_id", "protocol", "branch", "outcome", "error_code", "planned",
+                         "late").orderBy("protocol", "trace_id", "branch").limit(2000).collect())
+    failures = [r.asDict() for r in fail_rows]
+
+    within = {"all": {}, "unplanned": {}}
+    for scope in within:
+        for i, o in within_objs:
+            ok = latency_idx[scope].get((o["protocol"], o["stage"]), {}).get("within", {}).get(i, 0)
+            d = delivery.get(o["protocol"])
+            if d and scope == "unplanned":
+                d = d["unplanned"]
+            finished = (d["branches"] - d["in_flight"]) if d else 0
+            within[scope][i] = (ok, finished)
+    unplanned_delivery = {p_: d["unplanned"] for p_, d in delivery.items()}
+    sla_results = evaluate_sla(objectives, latency_idx, {"all": delivery,
+                                                         "unplanned": unplanned_delivery}, within)
     timings["aggregates_s"] = round(time.time() - t_start, 3)
 
     # hops: ordered steps per trace with corrected ts
@@ -613,6 +685,12 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                             sorted(pair_min.items())]},
         "latency": latency_tbl,
         "delivery": delivery,
+        "plan": {"labels": plan.labels, "expected": len(plan.expected),
+                 "faults": [f.as_dict() | {"start": _iso(f.start_us), "end": _iso(f.end_us)}
+                            for f in plan.faults]},
+        "failures": {
+            "planned": [f for f in failures if f["planned"]][:200],
+            "unplanned": [f for f in failures if not f["planned"]][:200]},
         "sla": sla_results,
         "outputs": outputs,
         "spark": {"version": spark.version, "master": spark.sparkContext.master,

@@ -752,10 +752,64 @@ def _iso(us):
     return (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(us))).isoformat() + "Z"
 
 
+LOG4J2 = Path(__file__).with_name("log4j2.properties")
+
+
+def quiet_jvm(level: str | None = None) -> None:
+    """Before the JVM starts (console script, not spark-submit): point log4j2 at
+    spark/log4j2.properties (ERROR only) unless PYSPARK_SUBMIT_ARGS is already set by the
+    user. level: a log4j level to use instead of the file (e.g. "INFO")."""
+    if os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("PYSPARK_SUBMIT_ARGS"):
+        return
+    opt = (f"-Dlog4j2.level={level}" if level else
+           f"-Dlog4j2.configurationFile=file:{LOG4J2}")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f'--driver-java-options "{opt}" pyspark-shell'
+
+
+def trace_lookup(out: str, trace_id: str) -> str:
+    """One message's hops (RMB, REMP, Marlin) with times, from a finished report's
+    hops.parquet and delivery.parquet in `out` (a local directory; pyarrow, no Spark).
+    Nodes are named by the demo plan's labels (summary.json). Raises KeyError when the
+    trace is not in the report."""
+    import pyarrow.parquet as pq
+    import pyarrow.compute as pc
+    base = Path(out)
+    labels = {}
+    summ = base / "summary.json"
+    if summ.exists():
+        labels = json.loads(summ.read_text()).get("plan", {}).get("labels", {})
+    hops = pq.read_table(base / "hops.parquet")
+    hops = hops.filter(pc.equal(hops["trace_id"], trace_id)).to_pylist()
+    if not hops:
+        raise KeyError(f"trace {trace_id!r} is not in {base / 'hops.parquet'}")
+    hops.sort(key=lambda h: h["seq"])
+    dl = pq.read_table(base / "delivery.parquet")
+    dl = dl.filter(pc.equal(dl["trace_id"], trace_id)).to_pylist()
+    t0 = hops[0]["ts"]
+    lines = [f"trace {trace_id} ({hops[0]['protocol']})"]
+    for d in sorted(dl, key=lambda d: d["branch"]):
+        extra = f" code {d['error_code']}" if d.get("error_code") else ""
+        lines.append(f"  branch {labels.get(d['branch'], d['branch']) or '-'}: {d['outcome']}{extra}"
+                     f"{' (late reply seen)' if d.get('late') else ''}"
+                     f"{' [planned]' if d.get('planned') else ''}")
+    lines.append(f"  {'#':>3} {'time (UTC)':<26} {'+ms':>10} {'step':<28} {'branch':<10} "
+                 f"{'node':<14} {'next in ms':>10}")
+    for h in hops:
+        rel = (h["ts"] - t0).total_seconds() * 1000.0
+        spent = "" if h["spent_ms"] is None else f"{h['spent_ms']:.3f}"
+        node = labels.get(h["node"], h["node"])
+        branch = labels.get(h["branch"], h["branch"]) if h["branch"] else ""
+        lines.append(f"  {h['seq']:>3} {h['ts'].isoformat():<26} {rel:>10.3f} {h['step']:<28} "
+                     f"{branch:<10} {node:<14} {spent:>10}"
+                     + (f"  x{h['n']}" if h["n"] > 1 else ""))
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The relay-trace-report command line (also checked against deploy/ by the tests)."""
     ap = argparse.ArgumentParser(prog="relay-trace-report", description=__doc__.split("\n")[0])
-    ap.add_argument("inputs", nargs="+", help="JSON-lines event logs or compacted Parquet (paths/URIs)")
+    ap.add_argument("inputs", nargs="*", help="JSON-lines event logs or compacted Parquet "
+                    "(paths/URIs, globs accepted); none with --trace: read the report in --out")
     ap.add_argument("--out", required=True, help="output directory (path or URI)")
     ap.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     ap.add_argument("--sla", default=None, help=f"SLA objectives TOML (default {DEFAULT_SLA})")
@@ -763,16 +817,34 @@ def build_parser() -> argparse.ArgumentParser:
                     help="convert JSON inputs to Parquet in this directory first, then read that")
     ap.add_argument("--strict", action="store_true",
                     help="fail on schema-violating lines (tests)")
+    ap.add_argument("--trace", metavar="ID", default=None,
+                    help="print one message's hops with times (RMB uid, REMP message id, Marlin "
+                         "message_id:producer); without INPUTs from the report already in --out")
+    ap.add_argument("--spark-log-level", default=None, metavar="LEVEL",
+                    help="Spark/JVM console log level (default: ERROR only, spark/log4j2.properties)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if not args.inputs:
+        if not args.trace:
+            ap.error("INPUT is required (unless --trace reads an existing report in --out)")
+        try:
+            print(trace_lookup(args.out, args.trace))
+        except (KeyError, FileNotFoundError) as e:
+            print(f"relay-trace-report: {e}", file=sys.stderr)
+            return 1
+        return 0
+    quiet_jvm(args.spark_log_level)
     summary = run(args.inputs, args.out, args.master, args.sla, strict=args.strict,
                   parquet_cache=args.parquet_cache)
     print(json.dumps({"outputs": summary["outputs"], "sla": [
         {k: s[k] for k in ("name", "status", "actual", "budget_used")} for s in summary["sla"]],
         "timings": summary["timings"]}, indent=2, default=str))
+    if args.trace:
+        print(trace_lookup(args.out, args.trace))
     return 0
 
 

@@ -276,7 +276,8 @@ def _step_table(spark, inputs: list[str]):
         F.min("ts").alias("ts"), F.expr("min_by(node, struct(ts, node))").alias("node"),
         F.sum("n").alias("n"),
         # a step logged twice by one process; unattributed (`?`) steps are not counted
-        F.sum(F.expr("CASE WHEN branch = '?' THEN 0 ELSE n - 1 END")).alias("dup"),
+        # (alias steps, hop = false, are second names of a hop's event: not counted again)
+        F.sum(F.expr("CASE WHEN branch = '?' OR NOT hop THEN 0 ELSE n - 1 END")).alias("dup"),
         F.expr("min_by(detail, struct(ts, node))").alias("detail"), F.max("hop").alias("hop"))
     # the trace's branches (sorted), for attributing root and `?` steps; per_step comes out
     # sorted by trace_id, so this window needs no further shuffle or sort
@@ -617,6 +618,8 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     for proto, d in delivery.items():
         d["errored_by_code"] = {e["code"]: e["count"] for e in errors if e["protocol"] == proto}
 
+    protocol_summary = _remp_marlin_summary(tr, delivery, per_proto)
+
     # the failures themselves (trace ids), planned and unplanned, for the page and --trace
     fail_rows = (dl.filter("sent AND outcome IN ('errored', 'expired', 'lost_or_stuck')")
                  .select("trace_id", "protocol", "branch", "outcome", "error_code", "planned",
@@ -685,6 +688,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                             sorted(pair_min.items())]},
         "latency": latency_tbl,
         "delivery": delivery,
+        **protocol_summary,
         "plan": {"labels": plan.labels, "expected": len(plan.expected),
                  "faults": [f.as_dict() | {"start": _iso(f.start_us), "end": _iso(f.end_us)}
                             for f in plan.faults]},
@@ -707,6 +711,64 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     summary["timings"] = timings
     _write_text(spark, _join(out, "summary.json"), json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def _remp_marlin_summary(tr, delivery: dict, per_proto: dict) -> dict:
+    """summary.json's `remp` and `marlin` sections (issues #8, #9), each only when the logs
+    hold that protocol (one small Spark action each, over the cached step table).
+
+    remp: messages; outcomes = the final outcome per message (finalized, rejected, timeout;
+    none = no final status: lost_or_stuck + in_flight, also given apart); receipts_produced
+    = distinct (message, validator, kind) statuses validators logged; receipts_delivered =
+    those the full node logged with peer = that validator; duplicates = statuses logged
+    twice by one process.
+    marlin: blocks (traces); rebuilt = distinct (trace, consumer) with a rebuilt block;
+    disputes; chunks_sent / chunks_received / acks (events); chunks_lost = per (block,
+    consumer seen) distinct chunks sent but not received; missing_acks = distinct chunks
+    sent without an acknowledgement."""
+    from pyspark.sql import functions as F
+    out = {}
+    if "remp" in delivery:
+        d = delivery["remp"]
+        r = (tr.filter("protocol = 'remp' AND (step LIKE 'remp:produced:%' "
+                       "OR step LIKE 'remp:delivered:%')")
+             .select("trace_id", F.expr("substring_index(step, ':', 2) = 'remp:produced'").alias("p"),
+                     F.expr("substring(step, length(substring_index(step, ':', 2)) + 2)").alias("key"))
+             .groupBy("trace_id", "key").agg(F.max("p").alias("p"), F.min("p").alias("notp"))
+             .agg(F.count_if("p").alias("produced"),
+                  F.count_if(F.col("p") & ~F.col("notp")).alias("delivered")).collect()[0])
+        out["remp"] = {
+            "messages": per_proto.get("remp", {}).get("traces", 0),
+            "outcomes": {"finalized": d["answered"], "rejected": d["errored"],
+                         "timeout": d["expired"], "none": d["lost_or_stuck"] + d["in_flight"]},
+            "lost_or_stuck": d["lost_or_stuck"], "in_flight": d["in_flight"],
+            "receipts_produced": int(r["produced"] or 0),
+            "receipts_delivered": int(r["delivered"] or 0),
+            "duplicates": d["duplicates"]}
+    if "marlin" in delivery:
+        d = delivery["marlin"]
+        per = (tr.filter("protocol = 'marlin'").groupBy("trace_id").agg(
+            F.sum(F.expr("CASE WHEN step = 'marlin:chunk_sent' THEN n ELSE 0 END")).alias("sent_n"),
+            F.sum(F.expr("CASE WHEN step = 'marlin:chunk_received' THEN n ELSE 0 END")).alias("recv_n"),
+            F.sum(F.expr("CASE WHEN step = 'marlin:acknowledged' THEN n ELSE 0 END")).alias("ack_n"),
+            F.sum(F.expr("CASE WHEN step = 'marlin:dispute' THEN n ELSE 0 END")).alias("disputes"),
+            F.count_if(F.expr("step = 'marlin:block_rebuilt'")).alias("rebuilt"),
+            F.count_if(F.expr("step LIKE 'marlin:c.sent:%'")).alias("sent_d"),
+            F.count_if(F.expr("step LIKE 'marlin:c.ack:%'")).alias("ack_d"),
+            F.count_if(F.expr("step LIKE 'marlin:c.recv:%'")).alias("recv_d"),
+            F.max(F.size("branches")).alias("consumers"))
+            .agg(*[F.sum(c).alias(c) for c in ("sent_n", "recv_n", "ack_n", "disputes", "rebuilt")],
+                 F.sum(F.greatest(F.lit(0), F.col("sent_d") * F.col("consumers") - F.col("recv_d"))
+                       ).alias("lost"),
+                 F.sum(F.greatest(F.lit(0), F.col("sent_d") - F.col("ack_d"))).alias("missing"))
+            .collect()[0])
+        out["marlin"] = {
+            "blocks": per_proto.get("marlin", {}).get("traces", 0),
+            "rebuilt": int(per["rebuilt"] or 0), "disputes": int(per["disputes"] or 0),
+            "chunks_sent": int(per["sent_n"] or 0), "chunks_received": int(per["recv_n"] or 0),
+            "acks": int(per["ack_n"] or 0), "chunks_lost": int(per["lost"] or 0),
+            "missing_acks": int(per["missing"] or 0), "lost_or_stuck": d["lost_or_stuck"]}
+    return out
 
 
 def _corr_lookup(corr, node_col, clock):

@@ -352,6 +352,12 @@ REMP = Protocol(
         R("remp.validator.status", "rejected", "attrs.kind LIKE 'Rejected%'", detail="attrs.kind", hop=False),
         R("remp.fullnode.status", "timeout", "attrs.kind = 'Timeout'", hop=False),
         R("remp.validator.status", "timeout", "attrs.kind = 'Timeout'", hop=False),
+        # receipts: produced by validator `node`, delivered to the full node (peer = that
+        # validator); counted by spark/report.py (receipts_produced / receipts_delivered)
+        R("remp.validator.status", step_sql="concat('produced:', node, ':', attrs.kind)",
+          when="attrs.kind IS NOT NULL AND node IS NOT NULL", hop=False),
+        R("remp.fullnode.status", step_sql="concat('delivered:', attrs.peer, ':', attrs.kind)",
+          when="attrs.kind IS NOT NULL AND attrs.peer IS NOT NULL", hop=False),
     ),
     stages=(
         S("first_receipt", "fullnode.received", "first_receipt", e2e=True),
@@ -359,6 +365,10 @@ REMP = Protocol(
         S("sent_to_validators", "fullnode.received", "fullnode.SentToValidators"),
         S("to_first_validator", "fullnode.received", "fullnode.sent"),
         S("to_queue", "fullnode.received", "validator.PutIntoQueue"),
+        S("first_put_into_queue", "fullnode.received", "fullnode.PutIntoQueue"),
+        S("included_into_block", "fullnode.received", "fullnode.IncludedIntoBlock"),
+        S("included_into_accepted_block", "fullnode.received",
+          "fullnode.IncludedIntoAcceptedBlock"),
         S("collator", "validator.PutIntoQueue", "validator.IncludedIntoBlock", clock=False),
         S("shardchain", "validator.IncludedIntoBlock", "validator.IncludedIntoAcceptedBlock",
           clock=False),
@@ -380,9 +390,18 @@ MARLIN = Protocol(
         R("marlin.consumer.chunk_received", "chunk_received", branch="node"),
         R("marlin.consumer.block_rebuilt", "block_rebuilt", branch="node"),
         R("marlin.consumer.dispute", "dispute", branch="node", detail="attrs.reason"),
+        # distinct chunks, for chunks lost and missing acks (spark/report.py)
+        R("marlin.producer.chunk_sent", step_sql="concat('c.sent:', CAST(attrs.chunk AS STRING))",
+          when="attrs.chunk IS NOT NULL", hop=False),
+        R("marlin.cluster.acknowledged", step_sql="concat('c.ack:', CAST(attrs.chunk AS STRING))",
+          when="attrs.chunk IS NOT NULL", hop=False),
+        R("marlin.consumer.chunk_received",
+          step_sql="concat('c.recv:', CAST(attrs.chunk AS STRING))", branch="node",
+          when="attrs.chunk IS NOT NULL", hop=False),
     ),
     stages=(
         S("rebuild", "chunk_sent", "block_rebuilt", e2e=True),
+        S("member_to_consumer", "witnessed", "chunk_received"),
         S("to_cluster", "chunk_sent", "witnessed"),
         S("acknowledge", "chunk_sent", "acknowledged"),
         S("first_chunk", "chunk_sent", "chunk_received"),

@@ -274,6 +274,9 @@ RMB = Protocol(
         R("rmb.peer.answered", "peer.answered", "true", _SRC_TWIN, _CODE),
         R("rmb.peer.answered", "peer.answered.ok", "coalesce(attrs.code, 0) = 0", _SRC_TWIN,
           _CODE, hop=False),
+        # a reply the peer pushed because one came in (not its own expiry notice, 102)
+        R("rmb.peer.answered", "peer.answered.reply", "coalesce(attrs.code, 0) <> 102",
+          _SRC_TWIN, _CODE, hop=False),
         R("rmb.peer.answered", "peer.answered.expired", "attrs.code = 102", _SRC_TWIN, _CODE,
           hop=False),
         R("rmb.peer.answered", "peer.answered.error", "coalesce(attrs.code, 0) NOT IN (0, 102)",
@@ -311,8 +314,10 @@ RMB = Protocol(
         S("federation_ack_resp", "relay.fed_received.resp", "relay.federated.resp"),
         S("relay_queue_resp", "relay.queued.resp", "relay.delivered.resp"),
         S("relay_to_peer_resp", "relay.delivered.resp", "peer.received.resp"),
-        S("relay_to_app", "relay.delivered.resp", "peer.answered"),
-        S("peer_to_app", "peer.received.resp", "peer.answered"),
+        # to the reply the peer pushed, not its own earlier expiry notice (a late reply's
+        # relay delivery comes after that notice: no causal pair)
+        S("relay_to_app", "relay.delivered.resp", "peer.answered.reply"),
+        S("peer_to_app", "peer.received.resp", "peer.answered.reply"),
         S("app_return", "peer.answered", "app.replied"),
     ),
     outcomes=Outcomes(

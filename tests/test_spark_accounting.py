@@ -74,3 +74,44 @@ def test_sla_judges_unplanned_traffic_and_names_its_units(report):
     rt = sla["rmb-round-trip-p99"]
     assert rt["unit"] == "ms" and rt["target"] == 2000.0
     assert "fraction of the error budget" in rt["budget_unit"]
+
+
+def test_otlp_output_parses_as_traces_data_one_trace_per_message(report):
+    """The OTLP JSON lines parse with opentelemetry-proto's TracesData (protobuf json_format;
+    OTLP/JSON ids are hex, which json_format reads as base64, so they are converted the way an
+    OTLP receiver does), one trace per message, one span per hop."""
+    import base64
+    import json
+    pytest.importorskip("opentelemetry.proto.trace.v1.trace_pb2")
+    import pyarrow.parquet as pq
+    from google.protobuf import json_format
+    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+    summary, out = report
+    hops = pq.read_table(out / "hops.parquet").to_pylist()
+    want = {}
+    for h in hops:
+        want[h["trace_id"]] = want.get(h["trace_id"], 0) + 1
+    got = {}
+    files = sorted((out / "traces.otlp").glob("part-*"))
+    assert files
+    for f in files:
+        for line in f.read_text().splitlines():
+            doc = json.loads(line)
+            for rs in doc["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    for sp in ss["spans"]:
+                        for k in ("traceId", "spanId", "parentSpanId"):
+                            sp[k] = base64.b64encode(bytes.fromhex(sp[k])).decode()
+            td = json_format.Parse(json.dumps(doc), TracesData())
+            spans = [sp for rs in td.resource_spans for ss in rs.scope_spans for sp in ss.spans]
+            assert len({sp.trace_id for sp in spans}) == 1
+            assert all(len(sp.trace_id) == 16 and len(sp.span_id) == 8 for sp in spans)
+            attrs = {a.key: a.value.string_value for a in spans[0].attributes}
+            tid = attrs["relay_suite.trace_id"]
+            assert tid not in got
+            got[tid] = len(spans)
+            assert all(sp.end_time_unix_nano >= sp.start_time_unix_nano > 0 for sp in spans)
+            # a chain: every span but the first has the previous one as parent
+            assert sum(1 for sp in spans if not sp.parent_span_id) == 1
+    assert got == want
+    assert got["R-ok"] == 7   # requested, sent, relay received + delivered, delivered, answered, replied

@@ -30,13 +30,17 @@ def otlp_lines(hops, labels: dict[str, str]):
     else:
         node = F.col("node")
 
+    # one AnyValue type for every attribute (an array needs one element type); the unset
+    # member is null, which to_json leaves out
     def attr(key, col):
-        return F.struct(F.lit(key).alias("key"),
-                        F.struct(col.cast("string").alias("stringValue")).alias("value"))
+        return F.struct(F.lit(key).alias("key"), F.struct(
+            col.cast("string").alias("stringValue"),
+            F.lit(None).cast("string").alias("intValue")).alias("value"))
 
     def int_attr(key, col):
-        return F.struct(F.lit(key).alias("key"),
-                        F.struct(col.cast("string").alias("intValue")).alias("value"))
+        return F.struct(F.lit(key).alias("key"), F.struct(
+            F.lit(None).cast("string").alias("stringValue"),
+            col.cast("string").alias("intValue")).alias("value"))
     start_ns = (F.unix_micros("ts") * 1000)
     end_ns = start_ns + F.coalesce((F.col("spent_ms") * 1e6).cast("long"), F.lit(0))
     span_id = F.substring(F.md5(F.concat_ws(":", "trace_id", F.col("seq").cast("string"))), 1, 16)

@@ -403,6 +403,29 @@ def _write_text(spark, uri: str, text: str) -> None:
         stream.close()
 
 
+def _is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+_ARROW = {"string": "string", "long": "int64", "double": "float64", "boolean": "bool_"}
+
+
+def _write_small_local(path: str, ddl: str, rows: list[dict]) -> None:
+    """A small table as `path/part-00000.parquet` with the DDL's column types (pyarrow)."""
+    import shutil
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    fields = [(c.split()[0], getattr(pa, _ARROW[c.split()[1]])()) for c in ddl.split(", ")]
+    schema = pa.schema(fields)
+    table = pa.Table.from_pylist([{k: r.get(k) for k, _ in fields} for r in rows], schema=schema)
+    local = Path(path.removeprefix("file://"))
+    if local.exists():
+        shutil.rmtree(local)
+    local.mkdir(parents=True)
+    pq.write_table(table, local / "part-00000.parquet")
+    (local / "_SUCCESS").write_text("")
+
+
 def _join(out: str, name: str) -> str:
     return out.rstrip("/") + "/" + name
 
@@ -655,6 +678,8 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
             .withColumn("spent_ms", (F.lead("ts_us").over(wo) - F.col("ts_us")) / 1000.0)
             .withColumn("ts", F.expr("timestamp_micros(ts_us)")).drop("ts_us"))
 
+    hops = hops.persist(StorageLevel.MEMORY_AND_DISK)    # written twice: Parquet and OTLP
+    cached.append(hops)
     outputs = {}
     for name, df in (("hops", hops), ("stages", stages), ("delivery", dl.filter("sent").drop("first"))):
         path = _join(out, f"{name}.parquet")
@@ -681,8 +706,13 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     for name, rows in small.items():
         ddl, cols = _SMALL_SCHEMAS[name]
         path = _join(out, f"{name}.parquet")
-        (spark.createDataFrame([tuple(r[c] for c in cols) for r in rows], ddl)
-         .coalesce(1).write.mode("overwrite").parquet(path))
+        if _is_local(out):
+            # a handful of rows: written by pyarrow on the driver (no Spark job), as a
+            # directory holding one part file like Spark's
+            _write_small_local(path, ddl, rows)
+        else:
+            (spark.createDataFrame([tuple(r[c] for c in cols) for r in rows], ddl)
+             .coalesce(1).write.mode("overwrite").parquet(path))
         outputs[name] = path
 
     summary = {

@@ -227,7 +227,10 @@ def test_report_files_and_self_contained_html(report):
         assert ref not in page, ref
     assert not re.search(r"url\((?!#)", page)      # only in-page references (clip paths)
     assert "rmb-round-trip-p99" in page
-    assert "rmb uid-multi" in page and "marlin 0a0b0c0d" in page and "remp c3c3" in page
+    # the slowest traces: full ids, an anchor each
+    assert "id='trace-uid-multi'" in page and "id='trace-0a0b0c0d:0x" in page
+    assert "id='trace-c3c3" in page
+    assert "<details><summary>Inputs" in page
 
 
 # ------------------------------------------------------------------ strictness, Parquet path

@@ -5,6 +5,7 @@ stage, delivery outcomes, ordered hops written as Parquet) in the same run.
     .venv/bin/python bench/bench_spark_report.py [--events 5000000] [--dir /tmp/relay-bench]
         [--driver-memory 3g] [--partitions 8] [--skip-json]
     .venv/bin/python bench/bench_spark_report.py --check LOGDIR    (equality check)
+    .venv/bin/python bench/bench_spark_report.py --demo [LOGDIR]   (demo-size wall time, target 20 s)
 
 Steps: generate logs once (bench/gen_eventlog.py, reused when the event count matches),
 then each engine runs in its own child process while this process samples the child's
@@ -77,7 +78,9 @@ def duckdb_report(inputs: list[str], out: str, threads: int = 2, facts_by: str =
 
     from spark.clock import align
     from spark.schema import duckdb_columns, known_events
-    from spark.stages import PROTOCOLS, derived
+    from spark.stages import PROTOCOLS, derived, outcome_sql
+    from spark.report import load_sla
+    ttl_over = load_sla(None).get("ttl_s", {})
 
     con = duckdb.connect()
     con.execute(f"SET threads={threads}")
@@ -179,28 +182,21 @@ def duckdb_report(inputs: list[str], out: str, threads: int = 2, facts_by: str =
         GROUP BY ALL ORDER BY ALL""").fetchall()
     # delivery outcomes per (trace, branch), for branches with a `sent` step
     log_end = con.execute("SELECT max(ts) FROM steps").fetchone()[0] or 0
-    cols = {k: [] for k in ("sent", "delivered", "answered", "errored", "expired", "ttl_s",
-                            "error_code", "outcome", "start")}
+    cols = {k: [] for k in ("sent", "delivered", "outcome", "late", "error_code", "ttl_s",
+                            "start", "deadline")}
     for p in PROTOCOLS.values():
-        o = p.outcomes
+        def ts(st, p=p):
+            return f"min(CASE WHEN step = '{p.name}:{st}' THEN ts END)"
 
-        def has(steps, p=p):
-            return ("bool_or(step IN (" + ", ".join(f"'{p.name}:{s}'" for s in steps) + "))"
-                    if steps else "false")
-
-        def first(steps, what, p=p):
-            return ", ".join(f"min(CASE WHEN step = '{p.name}:{s}' THEN {what} END)" for s in steps)
-        ttl = (f"coalesce(TRY_CAST(max(CASE WHEN step = '{p.name}:{o.ttl_step}' THEN detail END)"
-               f" AS DOUBLE), {float(o.default_ttl_s)})" if o.ttl_step else f"{float(o.default_ttl_s)}")
-        start = f"coalesce({first(o.start, 'ts')}, min(ts))"
-        code = (f"CASE WHEN {has(o.errored)} THEN coalesce({first(o.errored, 'detail')}, 'unknown') END"
-                if o.errored else "NULL::VARCHAR")
-        outcome = (f"CASE WHEN {has(o.answered)} THEN 'answered' WHEN {has(o.errored)} THEN 'errored' "
-                   f"WHEN {has(o.expired)} THEN 'expired' WHEN {log_end} - {start} > {ttl} * 1000000 "
-                   f"THEN 'lost_or_stuck' ELSE 'in_flight' END")
-        vals = {"sent": has(o.sent), "delivered": has(o.delivered), "answered": has(o.answered),
-                "errored": has(o.errored), "expired": has(o.expired), "ttl_s": ttl,
-                "error_code": code, "outcome": outcome, "start": f"make_timestamp({start})"}
+        def detail(st, p=p):
+            return f"min(CASE WHEN step = '{p.name}:{st}' THEN detail END)"
+        ttl_default = float(ttl_over.get(p.name, p.outcomes.default_ttl_s))
+        o = outcome_sql(p.outcomes, ts, detail, ttl_default, int(log_end), t0="min(ts)")
+        vals = {"sent": o["sent"], "delivered": o["delivered"], "outcome": o["outcome"],
+                "late": o["late"], "ttl_s": o["ttl_s"],
+                "error_code": f"CASE WHEN ({o['outcome']}) = 'errored' THEN {o['error_code']} END",
+                "start": f"make_timestamp({o['start_us']})",
+                "deadline": f"make_timestamp({o['deadline_us']})"}
         for k, v in vals.items():
             cols[k].append(f"WHEN '{p.name}' THEN {v}")
     sel = ", ".join(f"CASE protocol {' '.join(v)} END AS {k}" for k, v in cols.items())
@@ -229,8 +225,8 @@ CHECK_COLUMNS = {
             "round(spent_ms, 6) AS spent_ms, ts",
     "stages": "trace_id, protocol, branch, stage, e2e, from_node, to_node, from_ts, "
               "round(duration_ms, 6) AS duration_ms",
-    "delivery": "trace_id, protocol, branch, sent, delivered, answered, errored, expired, "
-                "ttl_s, error_code, outcome, start",
+    "delivery": "trace_id, protocol, branch, sent, delivered, late, ttl_s, error_code, "
+                "outcome, start, deadline",
 }
 
 
@@ -294,6 +290,47 @@ def check(logdir: str, base: Path, partitions: int) -> int:
 
 # ----------------------------------------------------------------------------- driver
 
+DEMO_TARGET_S = 20.0
+LARGE_TARGET_RATIO = 4.0
+
+
+def demo_size(logdir: str, base: Path, events: int = 3000) -> int:
+    """(a) of issue #10: `relay-trace-report --master local[2]` over a demo-sized log set,
+    wall time of the whole process (session start included), against DEMO_TARGET_S; the
+    same tables by DuckDB in the same run for scale."""
+    if logdir:
+        logs = Path(logdir)
+    else:
+        logs = base / f"demo-logs-{events}"
+        if not (logs / "DONE").exists():
+            from gen_eventlog import generate
+            (logs / "DONE").parent.mkdir(parents=True, exist_ok=True)
+            n = generate(logs, events)
+            (logs / "DONE").write_text(str(n))
+    inputs = sorted(str(p) for p in logs.glob("*.jsonl"))
+    n = sum(1 for p in inputs for _ in open(p))
+    py = sys.executable
+    env = {**os.environ, "PYSPARK_PYTHON": py}
+    script = str(Path(py).parent / "relay-trace-report")
+    duck = measure([py, __file__, "--child-duckdb", str(logs), str(base / "demo-out-duckdb")],
+                   env, base / "demo-duckdb.log")
+    r = measure([script, "--master", "local[2]", "--out", str(base / "demo-out-spark")] + inputs,
+                env, base / "demo-spark.log")
+    timings = {}
+    try:
+        timings = json.loads((base / "demo-out-spark" / "summary.json").read_text())["timings"]
+    except (OSError, ValueError, KeyError):
+        pass
+    print(f"demo-size report: {n} events in {len(inputs)} files")
+    print(f"  spark (relay-trace-report, local[2], session start included): {r['wall_s']} s "
+          f"wall, peak {r['peak_mb']} MB, rc {r['rc']}; target <= {DEMO_TARGET_S:g} s: "
+          f"{'MET' if r['wall_s'] <= DEMO_TARGET_S else 'NOT MET'}")
+    print(f"  phases (s since start): {timings}")
+    print(f"  duckdb, same tables: {duck['wall_s']} s wall; ratio {r['wall_s'] / duck['wall_s']:.1f}x")
+    print(f"  load average while measuring: {os.getloadavg()}")
+    return 0 if r["rc"] == 0 else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=5_000_000)
@@ -304,7 +341,12 @@ def main(argv=None) -> int:
     ap.add_argument("--check", metavar="LOGDIR",
                     help="run Spark and DuckDB over LOGDIR/*.jsonl and compare every table")
     ap.add_argument("--child-duckdb", nargs=2, metavar=("LOGDIR", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--demo", nargs="?", const="", metavar="LOGDIR",
+                    help="demo-size run only: the console script over LOGDIR/*.jsonl (default: "
+                         "3,000 generated events), wall time with session start vs the 20 s target")
     args = ap.parse_args(argv)
+    if args.demo is not None:
+        return demo_size(args.demo, Path(args.dir))
 
     if args.child_duckdb:
         logdir, out = args.child_duckdb
@@ -357,8 +399,13 @@ def main(argv=None) -> int:
     for key in ("spark_json", "spark_parquet"):
         if key in results:
             r = results[key]
-            print(f"{key}: {r['wall_s']} s = {r['wall_s'] / d:.1f}x DuckDB ({d} s); "
-                  f"peak {r['peak_mb']} MB vs DuckDB {results['duckdb_json']['peak_mb']} MB")
+            ratio = r["wall_s"] / d
+            print(f"{key}: {r['wall_s']} s = {ratio:.1f}x DuckDB ({d} s); "
+                  f"peak {r['peak_mb']} MB vs DuckDB {results['duckdb_json']['peak_mb']} MB"
+                  + (f"; target <= {LARGE_TARGET_RATIO:g}x: "
+                     f"{'MET' if ratio <= LARGE_TARGET_RATIO else 'NOT MET'}"
+                     if key == "spark_parquet" else ""))
+    print(f"load average while measuring: {os.getloadavg()}")
     (base / "bench-results.json").write_text(json.dumps(results, indent=2))
     return 0 if all(r["rc"] == 0 for r in results.values()) else 1
 

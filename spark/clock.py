@@ -56,9 +56,13 @@ def _estimate(lo: float, hi: float) -> float:
     return hi if hi < 0 else lo
 
 
-def align(pair_min: dict[tuple[str, str], float]) -> ClockResult:
-    """pair_min: (from_node, to_node) -> min observed delta ms (from != to). See module doc."""
-    d = {k: float(v) for k, v in pair_min.items() if k[0] != k[1]}
+def align(pair_min: dict[tuple[str, str], float], tolerance_ms: float = 0.0) -> ClockResult:
+    """pair_min: (from_node, to_node) -> min observed delta ms (from != to). See module doc.
+    tolerance_ms: negative deltas down to -tolerance_ms are read as 0 (not proof of skew):
+    processes on one host share its clock, and a sender that logs `sent` after the write
+    can be overtaken by the receiver's log line by a few ms (the logging order, not skew)."""
+    d = {k: (0.0 if -tolerance_ms <= float(v) < 0 else float(v))
+         for k, v in pair_min.items() if k[0] != k[1]}
     links: dict[str, set[str]] = defaultdict(set)
     for a, b in d:
         links[a].add(b)

@@ -37,23 +37,33 @@ def _svg(fig) -> str:
 
 
 def latency_chart(latency: list[dict]) -> str:
+    """p50/p90/p99 per stage on a log axis. A stage whose figure is 0 ms (e.g. the relay's
+    `forwarded`: received and delivered in one event) gets no bar, only a "0" mark: a log
+    axis has no zero, and a bar to the axis floor would read as a real duration."""
     rows = [r for r in latency if r["count"]]
     if not rows:
         return "<p>No stage durations.</p>"
     labels = [f"{r['protocol']}:{r['stage']}" + (" (e2e)" if r["e2e"] else "") for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.2))
+    positive = [r[k] for r in rows for k in ("p50_ms", "p90_ms", "p99_ms") if (r[k] or 0) > 0]
+    lo = min(positive) / 2 if positive else 0.01
+    fig, ax = plt.subplots(figsize=(9, 0.36 * len(rows) + 1.6))
     y = range(len(rows))
-    floor = 0.001
-    for key, colour, h, off in (("p99_ms", "#d62728", 0.26, -0.27), ("p90_ms", "#ff7f0e", 0.26, 0.0),
-                                ("p50_ms", "#1f77b4", 0.26, 0.27)):
-        ax.barh([i + off for i in y], [max(r[key] or 0, floor) for r in rows], height=h,
-                color=colour, label=key.replace("_ms", ""))
+    for key, colour, off in (("p99_ms", "#d62728", -0.27), ("p90_ms", "#ff7f0e", 0.0),
+                             ("p50_ms", "#1f77b4", 0.27)):
+        pos = [(i + off, r[key]) for i, r in zip(y, rows) if (r[key] or 0) > 0]
+        ax.barh([p[0] for p in pos], [p[1] for p in pos], height=0.26, color=colour,
+                label=key.replace("_ms", ""))
+        for i, r in zip(y, rows):
+            if r[key] is not None and r[key] <= 0:
+                ax.text(lo, i + off, " 0", va="center", ha="left", fontsize=6, color=colour)
+    ax.set_xscale("log")
+    ax.set_xlim(left=lo)
     ax.set_yticks(list(y), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlabel("ms (log scale)")
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title("Latency per stage")
+    ax.set_xlabel("ms (log scale; a '0' mark = 0 ms, no bar)")
+    # legend above the axes, outside the data
+    ax.legend(fontsize=8, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ax.set_title("Latency per stage", pad=22)
     return _svg(fig)
 
 
@@ -70,39 +80,45 @@ def delivery_chart(delivery: dict) -> str:
         ax.barh(protos, vals, left=left, color=colour, label=key)
         left = [a + b for a, b in zip(left, vals)]
     ax.set_xlabel("traces (per destination)")
-    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25))
-    ax.set_title("Delivery outcome")
+    # legend above the axes, outside the data and clear of the axis label
+    ax.legend(fontsize=8, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ax.set_title("Delivery outcome", pad=22)
     return _svg(fig)
 
 
-def waterfall(trace: dict) -> str:
+def waterfall(trace: dict, labels: dict[str, str] | None = None) -> str:
     hops = trace["hops"]
     if not hops:
         return ""
     import datetime as dt
+    labels = labels or {}
     t = [dt.datetime.fromisoformat(h["ts"].rstrip("Z")) for h in hops]
     t0 = min(t)
     start = [(x - t0).total_seconds() * 1000 for x in t]
     width = [h["spent_ms"] or 0 for h in hops]
-    labels = [f"{h['step']} @{h['node']}" for h in hops]
-    fig, ax = plt.subplots(figsize=(8, 0.25 * len(hops) + 1))
+    names = [f"{h['step']} @{labels.get(h['node'], h['node'])}" for h in hops]
+    fig, ax = plt.subplots(figsize=(9, 0.25 * len(hops) + 1))
     ax.barh(range(len(hops)), [max(w, 0.0) for w in width], left=start, color="#1f77b4")
     ax.plot(start, range(len(hops)), "k|")
-    ax.set_yticks(range(len(hops)), labels, fontsize=7)
+    ax.set_yticks(range(len(hops)), names, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("ms since first hop")
-    ax.set_title(f"{trace['protocol']} {trace['trace_id'][:24]} ({trace['stage']} "
-                 f"{trace['duration_ms']:.1f} ms)", fontsize=9)
+    ax.set_title(f"{trace['protocol']} {trace['stage']} {trace['duration_ms']:.1f} ms", fontsize=9)
     return _svg(fig)
 
 
-def _table(rows: list[dict], cols: list[str] | None = None) -> str:
+def _table(rows: list[dict], cols: list[str] | None = None, left=(), raw=()) -> str:
+    """HTML table; `left`: left-aligned columns (text); `raw`: columns already HTML."""
     if not rows:
         return "<p>none</p>"
     cols = cols or list(rows[0])
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols)
-                   + "</tr>" for r in rows)
+
+    def cell(r, c):
+        v = r.get(c)
+        text = str(v) if c in raw else html.escape(_fmt(v))
+        return f"<td class='l'>{text}</td>" if c in left else f"<td>{text}</td>"
+    body = "".join("<tr>" + "".join(cell(r, c) for c in cols) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -116,40 +132,125 @@ def _fmt(v) -> str:
     return str(v)
 
 
-_CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1100px}
+_CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1200px}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:2px 8px;
-font-size:13px;text-align:right}th{background:#eee}.pass{color:#2ca02c}.fail{color:#d62728}"""
+font-size:13px;text-align:right}th{background:#eee}.pass{color:#2ca02c}.fail{color:#d62728}
+td.l{text-align:left}code{font-size:12px}.banner{padding:.6em 1em;border-radius:4px;
+font-size:16px}.ok{background:#e6f4e6}.bad{background:#fbe3e3}.note{color:#555;font-size:13px}"""
+
+
+def _clock_text(clock: dict, label) -> str:
+    tol = clock.get("tolerance_ms", 0)
+    if not clock["consistent"]:
+        return ("<p>The causal pairs contradict each other (a clock stepped during the run?): "
+                "no timestamps were corrected; durations across processes are as logged.</p>")
+    if not clock["corrections_ms"]:
+        return (f"<p>No clock skew proven: every message was logged as received after it was "
+                f"logged as sent (within {tol:g} ms), so all timestamps are used as logged. "
+                f"Processes on one host share its clock; a receive logged up to {tol:g} ms "
+                f"before its send is the order two processes wrote their log lines, not skew."
+                f"</p>")
+    items = ", ".join(f"{html.escape(label(n))} {v:+.3f} ms" for n, v in clock["corrections_ms"].items())
+    return (f"<p>Clock skew proven and corrected: {items} added to those nodes' timestamps. "
+            f"Proof: a message was logged as received before it was logged as sent, by more "
+            f"than {tol:g} ms; the correction is the midpoint of what both directions allow "
+            f"(or the smallest shift that makes the fastest message take 0 ms). Rows below: "
+            f"d = min(receive - send) from node to peer, d_back the other way.</p>")
+
+
+def _failure_rows(rows: list[dict], label) -> list[dict]:
+    return [{"protocol": f["protocol"], "trace": f["trace_id"],
+             "branch": label(f["branch"]) if f["branch"] else "",
+             "outcome": f["outcome"] + (f" {f['error_code']}" if f.get("error_code") else ""),
+             "late reply": "yes" if f.get("late") else ""} for f in rows]
 
 
 def render(summary: dict, slow_traces: list[dict]) -> str:
     """The whole page as a string (see module doc)."""
-    sla_rows = [{**s, "status": s["status"]} for s in summary["sla"]]
-    delivery_rows = [{"protocol": p, **{k: v for k, v in d.items() if k != "protocol"}}
-                     for p, d in sorted(summary["delivery"].items())]
+    labels = summary.get("plan", {}).get("labels", {})
+
+    def label(n):
+        return labels.get(n, n) if n is not None else ""
+    sla = summary["sla"]
+    failed = [s for s in sla if s["status"] == "fail"]
+    judged = [s for s in sla if s["status"] in ("pass", "fail")]
+    fails = summary.get("failures", {"planned": [], "unplanned": []})
+    sla_rows = [{"objective": s["name"], "counts": s.get("counts"),
+                 "target": s.get("target_text"), "value": s["actual"], "unit": s.get("unit"),
+                 "samples": s["samples"], "status": s["status"],
+                 "error budget spent (x budget)": s["budget_used"]} for s in sla]
+    delivery_rows = []
+    for p, d in sorted(summary["delivery"].items()):
+        for scope in ("unplanned", "planned"):
+            part = d.get(scope) or {}
+            delivery_rows.append({"protocol": p, "traffic": scope, **{
+                k: part.get(k) for k in ("sent", "delivered", "answered", "errored", "expired",
+                                         "lost_or_stuck", "in_flight", "late")},
+                "errored by code": part.get("errored_by_code")})
     ingest = summary["ingest"]
+    if not judged:
+        banner = "<p class='banner'>No SLA objective had data.</p>"
+    elif failed:
+        banner = (f"<p class='banner bad'>{len(failed)} of {len(judged)} SLA objectives FAIL: "
+                  f"{html.escape(', '.join(s['name'] for s in failed))}. Unplanned failures: "
+                  f"{len(fails['unplanned'])}.</p>")
+    else:
+        banner = (f"<p class='banner ok'>All {len(judged)} SLA objectives with data pass. "
+                  f"Unplanned failures: {len(fails['unplanned'])}; planned (the demo's injected "
+                  f"faults): {len(fails['planned'])}.</p>")
+    extra = []
+    for proto in ("remp", "marlin"):
+        if proto in summary:
+            extra += [f"<h3>{proto.upper()}</h3>", _table([summary[proto]])]
+    faults = [{"fault": f["fault"], "target": f["target"], "from": f["start"], "to": f["end"]}
+              for f in summary.get("plan", {}).get("faults", [])]
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>relay-suite trace report"
         f"</title><style>{_CSS}</style></head><body>",
-        "<h1>relay-suite trace and SLA report</h1>",
-        f"<p>Inputs: {html.escape(', '.join(summary['inputs']))}</p>",
+        "<h1>relay-suite trace and SLA report</h1>", banner,
         f"<p>Traces: {html.escape(_fmt(summary['traces']))}</p>",
+        f"<details><summary>Inputs ({len(summary['inputs'])} files)</summary><ul>"
+        + "".join(f"<li><code>{html.escape(i)}</code></li>" for i in summary["inputs"])
+        + "</ul></details>",
         "<h2>SLA</h2>",
-        _table(sla_rows, ["name", "protocol", "stage", "target", "actual", "samples", "status",
-                          "budget_used"]),
+        "<p class='note'>Objectives judge unplanned traffic unless their counts column says "
+        "otherwise. Error budget spent: the fraction of the objective's error budget used "
+        "(1 = all of it; over 1 = exceeded).</p>",
+        _table(sla_rows, left=("objective", "counts", "target", "unit", "status")),
+        "<h2>Failures</h2>",
+        "<h3>Unplanned</h3>",
+        _table(_failure_rows(fails["unplanned"], label), left=("protocol", "trace", "branch", "outcome")),
+        "<h3>Planned (the demo's injected faults)</h3>",
+        _table(faults) if faults else "",
+        _table(_failure_rows(fails["planned"], label), left=("protocol", "trace", "branch", "outcome")),
+        "<h2>Delivery</h2>", delivery_chart(summary["delivery"]),
+        _table(delivery_rows, left=("protocol", "traffic")),
+        *extra,
         "<h2>Latency</h2>", latency_chart(summary["latency"]),
-        _table(summary["latency"]),
-        "<h2>Delivery</h2>", delivery_chart(summary["delivery"]), _table(delivery_rows),
-        "<h2>Clock alignment</h2>",
-        f"<p>consistent: {summary['clock']['consistent']}; corrections (ms added to a node's "
-        f"timestamps): {html.escape(_fmt(summary['clock']['corrections_ms']) or 'none')}</p>",
-        _table(summary["clock"]["proofs"]),
+        _table(summary["latency"], left=("protocol", "stage")),
+        "<h2>Slowest traces</h2>",
+        "<p class='note'>Look one up: <code>relay-trace-report --out DIR --trace ID</code>.</p>",
+        _table([{"protocol": t["protocol"], "trace": f"<a href='#trace-{html.escape(t['trace_id'])}'>"
+                 f"{html.escape(t['trace_id'])}</a>", "stage": t["stage"],
+                 "ms": t["duration_ms"], "hops": len(t["hops"])} for t in slow_traces],
+               left=("protocol", "trace", "stage"), raw=("trace",)),
+    ]
+    for t in slow_traces:
+        parts.append(f"<section id='trace-{html.escape(t['trace_id'])}'><h3>{html.escape(t['protocol'])} "
+                     f"<code>{html.escape(t['trace_id'])}</code></h3>")
+        parts.append(_table([{**h, "node": label(h["node"]), "branch": label(h["branch"])}
+                             for h in t["hops"]], ["seq", "step", "branch", "node", "ts", "spent_ms"],
+                            left=("step", "branch", "node", "ts")))
+        if t.get("chart"):
+            parts.append(waterfall(t, labels))
+        parts.append("</section>")
+    parts += [
+        "<h2>Clock alignment</h2>", _clock_text(summary["clock"], label),
+        _table([{**p, "node": label(p["node"]), "peer": label(p["peer"])}
+                for p in summary["clock"]["proofs"]]) if summary["clock"]["proofs"] else "",
         "<h2>Ingest</h2>",
         _table([{"torn lines": ingest["torn_lines"], "bad lines": ingest["bad_lines"],
                  "unknown events": ingest["unknown_events"],
                  "untraced events": ingest["untraced_events"]}]),
-        "<h2>Slowest traces</h2>",
-    ]
-    for t in slow_traces:
-        parts.append(waterfall(t))
-    parts.append("</body></html>")
+        "</body></html>"]
     return "\n".join(parts)

@@ -41,7 +41,9 @@ Pipeline (one shuffle of the events: everything is keyed by trace_id):
    latency.parquet (per protocol/stage count, p50, p90, p99, max ms: nearest-rank
    percentiles, `percentile_approx` with accuracy 10000, exact below 10000 samples),
    delivery.parquet and delivery_errors.parquet, clock.parquet, sla.parquet,
-   summary.json, report.html (self-contained, inline SVG charts).
+   summary.json, report.html (self-contained, inline SVG charts), traces.otlp/ (the traces
+   as OTLP JSON, one TracesData per line: spark/otlp.py; for Jaeger or an OpenTelemetry
+   Collector's otlpjsonfile receiver with `include: [DIR/traces.otlp/part-*]`).
 
 SLA (spark/sla.toml, TOML): `[[objective]]` entries of three kinds, evaluated only when the
 stage has samples (else status "no data"):
@@ -65,10 +67,15 @@ import tomllib
 from pathlib import Path
 
 from spark.clock import align
+from spark.plan import parse as parse_plan
 from spark.schema import CORRUPT, SOURCE, known_events, read_events
-from spark.stages import DERIVED, PROTOCOLS, Protocol
+from spark.stages import DERIVED, PROTOCOLS, Protocol, outcome_sql
 
 DEFAULT_SLA = Path(__file__).with_name("sla.toml")
+#: negative causal deltas down to this are the order of log writes, not clock skew
+#: (spark/clock.py align; measured on one host: -0.4 to -3.9 ms between a relay's
+#: `delivered` and the peer's next line)
+CLOCK_TOLERANCE_MS = 5.0
 
 
 def _ddl(spec: str) -> tuple[str, list[str]]:
@@ -80,12 +87,13 @@ _SMALL_SCHEMAS = {
     "latency": _ddl("protocol string, stage string, e2e boolean, count long, p50_ms double, "
                     "p90_ms double, p99_ms double, max_ms double"),
     "delivery_errors": _ddl("protocol string, code string, count long"),
-    "sla": _ddl("name string, protocol string, stage string, target string, actual double, "
+    "sla": _ddl("name string, protocol string, stage string, target_text string, "
+                "target double, unit string, counts string, actual double, "
                 "samples long, status string, passed boolean, budget_used double"),
     "clock": _ddl("node string, correction_ms double"),
     "delivery_summary": _ddl("protocol string, branches long, sent long, delivered long, "
                              "answered long, errored long, expired long, lost_or_stuck long, "
-                             "in_flight long, duplicates long"),
+                             "in_flight long, late long, duplicates long"),
 }
 OUTCOME_COLUMNS = ("answered", "errored", "expired", "lost_or_stuck", "in_flight")
 
@@ -165,8 +173,7 @@ def _referenced_steps() -> dict[str, tuple[Protocol, str]]:
     for p in PROTOCOLS.values():
         o = p.outcomes
         steps = [s for st in p.stages for s in (st.from_step, st.to_step)]
-        steps += list(o.start + o.sent + o.delivered + o.answered + o.expired + o.errored)
-        steps += [o.ttl_step] if o.ttl_step else []
+        steps += list(o.steps())
         for s in steps:
             refs[_ref(p, s)] = (p, s)
     return refs
@@ -205,19 +212,10 @@ def _any(p: Protocol, steps) -> str:
     return "(" + " OR ".join(f"{_lookup(p, s)} IS NOT NULL" for s in steps) + ")"
 
 
-def _outcome_cols(p: Protocol, ttl_default: float) -> dict[str, str]:
-    o = p.outcomes
-    start = "coalesce(" + ", ".join([f"{_lookup(p, s)}.ts" for s in o.start] + ["t0"]) + ")"
-    ttl = f"{ttl_default}D"
-    if o.ttl_step:
-        ttl = f"coalesce(try_cast({_lookup(p, o.ttl_step)}.detail AS DOUBLE), {ttl})"
-    code = ("CASE WHEN " + _any(p, o.errored) + " THEN coalesce(" + ", ".join(
-        f"{_lookup(p, s)}.detail" for s in o.errored) + ", 'unknown') END"
-            if o.errored else "CAST(NULL AS STRING)")
-    return {"sent": _any(p, o.sent), "delivered": _any(p, o.delivered),
-            "answered": _any(p, o.answered), "errored": _any(p, o.errored),
-            "expired": _any(p, o.expired), "start_us": start, "ttl_s": ttl,
-            "error_code": code}
+def _outcome_cols(p: Protocol, ttl_default: float, log_end: int) -> dict[str, str]:
+    """The shared outcome rule (spark/stages.py outcome_sql) over the record columns."""
+    return outcome_sql(p.outcomes, lambda st: f"{_lookup(p, st)}.ts",
+                       lambda st: f"{_lookup(p, st)}.detail", ttl_default, log_end)
 
 
 def _by_protocol(exprs: dict[str, str]) -> str:
@@ -238,9 +236,14 @@ def _step_table(spark, inputs: list[str]):
         f"CASE WHEN {CORRUPT} IS NOT NULL THEN "
         f"  CASE WHEN rtrim({CORRUPT}) LIKE '%}}' THEN 'bad' ELSE 'torn' END "
         f"WHEN ts IS NULL OR event IS NULL THEN 'bad' "
+        f"WHEN event LIKE 'demo.plan.%' THEN 'plan' "
         f"WHEN NOT event IN ({', '.join(_q(e) for e in known)}) THEN 'unknown' "
         f"WHEN trace_id IS NULL OR trace_id = '' THEN 'untraced' ELSE 'ok' END")
     ev = (df.withColumn("cls", cls)
+          # a plan event (deploy/events.py) travels whole, as JSON, to the driver
+          .withColumn("plan_json", F.expr(
+              "CASE WHEN cls = 'plan' THEN to_json(named_struct('ts_us', unix_micros(ts), "
+              "'event', event, 'trace_id', trace_id, 'attrs', attrs)) END"))
           .withColumn("trace_id", F.expr("CASE WHEN cls = 'ok' THEN trace_id ELSE '' END"))
           .withColumn("ts_us", F.expr("coalesce(unix_micros(ts), 0L)")))
     for name, sql in DERIVED.items():
@@ -253,7 +256,8 @@ def _step_table(spark, inputs: list[str]):
         ev = ev.withColumn(name, F.first(F.expr(sql), ignorenulls=True).over(w))
     meta = ("array(named_struct('step', concat('meta:', cls, CASE WHEN cls IN ('unknown', "
             "'untraced') THEN concat(':', event) ELSE '' END), 'branch', "
-            f"CASE WHEN cls IN ('torn', 'bad') THEN {SOURCE} ELSE '' END, 'detail', "
+            f"CASE WHEN cls IN ('torn', 'bad') THEN {SOURCE} WHEN cls = 'plan' THEN plan_json "
+            f"ELSE '' END, 'detail', "
             f"substring({CORRUPT}, 1, 300), 'hop', false))")
     ev = ev.withColumn("st", F.expr(f"CASE WHEN cls = 'ok' THEN {steps_expr()} ELSE {meta} END"))
     ev = ev.withColumn("protocol", F.expr(
@@ -278,7 +282,8 @@ def _step_table(spark, inputs: list[str]):
         F.min("ts").alias("ts"), F.expr("min_by(node, struct(ts, node))").alias("node"),
         F.sum("n").alias("n"),
         # a step logged twice by one process; unattributed (`?`) steps are not counted
-        F.sum(F.expr("CASE WHEN branch = '?' THEN 0 ELSE n - 1 END")).alias("dup"),
+        # (alias steps, hop = false, are second names of a hop's event: not counted again)
+        F.sum(F.expr("CASE WHEN branch = '?' OR NOT hop THEN 0 ELSE n - 1 END")).alias("dup"),
         F.expr("min_by(detail, struct(ts, node))").alias("detail"), F.max("hop").alias("hop"))
     # the trace's branches (sorted), for attributing root and `?` steps; per_step comes out
     # sorted by trace_id, so this window needs no further shuffle or sort
@@ -313,19 +318,38 @@ def _nearest(x):
     return None if x is None else round(float(x), 3)
 
 
+#: what a rate objective's outcome counts, per protocol (the "counts" column)
+_UNITS = {"rmb": "requests (per destination)", "remp": "messages", "marlin": "blocks (per consumer)"}
+
+
 def evaluate_sla(objectives: list[dict], latency: dict, delivery: dict, within: dict) -> list[dict]:
-    """Pure evaluation of the SLA objectives (see module doc). latency: (protocol, stage) ->
-    row with count, p50.., over_<i>; delivery: protocol -> row; within: i -> (ok, finished)."""
+    """Pure evaluation of the SLA objectives (see module doc). Each argument is keyed by
+    scope first ("all", "unplanned"; an objective's `count`, default "unplanned"):
+    latency[scope]: (protocol, stage) -> {count, quantiles, over, within};
+    delivery[scope]: protocol -> row; within[scope]: i -> (ok, finished).
+
+    Each result: objective (= name), ok (= passed: True/False/None for no data), value
+    (= actual), target (number), unit ("ms" or "ratio"), counts (what the samples are),
+    samples, status, target_text, budget_used (the error budget spent, as a fraction of
+    the budget: 1.0 = all of it) and budget_unit."""
     out = []
     for i, ob in enumerate(objectives):
         proto = ob["protocol"]
+        scope = ob.get("count", "unplanned")
+        if scope not in ("all", "unplanned"):
+            raise ValueError(f"objective {ob.get('name')}: count must be 'all' or 'unplanned'")
+        what = "unplanned " if scope == "unplanned" else "all "
         res = {"name": ob.get("name", f"objective-{i}"), "protocol": proto,
-               "stage": ob.get("stage"), "target": None, "actual": None, "samples": 0,
-               "status": "no data", "passed": None, "budget_used": None}
+               "stage": ob.get("stage"), "target": None, "unit": None, "counts": None,
+               "target_text": None, "actual": None, "samples": 0, "status": "no data",
+               "passed": None, "budget_used": None,
+               "budget_unit": "fraction of the error budget spent (1 = all of it)"}
         if "quantile" in ob:
-            row = latency.get((proto, ob["stage"]))
+            row = latency[scope].get((proto, ob["stage"]))
             q, limit = float(ob["quantile"]), float(ob["max_ms"])
-            res["target"] = f"p{q * 100:g} <= {limit:g} ms"
+            res.update(target=limit, unit="ms",
+                       counts=f"{what}{_UNITS.get(proto, 'traces')}: stage {ob['stage']}",
+                       target_text=f"p{q * 100:g} <= {limit:g} ms")
             if row and row["count"]:
                 actual = row["quantiles"].get(q)
                 over = row["over"].get(limit, 0)
@@ -333,18 +357,23 @@ def evaluate_sla(objectives: list[dict], latency: dict, delivery: dict, within: 
                            passed=actual is not None and actual <= limit,
                            budget_used=(over / row["count"]) / (1.0 - q))
         elif "within_ms" in ob:
-            ok, finished = within.get(i, (0, 0))
+            ok, finished = within[scope].get(i, (0, 0))
             target = float(ob["min"])
-            res["target"] = f">= {target:g} within {float(ob['within_ms']):g} ms"
+            res.update(target=target, unit="ratio",
+                       counts=f"finished {what}{_UNITS.get(proto, 'traces')} with stage "
+                              f"{ob['stage']} <= {float(ob['within_ms']):g} ms",
+                       target_text=f">= {target:g} within {float(ob['within_ms']):g} ms")
             if finished:
                 frac = ok / finished
                 res.update(samples=finished, actual=frac, passed=frac >= target,
                            budget_used=(1.0 - frac) / (1.0 - target) if target < 1 else
                            (0.0 if frac >= 1 else math.inf))
         elif "rate" in ob:
-            row = delivery.get(proto)
+            row = delivery[scope].get(proto)
             target = float(ob["min"])
-            res["target"] = f"{ob['rate']} >= {target:g}"
+            res.update(target=target, unit="ratio",
+                       counts=f"finished {what}{_UNITS.get(proto, 'traces')} {ob['rate']}",
+                       target_text=f"{ob['rate']} >= {target:g}")
             finished = (row["branches"] - row["in_flight"]) if row else 0
             if finished:
                 frac = row[ob["rate"]] / finished
@@ -357,6 +386,7 @@ def evaluate_sla(objectives: list[dict], latency: dict, delivery: dict, within: 
             res["budget_used"] = round(res["budget_used"], 6)
         if isinstance(res["actual"], float):
             res["actual"] = round(res["actual"], 6)
+        res["objective"], res["ok"], res["value"] = res["name"], res["passed"], res["actual"]
         out.append(res)
     return out
 
@@ -371,6 +401,29 @@ def _write_text(spark, uri: str, text: str) -> None:
         stream.write(bytearray(text.encode("utf-8")))
     finally:
         stream.close()
+
+
+def _is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+_ARROW = {"string": "string", "long": "int64", "double": "float64", "boolean": "bool_"}
+
+
+def _write_small_local(path: str, ddl: str, rows: list[dict]) -> None:
+    """A small table as `path/part-00000.parquet` with the DDL's column types (pyarrow)."""
+    import shutil
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    fields = [(c.split()[0], getattr(pa, _ARROW[c.split()[1]])()) for c in ddl.split(", ")]
+    schema = pa.schema(fields)
+    table = pa.Table.from_pylist([{k: r.get(k) for k, _ in fields} for r in rows], schema=schema)
+    local = Path(path.removeprefix("file://"))
+    if local.exists():
+        shutil.rmtree(local)
+    local.mkdir(parents=True)
+    pq.write_table(table, local / "part-00000.parquet")
+    (local / "_SUCCESS").write_text("")
 
 
 def _join(out: str, name: str) -> str:
@@ -427,6 +480,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     meta = per_proto.pop("_meta", None)
     ingest = {"torn": 0, "bad": 0, "unknown": {}, "untraced": {}, "torn_files": {},
               "bad_samples": []}
+    plan_rows: list[dict] = []
     if meta:
         for v in tr.filter("protocol = '_meta'").collect():
             step, branch = v["step"], v["branch"]
@@ -437,6 +491,8 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                     ingest["torn_files"][branch] = v["n"]
                 else:
                     ingest["bad_samples"].append({"file": branch, "line": v["detail"]})
+            elif kind == "plan":
+                plan_rows.append(json.loads(branch))
             else:
                 name = step.split(":", 2)[2]
                 ingest[kind][name] = ingest[kind].get(name, 0) + v["n"]
@@ -450,6 +506,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
             raise ValueError(f"more than one torn line in one file (only the last line of a "
                              f"file may be torn): {many}")
 
+    plan = parse_plan(plan_rows)
     log_end = max((r["t1"] for r in per_proto.values()), default=0) or 0
     ok_events = tr.filter("protocol <> '_meta'")
     ttl_default = {n: float(ttl_over.get(n, p.outcomes.default_ttl_s))
@@ -466,29 +523,32 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
           .groupBy("trace_id", "protocol", "tbranch").agg(
               F.map_from_entries(F.collect_list(F.struct(
                   "step", F.struct("ts", "node", "n", "detail")))).alias("mb"),
-              F.first("branches").alias("branches"), F.min("ts").alias("t0"))
+              F.first("branches").alias("branches"), F.min("ts").alias("t0"),
+              F.collect_set("node").alias("nodes"))
           .withColumnRenamed("tbranch", "branch"))
     cols = {"sa": _by_protocol({n: _stages_array(p) for n, p in PROTOCOLS.items()})}
-    for key in ("sent", "delivered", "answered", "errored", "expired", "start_us", "ttl_s",
+    for key in ("sent", "delivered", "outcome", "late", "start_us", "deadline_us", "ttl_s",
                 "error_code"):
-        cols[key] = _by_protocol({n: _outcome_cols(p, ttl_default[n])[key]
+        cols[key] = _by_protocol({n: _outcome_cols(p, ttl_default[n], log_end)[key]
                                   for n, p in PROTOCOLS.items()})
-    tb = tb.select("trace_id", "protocol", "branch", "branches", "t0", *_step_columns())
-    tb = tb.select("trace_id", "protocol", "branch",
+    tb = tb.select("trace_id", "protocol", "branch", "branches", "t0", "nodes", *_step_columns())
+    tb = tb.select("trace_id", "protocol", "branch", "nodes",
                    F.expr("branch = coalesce(try_element_at(branches, 1), '')").alias("first"),
                    *[F.expr(v).alias(k) for k, v in cols.items()])
+    tb = tb.withColumn("planned", F.expr(plan.planned_sql())).drop("nodes")
     tb = tb.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(tb)
 
     # clock: min delta per node pair over causal edges
-    stages_raw = (tb.select("trace_id", "protocol", "branch", F.explode_outer("sa").alias("s"))
-                  .filter("s IS NOT NULL").select("trace_id", "protocol", "branch", "s.*"))
+    stages_raw = (tb.select("trace_id", "protocol", "branch", "planned",
+                            F.explode_outer("sa").alias("s"))
+                  .filter("s IS NOT NULL").select("trace_id", "protocol", "branch", "planned", "s.*"))
     pairs = (stages_raw.filter("clock AND from_node <> to_node")
              .groupBy("from_node", "to_node").agg(
                  (F.min(F.col("to_ts") - F.col("from_ts")) / 1000.0).alias("d_ms"),
                  F.count(F.lit(1)).alias("n")).collect())
     pair_min = {(r["from_node"], r["to_node"]): r["d_ms"] for r in pairs}
-    clock = align(pair_min)
+    clock = align(pair_min, CLOCK_TOLERANCE_MS)
     corr = _corr_map(clock.corrections)
     timings["clock_s"] = round(time.time() - t_start, 3)
 
@@ -498,71 +558,115 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
         .select("trace_id", "protocol", "branch", "stage", "e2e", "from_node", "to_node",
                 F.timestamp_micros(F.col("from_ts") + (
                     _corr_lookup(corr, "from_node", clock) * 1000).cast("long")).alias("from_ts"),
-                "duration_ms"))
+                "duration_ms", "planned"))
 
     # delivery per (trace, branch)
-    dl = tb.select("trace_id", "protocol", "branch", "first", *list(cols)[1:])
-    dl = dl.withColumn("outcome", F.expr(
-        f"CASE WHEN answered THEN 'answered' WHEN errored THEN 'errored' "
-        f"WHEN expired THEN 'expired' WHEN {log_end}L - start_us > ttl_s * 1000000 "
-        f"THEN 'lost_or_stuck' ELSE 'in_flight' END"))
-    dl = dl.withColumn("start", F.expr("timestamp_micros(start_us)")).drop("start_us")
+    dl = tb.select("trace_id", "protocol", "branch", "first", "planned", *list(cols)[1:])
+    dl = dl.withColumn("error_code", F.expr("CASE WHEN outcome = 'errored' THEN error_code END"))
+    for o in OUTCOME_COLUMNS:
+        dl = dl.withColumn(o, F.col("outcome") == o)
+    dl = (dl.withColumn("start", F.expr("timestamp_micros(start_us)"))
+          .withColumn("deadline", F.expr("timestamp_micros(deadline_us)"))
+          .drop("start_us", "deadline_us"))
 
     # latency + SLA thresholds in one aggregation
     quant_objs = [o for o in objectives if "quantile" in o]
     limits = sorted({float(o["max_ms"]) for o in quant_objs})
     within_objs = [(i, o) for i, o in enumerate(objectives) if "within_ms" in o]
-    aggs = [F.count(F.lit(1)).alias("count"),
-            F.expr("percentile_approx(duration_ms, array(0.5, 0.9, 0.99), 10000)").alias("pq"),
-            F.max("duration_ms").alias("max_ms")]
     extra_q = sorted({float(o["quantile"]) for o in quant_objs} - {0.5, 0.9, 0.99})
-    if extra_q:
-        aggs.append(F.expr(f"percentile_approx(duration_ms, array({', '.join(map(str, extra_q))}), "
-                           "10000)").alias("pq_extra"))
-    for j, lim in enumerate(limits):
-        aggs.append(F.expr(f"count_if(duration_ms > {lim})").alias(f"over_{j}"))
-    for i, o in within_objs:
-        aggs.append(F.expr(f"count_if(duration_ms <= {float(o['within_ms'])})").alias(f"within_{i}"))
-    lat_rows = stages.groupBy("protocol", "stage", "e2e").agg(*aggs).collect()
-    latency_tbl, latency_idx = [], {}
-    for r in sorted(lat_rows, key=lambda r: (r["protocol"], not r["e2e"], r["stage"])):
-        qs = {0.5: r["pq"][0], 0.9: r["pq"][1], 0.99: r["pq"][2]}
+    aggs = []
+    # every figure twice: over all samples and over unplanned traffic only (`u_`), which the
+    # SLA objectives judge by default (spark/plan.py)
+    for pre, val in (("", "duration_ms"), ("u_", "CASE WHEN NOT planned THEN duration_ms END")):
+        aggs += [F.expr(f"count({val})").alias(pre + "count"),
+                 F.expr(f"percentile_approx({val}, array(0.5, 0.9, 0.99), 10000)").alias(pre + "pq"),
+                 F.expr(f"max({val})").alias(pre + "max_ms")]
         if extra_q:
-            qs.update(zip(extra_q, r["pq_extra"]))
-        row = {"protocol": r["protocol"], "stage": r["stage"], "e2e": r["e2e"],
-               "count": r["count"], "p50_ms": _nearest(qs[0.5]), "p90_ms": _nearest(qs[0.9]),
-               "p99_ms": _nearest(qs[0.99]), "max_ms": _nearest(r["max_ms"])}
-        latency_tbl.append(row)
-        latency_idx[(r["protocol"], r["stage"])] = {
-            "count": r["count"], "quantiles": {k: _nearest(v) for k, v in qs.items()},
-            "over": {lim: r[f"over_{j}"] for j, lim in enumerate(limits)},
-            "within": {i: r[f"within_{i}"] for i, _ in within_objs}}
+            aggs.append(F.expr(f"percentile_approx({val}, array({', '.join(map(str, extra_q))}), "
+                               "10000)").alias(pre + "pq_extra"))
+        for j, lim in enumerate(limits):
+            aggs.append(F.expr(f"count_if({val} > {lim})").alias(f"{pre}over_{j}"))
+        for i, o in within_objs:
+            aggs.append(F.expr(f"count_if({val} <= {float(o['within_ms'])})").alias(f"{pre}within_{i}"))
+    lat_rows = stages.groupBy("protocol", "stage", "e2e").agg(*aggs).collect()
+    latency_tbl = []
+    latency_idx: dict[str, dict] = {"all": {}, "unplanned": {}}
+    for r in sorted(lat_rows, key=lambda r: (r["protocol"], not r["e2e"], r["stage"])):
+        for scope, pre in (("all", ""), ("unplanned", "u_")):
+            pq = r[pre + "pq"] or [None, None, None]
+            qs = {0.5: pq[0], 0.9: pq[1], 0.99: pq[2]}
+            if extra_q:
+                qs.update(zip(extra_q, r[pre + "pq_extra"] or [None] * len(extra_q)))
+            latency_idx[scope][(r["protocol"], r["stage"])] = {
+                "count": r[pre + "count"], "quantiles": {k: _nearest(v) for k, v in qs.items()},
+                "over": {lim: r[f"{pre}over_{j}"] for j, lim in enumerate(limits)},
+                "within": {i: r[f"{pre}within_{i}"] for i, _ in within_objs}}
+            if scope == "all":
+                latency_tbl.append({
+                    "protocol": r["protocol"], "stage": r["stage"], "e2e": r["e2e"],
+                    "count": r["count"], "p50_ms": _nearest(qs[0.5]), "p90_ms": _nearest(qs[0.9]),
+                    "p99_ms": _nearest(qs[0.99]), "max_ms": _nearest(r["max_ms"])})
 
-    dl_rows = dl.groupBy("protocol").agg(
-        F.count_if("sent").alias("branches"), F.count_if("first").alias("traces"),
-        F.count_if("sent").alias("sent"), F.count_if(F.col("sent") & F.col("delivered")).alias("delivered"),
-        *[F.count_if(F.col("sent") & (F.col("outcome") == o)).alias(o)
-          for o in OUTCOME_COLUMNS]).collect()
-    delivery = {}
+    # delivery per protocol, split planned / unplanned, and the error codes, in one action
+    dl_rows = dl.groupBy("protocol", F.col("sent").alias("is_sent"), "planned", "error_code").agg(
+        F.count(F.lit(1)).alias("branches"), F.count_if("first").alias("traces"),
+        F.count(F.lit(1)).alias("sent"), F.count_if("delivered").alias("delivered"),
+        *[F.count_if(F.col("outcome") == o).alias(o) for o in OUTCOME_COLUMNS],
+        F.count_if("late").alias("late")).collect()
+    count_keys = ("branches", "traces", "sent", "delivered") + OUTCOME_COLUMNS + ("late",)
+    delivery, scoped = {}, {"all": {}, "unplanned": {}, "planned": {}}
+    errors_by: dict[tuple, int] = {}
     for r in dl_rows:
-        d = r.asDict()
-        per_proto.setdefault(r["protocol"], {})["traces"] = d.pop("traces")
-        d["duplicates"] = int(per_proto.get(r["protocol"], {}).get("duplicates") or 0)
-        delivery[r["protocol"]] = d
-    err_rows = (dl.filter("sent AND outcome = 'errored'").groupBy("protocol", "error_code")
-                .count().orderBy("protocol", F.desc("count")).collect())
-    errors = [{"protocol": r["protocol"], "code": r["error_code"], "count": r["count"]}
-              for r in err_rows]
+        proto = r["protocol"]
+        for scope in ("all", "planned" if r["planned"] else "unplanned"):
+            d = scoped[scope].setdefault(proto, dict.fromkeys(count_keys, 0))
+            d["traces"] += r["traces"]    # every trace, sent or not (e.g. an app's own ref)
+            if r["is_sent"]:
+                for key in count_keys[2:] + ("branches",):
+                    d[key] += r[key]
+        if not r["is_sent"]:
+            continue
+        if r["error_code"] is not None and r["errored"]:
+            key = (proto, r["error_code"])
+            errors_by[key] = errors_by.get(key, 0) + r["errored"]
+            for scope in ("planned" if r["planned"] else "unplanned",):
+                codes = scoped[scope][proto].setdefault("errored_by_code", {})
+                codes[r["error_code"]] = codes.get(r["error_code"], 0) + r["errored"]
+    for proto, d in scoped["all"].items():
+        d["protocol"] = proto
+        per_proto.setdefault(proto, {})["traces"] = d.pop("traces")
+        d["duplicates"] = int(per_proto.get(proto, {}).get("duplicates") or 0)
+        for scope in ("planned", "unplanned"):
+            part = scoped[scope].get(proto, dict.fromkeys(count_keys, 0))
+            part.pop("traces", None)
+            part.setdefault("errored_by_code", {})
+            d[scope] = part
+        delivery[proto] = d
+    errors = [{"protocol": p_, "code": c, "count": n} for (p_, c), n in
+              sorted(errors_by.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0][1]))]
     for proto, d in delivery.items():
         d["errored_by_code"] = {e["code"]: e["count"] for e in errors if e["protocol"] == proto}
 
-    within = {}
-    for i, o in within_objs:
-        ok = latency_idx.get((o["protocol"], o["stage"]), {}).get("within", {}).get(i, 0)
-        d = delivery.get(o["protocol"])
-        finished = (d["branches"] - d["in_flight"]) if d else 0
-        within[i] = (ok, finished)
-    sla_results = evaluate_sla(objectives, latency_idx, delivery, within)
+    protocol_summary = _remp_marlin_summary(tr, delivery, per_proto)
+
+    # the failures themselves (trace ids), planned and unplanned, for the page and --trace
+    fail_rows = (dl.filter("sent AND outcome IN ('errored', 'expired', 'lost_or_stuck')")
+                 .select("trace_id", "protocol", "branch", "outcome", "error_code", "planned",
+                         "late").orderBy("protocol", "trace_id", "branch").limit(2000).collect())
+    failures = [r.asDict() for r in fail_rows]
+
+    within = {"all": {}, "unplanned": {}}
+    for scope in within:
+        for i, o in within_objs:
+            ok = latency_idx[scope].get((o["protocol"], o["stage"]), {}).get("within", {}).get(i, 0)
+            d = delivery.get(o["protocol"])
+            if d and scope == "unplanned":
+                d = d["unplanned"]
+            finished = (d["branches"] - d["in_flight"]) if d else 0
+            within[scope][i] = (ok, finished)
+    unplanned_delivery = {p_: d["unplanned"] for p_, d in delivery.items()}
+    sla_results = evaluate_sla(objectives, latency_idx, {"all": delivery,
+                                                         "unplanned": unplanned_delivery}, within)
     timings["aggregates_s"] = round(time.time() - t_start, 3)
 
     # hops: ordered steps per trace with corrected ts
@@ -574,11 +678,18 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
             .withColumn("spent_ms", (F.lead("ts_us").over(wo) - F.col("ts_us")) / 1000.0)
             .withColumn("ts", F.expr("timestamp_micros(ts_us)")).drop("ts_us"))
 
+    hops = hops.persist(StorageLevel.MEMORY_AND_DISK)    # written twice: Parquet and OTLP
+    cached.append(hops)
     outputs = {}
     for name, df in (("hops", hops), ("stages", stages), ("delivery", dl.filter("sent").drop("first"))):
         path = _join(out, f"{name}.parquet")
         df.write.mode("overwrite").parquet(path)
         outputs[name] = path
+    # the traces as OTLP JSON (spark/otlp.py): DIR/traces.otlp/part-*.txt, one TracesData a line
+    from spark.otlp import otlp_lines
+    path = _join(out, "traces.otlp")
+    otlp_lines(hops, plan.labels).write.mode("overwrite").text(path)
+    outputs["otlp"] = path
     timings["parquet_s"] = round(time.time() - t_start, 3)
 
     clock_rows = ([{"node": a, "peer": b, "d_ms": dd, "d_back_ms": back,
@@ -595,8 +706,13 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     for name, rows in small.items():
         ddl, cols = _SMALL_SCHEMAS[name]
         path = _join(out, f"{name}.parquet")
-        (spark.createDataFrame([tuple(r[c] for c in cols) for r in rows], ddl)
-         .coalesce(1).write.mode("overwrite").parquet(path))
+        if _is_local(out):
+            # a handful of rows: written by pyarrow on the driver (no Spark job), as a
+            # directory holding one part file like Spark's
+            _write_small_local(path, ddl, rows)
+        else:
+            (spark.createDataFrame([tuple(r[c] for c in cols) for r in rows], ddl)
+             .coalesce(1).write.mode("overwrite").parquet(path))
         outputs[name] = path
 
     summary = {
@@ -608,11 +724,19 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                    "torn_files": ingest["torn_files"], "bad_samples": ingest["bad_samples"][:5],
                    "unknown_events": ingest["unknown"], "untraced_events": ingest["untraced"]},
         "clock": {"consistent": clock.consistent, "corrections_ms": clock.corrections,
+                  "tolerance_ms": CLOCK_TOLERANCE_MS,
                   "proofs": clock_rows,
                   "pairs": [{"from": a, "to": b, "min_delta_ms": v} for (a, b), v in
                             sorted(pair_min.items())]},
         "latency": latency_tbl,
         "delivery": delivery,
+        **protocol_summary,
+        "plan": {"labels": plan.labels, "expected": len(plan.expected),
+                 "faults": [f.as_dict() | {"start": _iso(f.start_us), "end": _iso(f.end_us)}
+                            for f in plan.faults]},
+        "failures": {
+            "planned": [f for f in failures if f["planned"]][:200],
+            "unplanned": [f for f in failures if not f["planned"]][:200]},
         "sla": sla_results,
         "outputs": outputs,
         "spark": {"version": spark.version, "master": spark.sparkContext.master,
@@ -631,6 +755,64 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     return summary
 
 
+def _remp_marlin_summary(tr, delivery: dict, per_proto: dict) -> dict:
+    """summary.json's `remp` and `marlin` sections (issues #8, #9), each only when the logs
+    hold that protocol (one small Spark action each, over the cached step table).
+
+    remp: messages; outcomes = the final outcome per message (finalized, rejected, timeout;
+    none = no final status: lost_or_stuck + in_flight, also given apart); receipts_produced
+    = distinct (message, validator, kind) statuses validators logged; receipts_delivered =
+    those the full node logged with peer = that validator; duplicates = statuses logged
+    twice by one process.
+    marlin: blocks (traces); rebuilt = distinct (trace, consumer) with a rebuilt block;
+    disputes; chunks_sent / chunks_received / acks (events); chunks_lost = per (block,
+    consumer seen) distinct chunks sent but not received; missing_acks = distinct chunks
+    sent without an acknowledgement."""
+    from pyspark.sql import functions as F
+    out = {}
+    if "remp" in delivery:
+        d = delivery["remp"]
+        r = (tr.filter("protocol = 'remp' AND (step LIKE 'remp:produced:%' "
+                       "OR step LIKE 'remp:delivered:%')")
+             .select("trace_id", F.expr("substring_index(step, ':', 2) = 'remp:produced'").alias("p"),
+                     F.expr("substring(step, length(substring_index(step, ':', 2)) + 2)").alias("key"))
+             .groupBy("trace_id", "key").agg(F.max("p").alias("p"), F.min("p").alias("notp"))
+             .agg(F.count_if("p").alias("produced"),
+                  F.count_if(F.col("p") & ~F.col("notp")).alias("delivered")).collect()[0])
+        out["remp"] = {
+            "messages": per_proto.get("remp", {}).get("traces", 0),
+            "outcomes": {"finalized": d["answered"], "rejected": d["errored"],
+                         "timeout": d["expired"], "none": d["lost_or_stuck"] + d["in_flight"]},
+            "lost_or_stuck": d["lost_or_stuck"], "in_flight": d["in_flight"],
+            "receipts_produced": int(r["produced"] or 0),
+            "receipts_delivered": int(r["delivered"] or 0),
+            "duplicates": d["duplicates"]}
+    if "marlin" in delivery:
+        d = delivery["marlin"]
+        per = (tr.filter("protocol = 'marlin'").groupBy("trace_id").agg(
+            F.sum(F.expr("CASE WHEN step = 'marlin:chunk_sent' THEN n ELSE 0 END")).alias("sent_n"),
+            F.sum(F.expr("CASE WHEN step = 'marlin:chunk_received' THEN n ELSE 0 END")).alias("recv_n"),
+            F.sum(F.expr("CASE WHEN step = 'marlin:acknowledged' THEN n ELSE 0 END")).alias("ack_n"),
+            F.sum(F.expr("CASE WHEN step = 'marlin:dispute' THEN n ELSE 0 END")).alias("disputes"),
+            F.count_if(F.expr("step = 'marlin:block_rebuilt'")).alias("rebuilt"),
+            F.count_if(F.expr("step LIKE 'marlin:c.sent:%'")).alias("sent_d"),
+            F.count_if(F.expr("step LIKE 'marlin:c.ack:%'")).alias("ack_d"),
+            F.count_if(F.expr("step LIKE 'marlin:c.recv:%'")).alias("recv_d"),
+            F.max(F.size("branches")).alias("consumers"))
+            .agg(*[F.sum(c).alias(c) for c in ("sent_n", "recv_n", "ack_n", "disputes", "rebuilt")],
+                 F.sum(F.greatest(F.lit(0), F.col("sent_d") * F.col("consumers") - F.col("recv_d"))
+                       ).alias("lost"),
+                 F.sum(F.greatest(F.lit(0), F.col("sent_d") - F.col("ack_d"))).alias("missing"))
+            .collect()[0])
+        out["marlin"] = {
+            "blocks": per_proto.get("marlin", {}).get("traces", 0),
+            "rebuilt": int(per["rebuilt"] or 0), "disputes": int(per["disputes"] or 0),
+            "chunks_sent": int(per["sent_n"] or 0), "chunks_received": int(per["recv_n"] or 0),
+            "acks": int(per["ack_n"] or 0), "chunks_lost": int(per["lost"] or 0),
+            "missing_acks": int(per["missing"] or 0), "lost_or_stuck": d["lost_or_stuck"]}
+    return out
+
+
 def _corr_lookup(corr, node_col, clock):
     from pyspark.sql import functions as F
     if not clock.corrections:
@@ -638,24 +820,29 @@ def _corr_lookup(corr, node_col, clock):
     return F.coalesce(F.element_at(corr, F.col(node_col)), F.lit(0.0))
 
 
-def _slowest_traces(tr, stages, corrections: dict[str, float]):
-    """Per protocol the slowest end-to-end trace with its hops (from the cached trace table),
-    for the HTML waterfall."""
-    from pyspark.sql import functions as F
-    top = (stages.filter("e2e").groupBy("protocol").agg(
-        F.max_by("trace_id", "duration_ms").alias("trace_id"),
-        F.max_by("stage", "duration_ms").alias("stage"),
-        F.max("duration_ms").alias("duration_ms")).orderBy("protocol").collect())
+def _slowest_traces(tr, stages, corrections: dict[str, float], per_protocol: int = 5):
+    """Per protocol the `per_protocol` slowest traces by their slowest end-to-end stage, with
+    their hops (from the cached step table), for the page (table, anchors; a waterfall chart
+    for the slowest of each protocol). Two small actions."""
+    from pyspark.sql import Window, functions as F
+    w = Window.partitionBy("protocol").orderBy(F.desc("duration_ms"), "trace_id")
+    top = (stages.filter("e2e").groupBy("protocol", "trace_id").agg(
+        F.max_by("stage", "duration_ms").alias("stage"), F.max("duration_ms").alias("duration_ms"))
+        .withColumn("rank", F.row_number().over(w)).filter(f"rank <= {per_protocol}")
+        .orderBy("protocol", "rank").collect())
     ids = [r["trace_id"] for r in top]
     if not ids:
         return []
     recs = (tr.filter(F.col("trace_id").isin(ids) & F.col("hop"))
             .select("trace_id", "step", "branch", "node", "ts").collect())
+    by_trace: dict[str, list] = {}
+    for v in recs:
+        by_trace.setdefault(v["trace_id"], []).append(v)
     import datetime as dt
     out = []
     for t in top:
         hops = sorted((v["ts"] + int(corrections.get(v["node"], 0.0) * 1000), v["step"],
-                       v["branch"], v["node"]) for v in recs if v["trace_id"] == t["trace_id"])
+                       v["branch"], v["node"]) for v in by_trace.get(t["trace_id"], []))
         rows = []
         for i, (us, step, branch, node) in enumerate(hops):
             nxt = hops[i + 1][0] if i + 1 < len(hops) else None
@@ -663,7 +850,7 @@ def _slowest_traces(tr, stages, corrections: dict[str, float]):
                          "ts": (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=us)).isoformat() + "Z",
                          "spent_ms": None if nxt is None else (nxt - us) / 1000.0})
         out.append({"trace_id": t["trace_id"], "protocol": t["protocol"], "stage": t["stage"],
-                    "duration_ms": t["duration_ms"], "hops": rows})
+                    "duration_ms": t["duration_ms"], "hops": rows, "chart": t["rank"] == 1})
     return out
 
 
@@ -674,10 +861,64 @@ def _iso(us):
     return (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(us))).isoformat() + "Z"
 
 
+LOG4J2 = Path(__file__).with_name("log4j2.properties")
+
+
+def quiet_jvm(level: str | None = None) -> None:
+    """Before the JVM starts (console script, not spark-submit): point log4j2 at
+    spark/log4j2.properties (ERROR only) unless PYSPARK_SUBMIT_ARGS is already set by the
+    user. level: a log4j level to use instead of the file (e.g. "INFO")."""
+    if os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("PYSPARK_SUBMIT_ARGS"):
+        return
+    opt = (f"-Dlog4j2.level={level}" if level else
+           f"-Dlog4j2.configurationFile=file:{LOG4J2}")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f'--driver-java-options "{opt}" pyspark-shell'
+
+
+def trace_lookup(out: str, trace_id: str) -> str:
+    """One message's hops (RMB, REMP, Marlin) with times, from a finished report's
+    hops.parquet and delivery.parquet in `out` (a local directory; pyarrow, no Spark).
+    Nodes are named by the demo plan's labels (summary.json). Raises KeyError when the
+    trace is not in the report."""
+    import pyarrow.parquet as pq
+    import pyarrow.compute as pc
+    base = Path(out)
+    labels = {}
+    summ = base / "summary.json"
+    if summ.exists():
+        labels = json.loads(summ.read_text()).get("plan", {}).get("labels", {})
+    hops = pq.read_table(base / "hops.parquet")
+    hops = hops.filter(pc.equal(hops["trace_id"], trace_id)).to_pylist()
+    if not hops:
+        raise KeyError(f"trace {trace_id!r} is not in {base / 'hops.parquet'}")
+    hops.sort(key=lambda h: h["seq"])
+    dl = pq.read_table(base / "delivery.parquet")
+    dl = dl.filter(pc.equal(dl["trace_id"], trace_id)).to_pylist()
+    t0 = hops[0]["ts"]
+    lines = [f"trace {trace_id} ({hops[0]['protocol']})"]
+    for d in sorted(dl, key=lambda d: d["branch"]):
+        extra = f" code {d['error_code']}" if d.get("error_code") else ""
+        lines.append(f"  branch {labels.get(d['branch'], d['branch']) or '-'}: {d['outcome']}{extra}"
+                     f"{' (late reply seen)' if d.get('late') else ''}"
+                     f"{' [planned]' if d.get('planned') else ''}")
+    lines.append(f"  {'#':>3} {'time (UTC)':<26} {'+ms':>10} {'step':<28} {'branch':<10} "
+                 f"{'node':<14} {'next in ms':>10}")
+    for h in hops:
+        rel = (h["ts"] - t0).total_seconds() * 1000.0
+        spent = "" if h["spent_ms"] is None else f"{h['spent_ms']:.3f}"
+        node = labels.get(h["node"], h["node"])
+        branch = labels.get(h["branch"], h["branch"]) if h["branch"] else ""
+        lines.append(f"  {h['seq']:>3} {h['ts'].isoformat():<26} {rel:>10.3f} {h['step']:<28} "
+                     f"{branch:<10} {node:<14} {spent:>10}"
+                     + (f"  x{h['n']}" if h["n"] > 1 else ""))
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The relay-trace-report command line (also checked against deploy/ by the tests)."""
     ap = argparse.ArgumentParser(prog="relay-trace-report", description=__doc__.split("\n")[0])
-    ap.add_argument("inputs", nargs="+", help="JSON-lines event logs or compacted Parquet (paths/URIs)")
+    ap.add_argument("inputs", nargs="*", help="JSON-lines event logs or compacted Parquet "
+                    "(paths/URIs, globs accepted); none with --trace: read the report in --out")
     ap.add_argument("--out", required=True, help="output directory (path or URI)")
     ap.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     ap.add_argument("--sla", default=None, help=f"SLA objectives TOML (default {DEFAULT_SLA})")
@@ -685,16 +926,34 @@ def build_parser() -> argparse.ArgumentParser:
                     help="convert JSON inputs to Parquet in this directory first, then read that")
     ap.add_argument("--strict", action="store_true",
                     help="fail on schema-violating lines (tests)")
+    ap.add_argument("--trace", metavar="ID", default=None,
+                    help="print one message's hops with times (RMB uid, REMP message id, Marlin "
+                         "message_id:producer); without INPUTs from the report already in --out")
+    ap.add_argument("--spark-log-level", default=None, metavar="LEVEL",
+                    help="Spark/JVM console log level (default: ERROR only, spark/log4j2.properties)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if not args.inputs:
+        if not args.trace:
+            ap.error("INPUT is required (unless --trace reads an existing report in --out)")
+        try:
+            print(trace_lookup(args.out, args.trace))
+        except (KeyError, FileNotFoundError) as e:
+            print(f"relay-trace-report: {e}", file=sys.stderr)
+            return 1
+        return 0
+    quiet_jvm(args.spark_log_level)
     summary = run(args.inputs, args.out, args.master, args.sla, strict=args.strict,
                   parquet_cache=args.parquet_cache)
     print(json.dumps({"outputs": summary["outputs"], "sla": [
         {k: s[k] for k in ("name", "status", "actual", "budget_used")} for s in summary["sla"]],
         "timings": summary["timings"]}, indent=2, default=str))
+    if args.trace:
+        print(trace_lookup(args.out, args.trace))
     return 0
 
 

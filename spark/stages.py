@@ -97,10 +97,20 @@ class Stage:
 
 @dataclass(frozen=True)
 class Outcomes:
-    """Delivery classification of one (trace, branch). Only rows with a `sent` step are in
-    the delivery table. Precedence answered > errored > expired; none of them and older than
-    the TTL at the end of the logs = lost_or_stuck, else in_flight. ttl_step: step whose
-    `detail` is the TTL in seconds (else default_ttl_s)."""
+    """Delivery classification of one (trace, branch), decided ONCE by rule (issue #10).
+    Only rows with a `sent` step are in the delivery table.
+
+    The deciding events are `answered` (a reply without error reached the app), `errored`
+    (an error reply reached the app; its `detail` is the code) and `expired` (the peer's own
+    expiry notice, code 102, or a Timeout). The first of them (by ts) decides, and with
+    `deadline=True` only when it came before the deadline = ts(first `deadline_from` step) +
+    TTL; otherwise the outcome is `expired`. A reply after the deadline, and any `late` step
+    (rmb-peer's 102 "reply for a request that already completed or expired"), count as a
+    late reply and do not change the outcome. When none of the deciding events is logged,
+    `fallback_errored` / `fallback_expired` steps decide (e.g. the relay dropped the
+    envelope); with none of those either: older than the TTL at the end of the logs =
+    lost_or_stuck, else in_flight. ttl_step: step whose `detail` is the TTL in seconds
+    (else default_ttl_s)."""
 
     start: tuple[str, ...]
     sent: tuple[str, ...]
@@ -110,6 +120,72 @@ class Outcomes:
     errored: tuple[str, ...]
     default_ttl_s: float
     ttl_step: str | None = None
+    fallback_errored: tuple[str, ...] = ()
+    fallback_expired: tuple[str, ...] = ()
+    late: tuple[str, ...] = ()
+    deadline: bool = False
+    deadline_from: tuple[str, ...] = ()
+
+    def steps(self) -> tuple[str, ...]:
+        """Every step the rule reads."""
+        return (self.start + self.sent + self.delivered + self.answered + self.expired
+                + self.errored + self.fallback_errored + self.fallback_expired + self.late
+                + self.deadline_from + ((self.ttl_step,) if self.ttl_step else ()))
+
+
+def outcome_sql(o: Outcomes, ts, detail, ttl_default: float, log_end_us: int,
+                t0: str = "t0") -> dict[str, str]:
+    """SQL (Spark and DuckDB alike) of the outcome columns of one (trace, branch) row.
+    ts(step) / detail(step): SQL of the first ts (us) / detail of that step in the row, NULL
+    when absent. Returns sent, delivered, answered, errored, expired, late (booleans),
+    outcome, error_code, start_us, deadline_us, ttl_s."""
+    def least(steps):
+        if not steps:
+            return "CAST(NULL AS BIGINT)"
+        if len(steps) == 1:
+            return ts(steps[0])
+        return "least(" + ", ".join(ts(s) for s in steps) + ")"
+
+    def has(steps):
+        return "(" + " OR ".join(f"{ts(s)} IS NOT NULL" for s in steps) + ")" if steps else "false"
+
+    start = "coalesce(" + ", ".join([ts(s) for s in o.start] + [t0]) + ")"
+    ttl = f"CAST({float(ttl_default)} AS DOUBLE)"
+    if o.ttl_step:
+        ttl = f"coalesce(TRY_CAST({detail(o.ttl_step)} AS DOUBLE), {ttl})"
+    dstart = "coalesce(" + ", ".join([ts(s) for s in o.deadline_from] + [start]) + ")"
+    deadline = f"({dstart} + CAST(({ttl}) * 1000000 AS BIGINT))"
+    ok, err, exp = least(o.answered), least(o.errored), least(o.expired)
+    first = f"least({ok}, {err}, {exp})"
+    def in_time(x):
+        return f"{x} <= {deadline}"
+    if o.deadline:
+        decided = (
+            f"CASE WHEN {ok} IS NOT NULL AND {ok} = {first} AND {in_time(ok)} THEN 'answered' "
+            f"WHEN {err} IS NOT NULL AND {err} = {first} AND {in_time(err)} THEN 'errored' "
+            f"WHEN {first} IS NOT NULL THEN 'expired' ")
+    else:   # no deadline: precedence answered > errored > expired (e.g. REMP: one
+        # validator's reject does not undo the message's Finalized)
+        decided = (f"CASE WHEN {has(o.answered)} THEN 'answered' "
+                   f"WHEN {has(o.errored)} THEN 'errored' WHEN {has(o.expired)} THEN 'expired' ")
+    outcome = (
+        decided +
+        f"WHEN {has(o.fallback_errored)} THEN 'errored' "
+        f"WHEN {has(o.fallback_expired)} THEN 'expired' "
+        f"WHEN {log_end_us} - {start} > ({ttl}) * 1000000 THEN 'lost_or_stuck' "
+        f"ELSE 'in_flight' END")
+    codes = [detail(s) for s in o.errored]
+    fb = [detail(s) for s in o.fallback_errored]
+    code = ("coalesce(" + ", ".join(
+        [f"CASE WHEN {ts(s)} = {err} THEN {detail(s)} END" for s in o.errored if o.deadline]
+        + codes + fb + ["'unknown'"]) + ")")
+    replies = [s for s in o.answered + o.errored]
+    late_reply = (" OR ".join(f"coalesce({ts(s)} > {deadline}, false)" for s in replies)
+                  if o.deadline and replies else "false")
+    late = f"({has(o.late)} OR {late_reply})"
+    return {"sent": has(o.sent), "delivered": has(o.delivered), "outcome": outcome,
+            "error_code": code, "late": late, "start_us": start,
+            "deadline_us": deadline, "ttl_s": ttl}
 
 
 @dataclass(frozen=True)
@@ -198,12 +274,18 @@ RMB = Protocol(
         R("rmb.peer.answered", "peer.answered", "true", _SRC_TWIN, _CODE),
         R("rmb.peer.answered", "peer.answered.ok", "coalesce(attrs.code, 0) = 0", _SRC_TWIN,
           _CODE, hop=False),
+        # a reply the peer pushed because one came in (not its own expiry notice, 102)
+        R("rmb.peer.answered", "peer.answered.reply", "coalesce(attrs.code, 0) <> 102",
+          _SRC_TWIN, _CODE, hop=False),
         R("rmb.peer.answered", "peer.answered.expired", "attrs.code = 102", _SRC_TWIN, _CODE,
           hop=False),
         R("rmb.peer.answered", "peer.answered.error", "coalesce(attrs.code, 0) NOT IN (0, 102)",
           _SRC_TWIN, _CODE, hop=False),
         R("rmb.peer.expired", "peer.expired", "true", "dst_twin", _CODE),
         R("rmb.peer.rejected", "peer.rejected", "true", _SRC_TWIN, _CODE),
+        # a reply for a request that already completed or expired (rmb-peer code 102)
+        R("rmb.peer.rejected", "peer.rejected.late", "attrs.code = 102", _SRC_TWIN, _CODE,
+          hop=False),
         R("rmb.app.replied", "app.replied", "true", _SRC_TWIN, _CODE),
         R("rmb.app.replied", "app.answer", "coalesce(attrs.code, 0) <> 102", _SRC_TWIN, _CODE, hop=False),
         R("rmb.app.replied", "reply.ok", "coalesce(attrs.code, 0) = 0", _SRC_TWIN, _CODE, hop=False),
@@ -232,8 +314,10 @@ RMB = Protocol(
         S("federation_ack_resp", "relay.fed_received.resp", "relay.federated.resp"),
         S("relay_queue_resp", "relay.queued.resp", "relay.delivered.resp"),
         S("relay_to_peer_resp", "relay.delivered.resp", "peer.received.resp"),
-        S("relay_to_app", "relay.delivered.resp", "peer.answered"),
-        S("peer_to_app", "peer.received.resp", "peer.answered"),
+        # to the reply the peer pushed, not its own earlier expiry notice (a late reply's
+        # relay delivery comes after that notice: no causal pair)
+        S("relay_to_app", "relay.delivered.resp", "peer.answered.reply"),
+        S("peer_to_app", "peer.received.resp", "peer.answered.reply"),
         S("app_return", "peer.answered", "app.replied"),
     ),
     outcomes=Outcomes(
@@ -241,8 +325,11 @@ RMB = Protocol(
         sent=("peer.sent.req", "relay.received.req"),
         delivered=("peer.delivered",),
         answered=("reply.ok", "peer.answered.ok"),
-        expired=("reply.expired", "peer.answered.expired", "peer.expired", "relay.expired"),
-        errored=("reply.error", "peer.answered.error", "relay.rejected", "peer.rejected"),
+        expired=("reply.expired", "peer.answered.expired", "peer.expired"),
+        errored=("reply.error", "peer.answered.error"),
+        fallback_errored=("relay.rejected",), fallback_expired=("relay.expired",),
+        late=("peer.rejected.late",), deadline=True,
+        deadline_from=("peer.sent.req", "app.requested", "relay.received.req"),
         default_ttl_s=300.0, ttl_step="app.requested"),
 )
 
@@ -270,6 +357,12 @@ REMP = Protocol(
         R("remp.validator.status", "rejected", "attrs.kind LIKE 'Rejected%'", detail="attrs.kind", hop=False),
         R("remp.fullnode.status", "timeout", "attrs.kind = 'Timeout'", hop=False),
         R("remp.validator.status", "timeout", "attrs.kind = 'Timeout'", hop=False),
+        # receipts: produced by validator `node`, delivered to the full node (peer = that
+        # validator); counted by spark/report.py (receipts_produced / receipts_delivered)
+        R("remp.validator.status", step_sql="concat('produced:', node, ':', attrs.kind)",
+          when="attrs.kind IS NOT NULL AND node IS NOT NULL", hop=False),
+        R("remp.fullnode.status", step_sql="concat('delivered:', attrs.peer, ':', attrs.kind)",
+          when="attrs.kind IS NOT NULL AND attrs.peer IS NOT NULL", hop=False),
     ),
     stages=(
         S("first_receipt", "fullnode.received", "first_receipt", e2e=True),
@@ -277,6 +370,10 @@ REMP = Protocol(
         S("sent_to_validators", "fullnode.received", "fullnode.SentToValidators"),
         S("to_first_validator", "fullnode.received", "fullnode.sent"),
         S("to_queue", "fullnode.received", "validator.PutIntoQueue"),
+        S("first_put_into_queue", "fullnode.received", "fullnode.PutIntoQueue"),
+        S("included_into_block", "fullnode.received", "fullnode.IncludedIntoBlock"),
+        S("included_into_accepted_block", "fullnode.received",
+          "fullnode.IncludedIntoAcceptedBlock"),
         S("collator", "validator.PutIntoQueue", "validator.IncludedIntoBlock", clock=False),
         S("shardchain", "validator.IncludedIntoBlock", "validator.IncludedIntoAcceptedBlock",
           clock=False),
@@ -298,9 +395,18 @@ MARLIN = Protocol(
         R("marlin.consumer.chunk_received", "chunk_received", branch="node"),
         R("marlin.consumer.block_rebuilt", "block_rebuilt", branch="node"),
         R("marlin.consumer.dispute", "dispute", branch="node", detail="attrs.reason"),
+        # distinct chunks, for chunks lost and missing acks (spark/report.py)
+        R("marlin.producer.chunk_sent", step_sql="concat('c.sent:', CAST(attrs.chunk AS STRING))",
+          when="attrs.chunk IS NOT NULL", hop=False),
+        R("marlin.cluster.acknowledged", step_sql="concat('c.ack:', CAST(attrs.chunk AS STRING))",
+          when="attrs.chunk IS NOT NULL", hop=False),
+        R("marlin.consumer.chunk_received",
+          step_sql="concat('c.recv:', CAST(attrs.chunk AS STRING))", branch="node",
+          when="attrs.chunk IS NOT NULL", hop=False),
     ),
     stages=(
         S("rebuild", "chunk_sent", "block_rebuilt", e2e=True),
+        S("member_to_consumer", "witnessed", "chunk_received"),
         S("to_cluster", "chunk_sent", "witnessed"),
         S("acknowledge", "chunk_sent", "acknowledged"),
         S("first_chunk", "chunk_sent", "chunk_received"),

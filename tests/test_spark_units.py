@@ -65,13 +65,20 @@ def test_sla_quantile_rate_within_and_no_data():
     ]
     latency = {("rmb", "round_trip"): _lat(200, 150.0, {100.0: 4})}
     delivery = {"rmb": {"branches": 21, "in_flight": 1, "answered": 19}}
-    res = {r["name"]: r for r in evaluate_sla(objectives, latency, delivery, {2: (3, 4)})}
+    res = {r["name"]: r for r in evaluate_sla(
+        objectives, {"all": {}, "unplanned": latency}, {"all": {}, "unplanned": delivery},
+        {"all": {}, "unplanned": {2: (3, 4)}})}
     assert res["q"]["status"] == "fail" and res["q"]["actual"] == 150.0
     assert res["q"]["budget_used"] == pytest.approx((4 / 200) / 0.01)       # 2x the budget
     assert res["r"]["status"] == "pass" and res["r"]["actual"] == 0.95
     assert res["r"]["budget_used"] == pytest.approx(0.05 / 0.1)
     assert res["w"]["status"] == "pass" and res["w"]["budget_used"] == pytest.approx(0.25 / 0.5)
     assert res["n"]["status"] == "no data" and res["n"]["passed"] is None
+    assert (res["q"]["unit"], res["q"]["target"], res["r"]["unit"]) == ("ms", 100.0, "ratio")
+    # count = "all" reads the other scope
+    allq = evaluate_sla([dict(objectives[0], count="all")], {"all": latency, "unplanned": {}},
+                        {"all": {}, "unplanned": {}}, {"all": {}, "unplanned": {}})
+    assert allq[0]["ok"] is False and allq[0]["counts"].startswith("all requests")
 
 
 def test_default_sla_file_parses_and_names_known_stages():

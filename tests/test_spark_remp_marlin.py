@@ -1,0 +1,89 @@
+"""REMP and Marlin in the trace report (issues #8 item 8, #9 item 6) on hand-made logs with
+known answers (tests/data/eventlogs/remp_marlin, scenario in make_logs.py there)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+DATA = Path(__file__).parent / "data" / "eventlogs" / "remp_marlin"
+LOGS = sorted(str(p) for p in DATA.glob("*.jsonl"))
+M1, M2, M3, M4 = ("11" * 32, "22" * 32, "33" * 32, "44" * 32)
+B1, B2 = "0000abcd:0x" + "01" * 20, "0000beef:0x" + "01" * 20
+
+
+@pytest.fixture(scope="module")
+def report(spark, tmp_path_factory):
+    from spark.report import run
+    out = tmp_path_factory.mktemp("remp_marlin")
+    return run(LOGS, str(out), spark=spark, strict=True), out
+
+
+def table(out, name):
+    import pyarrow.parquet as pq
+    return pq.read_table(out / f"{name}.parquet").to_pylist()
+
+
+def test_remp_summary(report):
+    summary, _ = report
+    assert summary["remp"] == {
+        "messages": 4,
+        "outcomes": {"finalized": 2, "rejected": 1, "timeout": 0, "none": 1},
+        "lost_or_stuck": 1, "in_flight": 0,
+        "receipts_produced": 7, "receipts_delivered": 6, "duplicates": 1}
+    assert [(f["trace_id"], f["outcome"]) for f in summary["failures"]["unplanned"]
+            if f["protocol"] == "remp"] == [(M3, "lost_or_stuck")]
+    assert [(f["trace_id"], f["outcome"]) for f in summary["failures"]["planned"]
+            if f["protocol"] == "remp"] == [(M2, "errored")]
+
+
+def test_remp_stages(report):
+    _, out = report
+    st = {(r["trace_id"], r["stage"]): r["duration_ms"] for r in table(out, "stages")
+          if r["protocol"] == "remp"}
+    assert st[(M1, "first_receipt")] == 60.0 and st[(M4, "first_receipt")] == 40.0
+    assert st[(M2, "first_receipt")] == 200.0
+    assert st[(M1, "first_put_into_queue")] == 60.0
+    assert st[(M1, "included_into_block")] == 1010.0
+    assert st[(M1, "included_into_accepted_block")] == 3010.0
+    assert st[(M1, "finalized")] == 6000.0 and st[(M4, "finalized")] == 5000.0
+    assert (M3, "first_receipt") not in st
+
+
+def test_marlin_summary_and_stages(report):
+    summary, out = report
+    assert summary["marlin"] == {
+        "blocks": 2, "rebuilt": 2, "disputes": 1, "chunks_sent": 8, "chunks_received": 9,
+        "acks": 7, "chunks_lost": 3, "missing_acks": 1, "lost_or_stuck": 0}
+    st = {(r["trace_id"], r["branch"], r["stage"]): r["duration_ms"] for r in table(out, "stages")
+          if r["protocol"] == "marlin"}
+    assert st[(B1, "k1", "rebuild")] == 40.0 and st[(B1, "k2", "rebuild")] == 60.0
+    assert st[(B1, "k1", "to_cluster")] == 5.0              # producer -> first member
+    assert st[(B1, "k1", "member_to_consumer")] == 15.0     # first member -> consumer
+    assert [(f["trace_id"], f["branch"]) for f in summary["failures"]["planned"]
+            if f["protocol"] == "marlin"] == [(B2, "k1")]
+
+
+def test_remp_marlin_sla(report):
+    summary, _ = report
+    sla = {s["objective"]: s for s in summary["sla"]}
+    assert (sla["remp-first-receipt-p99"]["value"], sla["remp-first-receipt-p99"]["ok"]) == (60.0, True)
+    assert (sla["remp-finalized-p99"]["value"], sla["remp-finalized-p99"]["ok"]) == (6000.0, True)
+    # unplanned finished messages M1, M3 (lost), M4: 2 of 3 finalized
+    ratio = sla["remp-finalized-ratio"]
+    assert (ratio["samples"], ratio["value"], ratio["ok"]) == (3, 0.666667, False)
+    assert (sla["marlin-rebuild-p99"]["value"], sla["marlin-rebuild-p99"]["ok"]) == (60.0, True)
+    # no RMB in these logs
+    assert sla["rmb-round-trip-p99"]["status"] == "no data"
+
+
+def test_trace_lookup_prints_hops(report):
+    from spark.report import trace_lookup
+    _, out = report
+    text = trace_lookup(str(out), M1)
+    assert "fullnode.received" in text and "fullnode.Finalized" in text
+    assert "v1" in text          # validator a1b2 by its plan label
+    with pytest.raises(KeyError):
+        trace_lookup(str(out), "no-such-trace")

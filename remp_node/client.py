@@ -211,7 +211,7 @@ class RempClient:
         self.stats["submitted"] += 1
         wall = self.wall_clock(now)
         try:
-            msg = parse_external_message(boc, (self.states.workchain,))
+            msg = parse_external_message(boc, getattr(self.states, "workchains", (self.states.workchain,)))
         except MessageRejected as exc:
             mid = message_id_of(boc) or hashlib.sha256(bytes(boc)).digest()
             self._events.append(MessageReceived(mid, len(boc), 0))

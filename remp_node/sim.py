@@ -86,7 +86,8 @@ class SimConfig:
 
 
 class Simulation:
-    """Simulation(SimConfig, wallets=[(public_key, balance)], open_accounts=['0:hex', ...]).
+    """Simulation(SimConfig, wallets=[(public_key, balance)], open_accounts=['0:hex', ...],
+    masterchain_wallets=[(public_key, balance)] (wallets of workchain -1)).
 
     submit(boc) hands a message to the full node now; run(seconds) / run_until(pred,
     max_seconds) advance the fake clock. crash(i), fork_rmq(i, ...) inject faults.
@@ -95,7 +96,8 @@ class Simulation:
     -> [(master block id, shard block id)] in the masterchain of the first live validator)."""
 
     def __init__(self, cfg: SimConfig, *, wallets: Iterable[tuple[bytes, int]] = (),
-                 open_accounts: Iterable[str] = (), event_log: Callable[[str, str], object] | None = None):
+                 open_accounts: Iterable[str] = (), event_log: Callable[[str, str], object] | None = None,
+                 masterchain_wallets: Iterable[tuple[bytes, int]] = ()):
         self.cfg = cfg
         self._log_factory = event_log
         self.logs: dict[tuple[str, str], object] = {}    # (service, node) -> EventLog
@@ -110,7 +112,8 @@ class Simulation:
             shard_group_size=cfg.group_size, masterchain_validators=mcv,
             mc_catchain_lifetime=cfg.mc_catchain_lifetime, block_interval=cfg.block_interval,
             genesis_time=cfg.t0)
-        self.zerostate: ZeroState = build_zero_state(0, cfg.shard_count, wallets, open_accounts)
+        self.zerostate: ZeroState = build_zero_state(0, cfg.shard_count, wallets, open_accounts,
+                                                     masterchain_wallets=masterchain_wallets)
         self.net = SimNetwork(cfg.seed, loss=cfg.loss, duplicate=cfg.duplicate, reorder=cfg.reorder,
                               latency=cfg.latency, jitter=cfg.jitter, classify=classify_datagram)
         self.fullnode_key = NodeKey.from_seed(hashlib.sha256(f"remp-sim-fullnode:{cfg.seed}".encode()).digest())

@@ -76,7 +76,7 @@ from .tl import (ZERO_BLOCK_ID, BlockIdExt, TLError, TLReader, pack_bytes, pack_
                  pack_int256, pack_long, tl_constructor_id)
 from .wire import RempMessageDatagram, WireError, decode_datagram, encode_receipt
 
-__all__ = ["ValidatorCore", "ValidatorError", "ValidatorEvent", "ReceiptSent", "ForkBlamed",
+__all__ = ["ValidatorCore", "ValidatorError", "ValidatorJournal", "JournalEntry", "ValidatorEvent", "ReceiptSent", "ForkBlamed",
            "ShardBlockAccepted", "MasterBlockAccepted", "SessionStarted", "Dropped",
            "mux", "demux", "CH_CLIENT", "CH_RMQ", "CH_SHARD", "CH_MASTER", "CH_ANNOUNCE",
            "encode_shard_payload", "decode_shard_payload", "encode_master_block", "decode_master_block"]
@@ -281,6 +281,42 @@ class Dropped(ValidatorEvent):
 
 
 @dataclass
+class ValidatorJournal:
+    """What a validator must find again after a crash (store.py keeps it in SQLite; sim.py
+    in memory). master_commits: seqno -> the commit certificate (consensus.Commit datagram,
+    verifiable with the members' keys) of every accepted master block, so a restarted
+    validator rebuilds its chain view, shard states and message cache by replaying them;
+    signed_heights: consensus session id -> the highest height it signed a proposal or vote
+    at (BlockConsensus.mute_through after a restart: no equivocation); authored: RMQ
+    catchain session ids it signed blocks in (Catchain.mute after a restart: no fork)."""
+
+    master_commits: dict[int, bytes] = field(default_factory=dict)
+    signed_heights: dict[bytes, int] = field(default_factory=dict)
+    authored: set[bytes] = field(default_factory=set)
+
+    def apply(self, entries: "list[JournalEntry]") -> None:
+        """Add journal_updates() output (what a store writes)."""
+        for e in entries:
+            if e.kind == "master_commit":
+                self.master_commits[e.key] = e.value
+            elif e.kind == "signed_height":
+                self.signed_heights[e.key] = max(e.value, self.signed_heights.get(e.key, 0))
+            elif e.kind == "authored":
+                self.authored.add(e.key)
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One durable fact from ValidatorCore.journal_updates(). kind: "master_commit" (key:
+    seqno int, value: commit bytes), "signed_height" (key: consensus session id, value:
+    height int), "authored" (key: catchain session id, value: None)."""
+
+    kind: str
+    key: object
+    value: object = None
+
+
+@dataclass
 class _Ann:
     """What this validator told the full nodes about one message."""
 
@@ -318,13 +354,27 @@ class ValidatorCore:
                  catchain_factory: Callable[..., object], full_nodes: dict[bytes, bytes] | None = None,
                  rmq_block_interval: float = 0.05, shard_round_timeout: float = 0.6,
                  master_round_timeout: float = 1.0, master_block_interval: float | None = None,
-                 wall_clock: Callable[[float], float] = lambda now: now):
+                 wall_clock: Callable[[float], float] = lambda now: now,
+                 journal: ValidatorJournal | None = None):
         if key.public not in [v.public_key for v in config.validators]:
             raise ValidatorError("key is not a validator of the zerostate config")
         self.key = key
         self.cfg = config
         self.workchain = config.workchain
-        self.catchain_factory = catchain_factory
+        # restart: what the journal says this node signed before (module doc, "Restarts")
+        self._restored = journal or ValidatorJournal()
+        self._replay: dict[int, bytes] | None = dict(self._restored.master_commits) or None
+        self._replaying = False
+        self._j_master = max(self._restored.master_commits, default=0)
+        self._j_signed: dict[bytes, int] = dict(self._restored.signed_heights)
+        self._j_authored: set[bytes] = set(self._restored.authored)
+
+        def _catchain(session_id, members, local, **kw):
+            c = catchain_factory(session_id, members, local, **kw)
+            if session_id in self._restored.authored and hasattr(c, "mute"):
+                c.mute()
+            return c
+        self.catchain_factory = _catchain
         self.full_nodes = full_nodes
         self.rmq_block_interval = rmq_block_interval
         self.shard_round_timeout = shard_round_timeout
@@ -363,6 +413,52 @@ class ValidatorCore:
         self.crashed = False
         self.stats = {"receipts": 0, "shard_blocks": 0, "master_blocks": 0, "collator_rejects": 0,
                       "orphaned_blocks": 0, "dropped": 0}
+
+    # -- restarts ------------------------------------------------------------------------------
+    def _mute_restored(self, c) -> None:
+        h = self._restored.signed_heights.get(c.session_id)
+        if h:
+            c.mute_through(h)
+
+    def _replay_master(self, now: float) -> None:
+        """Feed the journal's master commit certificates to the master consensus, in seqno
+        order, as if a peer sent them (each is verified again); the accepted blocks rebuild
+        tops, shard states, the masterchain state, the message cache and the session seeds.
+        No receipt goes out for this history."""
+        commits, self._replay = self._replay or {}, None
+        src = next((m for m in self.master_ids if m != self.key.key_id), self.key.key_id)
+        self._replaying = True
+        try:
+            for seqno in sorted(commits):
+                self.master.receive_datagram(commits[seqno], src, now)
+                while (ev := self.master.next_event()) is not None:
+                    self._on_master_event(ev, now)
+        finally:
+            self._replaying = False
+        self.stats["replayed_master_blocks"] = self.master.height - 1
+
+    def journal_updates(self) -> list[JournalEntry]:
+        """Durable facts produced since the last call (see ValidatorJournal). A daemon calls
+        this after datagrams_to_send and writes the entries to its store (fsync) BEFORE it
+        sends those datagrams: a vote, a catchain block or a receipt that depends on them
+        never leaves first."""
+        out: list[JournalEntry] = []
+        m = self.master
+        if m is not None:
+            for seqno in range(self._j_master + 1, m.height):
+                raw = m.commit_for(seqno)
+                if raw is not None:
+                    out.append(JournalEntry("master_commit", seqno, raw))
+            self._j_master = max(self._j_master, m.height - 1)
+        for c in [m] + [s.consensus for s in self.shard_sessions.values()]:
+            if c is not None and c.signed_height > self._j_signed.get(c.session_id, 0):
+                self._j_signed[c.session_id] = c.signed_height
+                out.append(JournalEntry("signed_height", c.session_id, c.signed_height))
+        for q in self.rmqs.values():
+            if q.session_id not in self._j_authored and getattr(q.catchain, "authored", False):
+                self._j_authored.add(q.session_id)
+                out.append(JournalEntry("authored", q.session_id))
+        return out
 
     # -- schedule ------------------------------------------------------------------------------
     def groups(self, session: int) -> dict[int, list[bytes]] | None:
@@ -486,6 +582,9 @@ class ValidatorCore:
                 -1, cons.MASTER_SHARD, self.master_members, self.key, start_seqno=1, prev_block_id=None,
                 round_timeout=self.master_round_timeout, block_interval=self.master_block_interval,
                 collate=self._collate_master, validate=self._validate_master, start_time=now)
+            self._mute_restored(self.master)
+        if self._replay is not None:
+            self._replay_master(now)
         target = master_session_at(self.cfg, now)
         while self.session < target:
             if not self._switch(self.session + 1, now):
@@ -572,6 +671,7 @@ class ValidatorCore:
                 collate=lambda seqno, t, s=sess: self._collate_shard(s, seqno, t),
                 validate=lambda seqno, payload, s=sess: self._validate_shard(s, seqno, payload),
                 start_time=now)
+            self._mute_restored(sess.consensus)
             self.shard_sessions[(shard, n)] = sess
             self._shard_by_sid[sess.consensus.session_id] = sess
 
@@ -609,6 +709,8 @@ class ValidatorCore:
 
     def _send_receipt(self, mid: bytes, status, shard: int, *, final: bool = False, reason: str = "",
                       only: bytes | None = None) -> None:
+        if self._replaying:     # history replayed from the journal: the full nodes had these
+            return
         a = self.ann.get(mid)
         if a is None or not a.origins:
             return

@@ -73,3 +73,40 @@ def test_restarted_validators_replay_their_journal_catch_up_and_sign_again():
         for shard, st in ref.committed.items():
             if v.tops[shard] == ref.tops[shard]:
                 assert v.committed[shard].state_hash() == st.state_hash()
+
+
+def test_full_node_follower_applies_master_blocks_to_its_own_state():
+    """Issue 8 item 3: the full node's ChainFollower, fed the master commit certificates a
+    validator accepted, ends with the same shard and masterchain states and knows every
+    finalized message."""
+    from remp_node.follower import ChainBlockApplied, ChainFollower
+    from remp_node.keys import NodeKey
+    from remp_node.state import make_wallet_message, wallet_address
+    from remp_node.validator import CH_MASTER, mux
+    w = WalletSet(12, "follower")
+    mk = NodeKey.from_seed(b"\x09" * 32)
+    sim = Simulation(SimConfig(validators=8, group_size=4, seed=5, mc_catchain_lifetime=5.0),
+                     wallets=w.genesis(), masterchain_wallets=[(mk.public, 500)])
+    t0 = int(sim.now)
+    ids = [sim.submit(w.transfer(i, 7, t0 + 3600, dest=w.addresses[(i + 1) % 12])) for i in range(12)]
+    mc_addr = wallet_address(mk.public, -1)
+    ids.append(sim.submit(make_wallet_message(mk, mc_addr, w.addresses[0], 40, t0 + 3600)))
+    assert sim.run_until(lambda: all(sim.final_outcome(m) for m in ids), 60.0)
+    sim.run(6.0)            # a session switch: the follower must use the new groups
+    ref = sim.validators[0]
+    f = ChainFollower(NodeKey.from_seed(b"\x07" * 32), sim.config, sim.zerostate.copy())
+    src = ref.key.key_id
+    for seqno in range(1, ref.master.height):
+        f.receive_datagram(mux(CH_MASTER, f.master.session_id, ref.master.commit_for(seqno)), src, sim.now)
+    assert f.master.height == ref.master.height
+    assert not f.dropped, f.dropped
+    evs = []
+    while (e := f.next_event()) is not None:
+        evs.append(e)
+    assert sum(isinstance(e, ChainBlockApplied) for e in evs) == ref.master.height - 1
+    assert set(ids) <= set(f.finalized)
+    for shard, st in ref.committed.items():
+        assert f.state.states[shard].state_hash() == st.state_hash()
+    assert f.state.masterchain.get(mc_addr).balance == 460
+    assert f.state.masterchain.state_hash() == ref.mc_committed.state_hash()
+    assert f.client_groups(0x4000000000000000, sim.now)[0] == ref.client_groups(0x4000000000000000, sim.now)[0]

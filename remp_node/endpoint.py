@@ -1,5 +1,5 @@
-"""The datagram endpoint the REMP daemons use: A's authenticated, fragmenting transport
-(remp_node/transport.py + udp.py) when it is in the tree, else a plain stand-in.
+"""The datagram endpoint the REMP daemons use: the authenticated, fragmenting transport of
+remp_node/transport.py driven by remp_node/udp.py.
 
     ep = await open_endpoint(key, peers, bind, on_payload, faults=None)
     ep.send(dst_key_id, payload); ep.address; ep.counters; ep.close()
@@ -7,25 +7,14 @@
 peers: key id -> (public key, (host, port)); on_payload(src_key_id, payload, now) where now
 is loop.time(). faults: Faults(loss, duplicate, reorder, reorder_delay, seed) or None
 (test-only fault injection at the adapter: parse_faults("loss=0.2,dup=0.1,reorder=0.1")).
-
-The stand-in (PlainEndpoint) is NOT authenticated: a datagram is b"RMP0" + sender key id
-(32 bytes) + payload, accepted only from the sender's configured address, at most 65,000
-bytes (loopback UDP). It exists so the daemons run before the real transport lands; the
-payloads above it (consensus votes, catchain blocks, receipts, rempMessage) carry their own
-ed25519 signatures, so a forged stand-in datagram can at worst be dropped by the cores.
 """
 from __future__ import annotations
 
-import asyncio
-import random
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Faults", "parse_faults", "open_endpoint", "PlainEndpoint"]
-
-MAGIC = b"RMP0"
-MAX_PLAIN = 65_000
+__all__ = ["Faults", "parse_faults", "open_endpoint", "AuthEndpoint"]
 
 
 @dataclass(frozen=True)
@@ -61,85 +50,51 @@ def parse_faults(text: str | None) -> Faults | None:
     return Faults(**kw)
 
 
-class PlainEndpoint(asyncio.DatagramProtocol):
-    """The stand-in endpoint (module doc)."""
+class AuthEndpoint:
+    """A's authenticated transport behind the daemons' endpoint interface: TransportCore
+    (transport.py: per-peer AEAD keys, parts <= 1,232 bytes, bounded reassembly, replay
+    window, rate limits, drops counted by reason) driven by udp.UdpEndpoint."""
 
-    def __init__(self, key_id: bytes, peers: dict[bytes, tuple[bytes, tuple[str, int]]],
-                 on_payload: Callable[[bytes, bytes, float], None], faults: Faults | None):
-        self.key_id = key_id
-        self.peers = {k: (v[1][0], int(v[1][1])) for k, v in peers.items()}
-        self.on_payload = on_payload
-        self.faults = faults
-        self.rng = random.Random(faults.seed if faults else 0)
-        self.transport: asyncio.DatagramTransport | None = None
-        self.counters: Counter[str] = Counter()
-        self.address: tuple[str, int] | None = None
+    def __init__(self, core, ep):
+        self.core = core
+        self.ep = ep
+        self.local_counters: Counter[str] = Counter()
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.address = transport.get_extra_info("sockname")[:2]
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.ep.address
 
-    def datagram_received(self, data: bytes, addr) -> None:
-        self.counters["datagrams_in"] += 1
-        self.counters["bytes_in"] += len(data)
-        if len(data) < 36 or data[:4] != MAGIC:
-            self.counters["drop_malformed"] += 1
-            return
-        src = bytes(data[4:36])
-        want = self.peers.get(src)
-        if want is None:
-            self.counters["drop_unknown_peer"] += 1
-            return
-        if (addr[0], addr[1]) != want:
-            self.counters["drop_wrong_address"] += 1
-            return
-        loop = asyncio.get_running_loop()
-        self.on_payload(src, bytes(data[36:]), loop.time())
-
-    def error_received(self, exc) -> None:
-        self.counters["socket_errors"] += 1
+    @property
+    def counters(self) -> dict:
+        out = dict(self.core.counters)
+        out.update(self.local_counters)
+        if self.ep.faults is not None:
+            out.update({"fault_" + k: v for k, v in self.ep.faults.stats.items()})
+        return out
 
     def send(self, dst: bytes, payload: bytes) -> None:
-        addr = self.peers.get(dst)
-        if addr is None or self.transport is None:
-            self.counters["drop_no_route"] += 1
-            return
-        data = MAGIC + self.key_id + payload
-        if len(data) > MAX_PLAIN:
-            self.counters["drop_oversized_out"] += 1
-            return
-        f = self.faults
-        copies = 1
-        if f is not None:
-            if self.rng.random() < f.loss:
-                self.counters["fault_lost"] += 1
-                return
-            if self.rng.random() < f.duplicate:
-                self.counters["fault_duplicated"] += 1
-                copies = 2
-        for _ in range(copies):
-            if f is not None and self.rng.random() < f.reorder:
-                self.counters["fault_reordered"] += 1
-                asyncio.get_running_loop().call_later(self.rng.uniform(0, f.reorder_delay), self._raw, data, addr)
-            else:
-                self._raw(data, addr)
-
-    def _raw(self, data: bytes, addr) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        self.counters["datagrams_out"] += 1
-        self.counters["bytes_out"] += len(data)
-        self.transport.sendto(data, addr)
+        from .transport import TransportError
+        try:
+            self.ep.send(dst, payload)
+        except TransportError as exc:   # unknown peer / oversized payload: a local bug, counted
+            self.local_counters["send_refused"] += 1
+            self.local_counters["send_refused_" + ("size" if "payload" in str(exc) else "other")] += 1
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        self.ep.close()
 
 
 async def open_endpoint(key, peers: dict[bytes, tuple[bytes, tuple[str, int]]], bind: tuple[str, int],
-                        on_payload: Callable[[bytes, bytes, float], None], faults: Faults | None = None):
-    """Bind a UDP endpoint for node `key` (NodeKey) talking to `peers` (module doc)."""
-    loop = asyncio.get_running_loop()
-    _, proto = await loop.create_datagram_endpoint(
-        lambda: PlainEndpoint(key.key_id, peers, on_payload, faults), local_addr=bind)
-    return proto
+                        on_payload: Callable[[bytes, bytes, float], None], faults: Faults | None = None,
+                        on_drop: Callable | None = None):
+    """Bind A's authenticated UDP endpoint for node `key` (NodeKey) talking to `peers`
+    (module doc). on_drop(transport.DatagramDropped) for every dropped datagram."""
+    from .transport import TransportCore
+    from .udp import Faults as UdpFaults, UdpEndpoint
+    core = TransportCore(key, {pk: (addr[0], int(addr[1])) for pk, addr in peers.values()})
+    uf = None
+    if faults is not None:
+        uf = UdpFaults(loss=faults.loss, duplicate=faults.duplicate, reorder=faults.reorder,
+                       reorder_delay=faults.reorder_delay, seed=faults.seed)
+    ep = await UdpEndpoint.create(core, bind, on_payload, faults=uf, on_drop=on_drop)
+    return AuthEndpoint(core, ep)

@@ -110,3 +110,29 @@ def test_full_node_follower_applies_master_blocks_to_its_own_state():
     assert f.state.masterchain.get(mc_addr).balance == 460
     assert f.state.masterchain.state_hash() == ref.mc_committed.state_hash()
     assert f.client_groups(0x4000000000000000, sim.now)[0] == ref.client_groups(0x4000000000000000, sim.now)[0]
+
+
+def test_every_status_a_validator_sends_to_the_full_node_is_reported_even_after_final():
+    """Receipts that arrive after a message's final status (slower validators' Finalized,
+    late IncludedIntoAcceptedBlock) are still verified and reported (ReceiptEvent.late), so a
+    subscriber / the Redis stream gets every status every validator produced."""
+    from remp_node.client import ReceiptEvent
+    from remp_node.validator import ReceiptSent
+    w = WalletSet(20, "late")
+    sim = Simulation(SimConfig(validators=8, group_size=4, seed=11, mc_catchain_lifetime=30.0, reorder=0.2),
+                     wallets=w.genesis())
+    t0 = int(sim.now)
+    ids = [sim.submit(w.transfer(i, 3, t0 + 3600)) for i in range(20)]
+    produced = []
+    orig = sim._on_validator_event
+
+    def spy(i, ev):
+        if isinstance(ev, ReceiptSent) and sim.fullnode_id in ev.dst:
+            produced.append(ev.signed.serialize())
+        orig(i, ev)
+    sim._on_validator_event = spy
+    assert sim.run_until(lambda: all(sim.final_outcome(m) for m in ids), 60.0)
+    sim.run(3.0)
+    got = [e for e in sim.client_events if isinstance(e, ReceiptEvent) and e.origin == "validator"]
+    assert any(e.late for e in got)              # the case that used to be dropped
+    assert sorted(e.signed().serialize() for e in got) == sorted(produced)

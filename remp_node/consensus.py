@@ -766,7 +766,7 @@ class BlockConsensus:
         self._valid = (-1, None)
         self._my = {}
         self._propose_at = now + self.block_interval
-        self._deadline = self._propose_at + self.round_timeout
+        self._deadline = self._propose_at + self.round_duration(0)
         self._next_resend = now + self.resend_interval
         self._next_collate = 0.0
         for s in [s for s in self._heights if s < self.height]:
@@ -1002,6 +1002,14 @@ class BlockConsensus:
         best = max((c for b, c in counts.items() if not is_nil(b)), default=0)
         return best + (self.n - total) < self.quorum
 
+    def round_duration(self, round: int) -> float:
+        """Seconds round `round` of a height may last: round_timeout * (1 + round / 2),
+        at most 8 x round_timeout. Growing timeouts are what makes Tendermint live under
+        partial synchrony (timeoutPropose + r * delta): when a loaded machine cannot gather
+        a quorum within round_timeout, later rounds get the time they need instead of
+        timing out forever."""
+        return self.round_timeout * min(1.0 + 0.5 * max(round, 0), 8.0)
+
     def mute_through(self, height: int) -> None:
         """Restart safety: never sign a proposal or a vote at a height <= `height` (this
         member may have signed there before a crash, and a second, different signature
@@ -1035,7 +1043,7 @@ class BlockConsensus:
         self._my = {}
         self._propose_at = now
         self._next_collate = 0.0
-        self._deadline = now + self.round_timeout
+        self._deadline = now + self.round_duration(self.round)
 
     def _round_failure(self, h: _Height) -> str:
         prop = h.proposals.get(self.round)

@@ -188,6 +188,8 @@ class ChainFollower:
         self._events.append(ChainBlockApplied(ev.block_id, p.session, tuple(shard_blocks), tuple(mids)))
 
     def _finalize(self, mid: bytes, bid: BlockIdExt, mc: BlockIdExt) -> None:
+        if mid in self.finalized:
+            self.stats["finalized_twice"] += 1      # must stay 0: each message once in the chain
         self.finalized[mid] = (bid, mc)
         while len(self.finalized) > MAX_FINALIZED:
             self.finalized.popitem(last=False)

@@ -278,8 +278,14 @@ class ValidatorDaemon(_Daemon):
 
     def health(self) -> dict:
         c = self.core
+        shard_signed = {f"{s.shard & 0xFFFFFFFFFFFFFFFF:016x}/{n}": s.consensus.signed_height
+                        for (_, n), s in c.shard_sessions.items()}
         return {"ok": not self.stopping, "role": "validator", "label": self.label, "session": c.session,
                 "master_height": c.master.height if c.master else 0, "restored_master_blocks": self.restored_blocks,
+                "master_signed_height": c.master.signed_height if c.master else 0,
+                "master_muted_through": c.master.muted_through if c.master else 0,
+                "shard_signed_heights": shard_signed,
+                "muted_catchains": sum(1 for q in c.rmqs.values() if getattr(q.catchain, "muted", False)),
                 "stats": dict(c.stats), "errors": sum(self.errors.values())}
 
     def receive(self, src: bytes, payload: bytes, now: float) -> None:
@@ -357,7 +363,8 @@ class FullnodeDaemon(_Daemon):
     def health(self) -> dict:
         return {"ok": not self.stopping, "role": "fullnode", "label": self.label,
                 "followed_master_height": self.follower.master.height, "pending": len(self.client.pending()),
-                "client": dict(self.client.stats), "redis": self.hub.redis_state(),
+                "client": dict(self.client.stats), "follower": dict(self.follower.stats),
+                "redis": self.hub.redis_state(),
                 "errors": sum(self.errors.values())}
 
     def receive(self, src: bytes, payload: bytes, now: float) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,6 +31,9 @@ from .transport import DatagramDropped, PayloadReceived, TransportCore
 __all__ = ["UdpEndpoint", "Faults"]
 
 log = logging.getLogger("remp_node.udp")
+
+#: Default SO_RCVBUF / SO_SNDBUF of an endpoint (bytes).
+SOCKET_BUFFER = 4 << 20
 
 
 @dataclass
@@ -94,11 +98,22 @@ class UdpEndpoint(asyncio.DatagramProtocol):
     async def create(cls, core: TransportCore, bind: tuple[str, int],
                      on_payload: Callable[[bytes, bytes, float], None], *, faults: Faults | None = None,
                      on_drop: Callable[[DatagramDropped], None] | None = None,
-                     loop: asyncio.AbstractEventLoop | None = None) -> "UdpEndpoint":
-        """Bind a UDP socket at `bind` (host, port; port 0 picks one) and return the endpoint."""
+                     loop: asyncio.AbstractEventLoop | None = None,
+                     socket_buffer: int | None = SOCKET_BUFFER) -> "UdpEndpoint":
+        """Bind a UDP socket at `bind` (host, port; port 0 picks one) and return the endpoint.
+        socket_buffer: SO_RCVBUF / SO_SNDBUF in bytes (best effort, the kernel caps it at
+        net.core.rmem_max / wmem_max); None keeps the system default (~208 KiB), which a
+        burst of 64 KiB messages in 1,232-byte parts overflows."""
         loop = loop or asyncio.get_running_loop()
         ep = cls(core, on_payload, faults=faults, on_drop=on_drop, loop=loop)
         await loop.create_datagram_endpoint(lambda: ep, local_addr=bind)
+        sock = ep.transport.get_extra_info("socket")
+        if socket_buffer and sock is not None:
+            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, socket_buffer)
+                except OSError as exc:    # not fatal: the default buffer still works
+                    log.warning("cannot set UDP socket buffer to %d bytes: %s", socket_buffer, exc)
         return ep
 
     @property

@@ -41,6 +41,7 @@ from daemon_runtime.config import add_common_args, load_args
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, run_daemon
 
+from .delivery import DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
 from .endpoint import open_endpoint, parse_faults
 from .eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records, emit_records,
                        fullnode_dropped_record, peer_label, validator_records)
@@ -259,6 +260,10 @@ class ValidatorDaemon(_Daemon):
             rmq_block_interval=tm["rmq_block_interval"], shard_round_timeout=tm["shard_round_timeout"],
             master_round_timeout=tm["master_round_timeout"], master_block_interval=tm["master_block_interval"],
             journal=journal)
+        # every receipt for a full node goes through delivery.ReceiptSender: batched <= 100 ms,
+        # one packet signature, resent until acknowledged or obsolete (issue 8 item 5)
+        self.fullnode_ids = {n.key_id for n in self.net.fullnodes()}
+        self.sender = ReceiptSender(self.key)
         self.log = EventLog(SERVICE_VALIDATOR, self.node_id, [REMP_EVENTS], sink=args.log, min_level=args.log_level)
         self.mlog = EventLog(SERVICE_MASTERCHAIN, self.node_id, [REMP_EVENTS],
                              sink=_sibling_log(args.log, "masterchain"),
@@ -286,20 +291,35 @@ class ValidatorDaemon(_Daemon):
                 "master_muted_through": c.master.muted_through if c.master else 0,
                 "shard_signed_heights": shard_signed,
                 "muted_catchains": sum(1 for q in c.rmqs.values() if getattr(q.catchain, "muted", False)),
+                "delivery": dict(self.sender.stats), "unacked": self.sender.unacked(),
                 "stats": dict(c.stats), "errors": sum(self.errors.values())}
 
     def receive(self, src: bytes, payload: bytes, now: float) -> None:
+        if src in self.fullnode_ids and classify(payload) == "receipt_ack":
+            self.sender.receive_ack(src, unwrap(payload), now)
+            return
         self.core.receive_datagram(payload, src, now)
 
     def next_timer(self):
-        return self.core.get_timer()
+        ts = [t for t in (self.core.get_timer(), self.sender.get_timer()) if t is not None]
+        return min(ts) if ts else None
 
     def step(self, now: float) -> list:
         c = self.core
         t = c.get_timer()
         if t is not None and t <= now:
             c.handle_timer(now)
-        out = c.datagrams_to_send(now)
+        out = []
+        self.sender.set_session(max(c.session, 0), now)
+        for dst, data in c.datagrams_to_send(now):
+            if dst in self.fullnode_ids and classify(data) == "receipt":
+                self.sender.add(dst, unwrap(data), now)
+            else:
+                out.append((dst, data))
+        t = self.sender.get_timer()
+        if t is not None and t <= now:
+            self.sender.handle_timer(now)
+        out += self.sender.packets_to_send(now)
         entries = c.journal_updates()
         if entries:
             self.store.write(entries)        # fsynced before the datagrams that depend on it
@@ -346,6 +366,7 @@ class FullnodeDaemon(_Daemon):
         self.client = RempClient(self.key, self.follower.state, self.follower.client_groups,
                                  resend_interval=args.resend_interval or tm["resend_interval"],
                                  extra_keys=lambda: vkeys)
+        self.receiver = ReceiptReceiver(self.key, {v.key_id: v.public_key for v in self.net.config.validators})
         self.log = EventLog(SERVICE_FULLNODE, self.node_id, [REMP_EVENTS], sink=args.log, min_level=args.log_level)
         self.hub = StatusHub(self, redis_url=args.redis, stream=args.redis_stream, maxlen=args.redis_maxlen)
         r = self.registry
@@ -364,12 +385,21 @@ class FullnodeDaemon(_Daemon):
         return {"ok": not self.stopping, "role": "fullnode", "label": self.label,
                 "followed_master_height": self.follower.master.height, "pending": len(self.client.pending()),
                 "client": dict(self.client.stats), "follower": dict(self.follower.stats),
+                "delivery": dict(self.receiver.stats),
                 "redis": self.hub.redis_state(),
                 "errors": sum(self.errors.values())}
 
     def receive(self, src: bytes, payload: bytes, now: float) -> None:
         if not payload:
             self._drop(src, "empty datagram", 0)
+            return
+        kind = classify(payload)
+        if kind == "receipt_batch":
+            try:
+                self.receiver.receive(src, payload, now)
+            except DeliveryError as exc:
+                self._drop(src, f"receipt batch refused: {exc}", len(payload))
+            self._drain_receiver(now)
             return
         if payload[0] == CH_MASTER:
             self.follower.receive_datagram(payload, src, now)
@@ -381,6 +411,14 @@ class FullnodeDaemon(_Daemon):
             self.client.receive_datagram(payload[33:], src, now)
         except (WireError, ReceiptError, ValueError) as exc:
             self._drop(src, f"{type(exc).__name__}: {exc}", len(payload))
+
+    def _drain_receiver(self, now: float) -> None:
+        while (ev := self.receiver.next_event()) is not None:
+            if isinstance(ev, ReceiptDelivered):
+                try:
+                    self.client.receive_datagram(ev.signed.serialize(), ev.source, now)
+                except (WireError, ReceiptError, ValueError) as exc:
+                    self._drop(ev.source, f"{type(exc).__name__}: {exc}", 0)
 
     def _drop(self, src: bytes, reason: str, size: int) -> None:
         self.m_dropped.labels(reason.split(":")[0][:40]).inc()
@@ -397,7 +435,8 @@ class FullnodeDaemon(_Daemon):
         return mid
 
     def next_timer(self):
-        ts = [t for t in (self.client.get_timer(), self.follower.get_timer()) if t is not None]
+        ts = [t for t in (self.client.get_timer(), self.follower.get_timer(), self.receiver.get_timer())
+              if t is not None]
         return min(ts) if ts else None
 
     def step(self, now: float) -> list:
@@ -407,8 +446,13 @@ class FullnodeDaemon(_Daemon):
         t = self.follower.get_timer()
         if t is not None and t <= now:
             self.follower.handle_timer(now)
+        t = self.receiver.get_timer()
+        if t is not None and t <= now:
+            self.receiver.handle_timer(now)
+            self._drain_receiver(now)
         out = [(dst, mux(CH_CLIENT, ZERO32, d)) for dst, d in self.client.datagrams_to_send(now)]
         out += self.follower.datagrams_to_send(now)
+        out += self.receiver.packets_to_send(now)
         self._drain_client()
         while self.follower.next_event() is not None:
             pass

@@ -68,6 +68,7 @@ ValueError) for local misuse.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -295,6 +296,7 @@ class ReceiptSender:
         self.session = session
         self._dsts: dict[bytes, _Dst] = {}
         self._out: list[tuple[bytes, bytes]] = []
+        self._resends: list[tuple[float, bytes, int]] = []    # heap (next_send, dst, seqno)
         self.stats = {k: 0 for k in ("added", "packets", "resends", "acked", "receipts_acked",
                                      "abandoned_obsolete", "abandoned_overflow", "acks_bad")}
 
@@ -350,6 +352,7 @@ class ReceiptSender:
         self._emit(dst, d, o)
 
     def _emit(self, dst: bytes, d: _Dst, o: _Out) -> None:
+        heapq.heappush(self._resends, (o.next_send, dst, o.seqno))
         o.sends += 1
         self._out.append((dst, encode_batch(self.key, dst, self.stream, o.seqno, self._base(d), o.receipts)))
         self.stats["packets" if o.sends == 1 else "resends"] += 1
@@ -381,27 +384,39 @@ class ReceiptSender:
         out, self._out = self._out, []
         return out
 
+    def _live(self, entry) -> _Out | None:
+        at, dst, seq = entry
+        d = self._dsts.get(dst)
+        o = d.unacked.get(seq) if d is not None else None
+        return o if o is not None and o.next_send == at else None
+
     def get_timer(self) -> float | None:
-        """Earliest flush or resend deadline (seconds), or None."""
+        """Earliest flush or resend deadline (seconds), or None. O(full nodes) + amortized
+        O(log n) over a heap of resend deadlines (stale entries are discarded lazily)."""
         t = None
         for d in self._dsts.values():
             if d.flush_at is not None and (t is None or d.flush_at < t):
                 t = d.flush_at
-            for o in d.unacked.values():
-                if t is None or o.next_send < t:
-                    t = o.next_send
+        heap = self._resends
+        while heap and self._live(heap[0]) is None:
+            heapq.heappop(heap)
+        if heap and (t is None or heap[0][0] < t):
+            t = heap[0][0]
         return t
 
     def handle_timer(self, now: float) -> None:
-        self._expire()
         for dst, d in self._dsts.items():
             if d.flush_at is not None and d.flush_at <= now:
                 self._flush(dst, d, now)
-            for o in d.unacked.values():
-                if o.next_send <= now:
-                    o.interval = min(self.resend_max, o.interval * 2)
-                    o.next_send = now + o.interval
-                    self._emit(dst, d, o)
+        heap = self._resends
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            o = self._live(entry)
+            if o is None:
+                continue
+            o.interval = min(self.resend_max, o.interval * 2)
+            o.next_send = now + o.interval
+            self._emit(entry[1], self._dsts[entry[1]], o)
 
     def unacked(self, dst: bytes | None = None) -> int:
         """Receipts not yet acknowledged (pending + in unacked packets), for dst or all."""

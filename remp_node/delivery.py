@@ -361,7 +361,7 @@ class ReceiptSender:
         """An ack from full node `src` (key id, from the transport). Raises DeliveryError
         for a malformed one or one for another validator / stream (counted acks_bad)."""
         try:
-            ack = decode_ack(payload)
+            ack = decode_ack(unwrap(payload))
             if ack.source_id != self.key.key_id:
                 raise DeliveryError("wrong_destination", "ack names another validator")
             if ack.stream != self.stream:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any, Iterable, TextIO
 
 from .keys import key_id

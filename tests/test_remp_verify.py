@@ -15,8 +15,7 @@ import pytest
 from remp_node.keys import NodeKey, verify
 from remp_node.receipts import (NO_MASTER_BLOCK_ID, Accepted, Level, New, from_json, make_signed_receipt,
                                 to_json)
-from remp_node.tl import (REMP_ACCEPTED, REMP_COLLATOR, REMP_RECEIPT, BlockIdExt, pack_id, pack_int,
-                          pack_int256, pack_long)
+from remp_node.tl import REMP_ACCEPTED, REMP_COLLATOR, REMP_RECEIPT, BlockIdExt, pack_id, pack_int, pack_long
 from remp_node.verify import main
 
 from tests.remp_fixtures import WalletSet

@@ -13,9 +13,10 @@ replay window, rate buckets, reassembly), i.e. what every REMP datagram costs.
 Per payload size: latency of sequential round trips (p50 / p99 / max, ms) and the highest
 rate with `--window` requests outstanding for `--seconds` (round trips per second), then the
 ratio remp / raw. Requests that get no answer within 1 s are counted as lost (there should
-be none on loopback). Target (ours): the transport adds < 2x to a raw round trip's p50
-for single-datagram payloads; the issue's REMP targets (first receipt p50 <= 50 ms,
->= 300 messages/s) need far less than either figure.
+be none on loopback). Target (ours): the transport adds < 0.1 ms to the p50 of a
+one-datagram round trip (two authenticated datagrams); the issue's REMP budget for the first
+receipt is p50 <= 50 ms, so the transport must stay a negligible part of it. Fragmented
+payloads (a 16 KiB catchain block = 15 datagrams each way) are printed for the record.
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ from remp_node.udp import SOCKET_BUFFER, UdpEndpoint  # noqa: E402
 
 CLIENT = NodeKey.from_seed(hashlib.sha256(b"bench-udp-client").digest())
 SERVER = NodeKey.from_seed(hashlib.sha256(b"bench-udp-server").digest())
+#: largest payload that fits one transport datagram (1,232 - 78 bytes of overhead)
+MAX_ONE_DATAGRAM = 1154
 LIMITS = TransportLimits(rate_per_peer=1e9, burst_per_peer=1e9, rate_per_address=1e9, burst_per_address=1e9)
 
 
@@ -229,8 +232,11 @@ def main() -> None:
         snd, rcv, parts = core_cost(size)
         print(f"{size:>6} TransportCore CPU per payload ({parts} datagram{'s' * (parts > 1)}): send {snd:.1f} us, "
               f"receive {rcv:.1f} us (AES-GCM + framing + replay window + reassembly)")
+        added = ours["p50"] - raw["p50"]
+        verdict = ("met" if added < 0.1 else "MISSED") if size <= MAX_ONE_DATAGRAM else "n/a (fragmented)"
         print(f"{size:>6} ratio remp/raw: p50 x{ours['p50'] / raw['p50']:.2f}, p99 x{ours['p99'] / raw['p99']:.2f}, "
-              f"rate x{ours['rate'] / raw['rate']:.2f}  (target: p50 < x2 for one-datagram payloads)")
+              f"rate x{ours['rate'] / raw['rate']:.2f}; p50 added {added:.3f} ms "
+              f"(target < 0.100 ms for a one-datagram payload: {verdict})")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,10 @@ ZERO32 = bytes(32)
 PREFIX = 33
 #: most messages a collator puts into one shard block
 MAX_BLOCK_MESSAGES = 64
+#: most message bytes (BOCs) a collator puts into one block: a candidate travels in every
+#: proposal, commit and master block, so its size multiplies the datagram parts on the wire
+#: (16 KiB, the reference's catchain block bound; one message larger than it still goes alone)
+MAX_BLOCK_BYTES = 16 * 1024
 #: client messages buffered while no RMQ of their shard exists on this node
 MAX_EARLY = 4096
 
@@ -842,8 +846,9 @@ class ValidatorCore:
         gen_ms = int(round(self.wall_clock(now) * 1000))
         state = s.tip.copy()
         msgs: list[BlockMessage] = []
+        size = 0
         for qm in q.pending(limit=4 * MAX_BLOCK_MESSAGES):
-            if len(msgs) >= MAX_BLOCK_MESSAGES:
+            if len(msgs) >= MAX_BLOCK_MESSAGES or (msgs and size + len(qm.body) > MAX_BLOCK_BYTES):
                 break
             if self.cache.collation_refusal(qm.message_id, qm.uid) is not None:
                 continue
@@ -857,6 +862,7 @@ class ValidatorCore:
                                    s.shard, final=True, reason=res.error)
                 continue
             msgs.append(BlockMessage(qm.message_id, qm.uid, qm.origin, qm.body))
+            size += len(qm.body)
         if not msgs:
             return None
         payload = encode_shard_payload(ShardPayload(s.session, gen_ms, self.key.key_id, tuple(msgs)))
@@ -1021,8 +1027,9 @@ class ValidatorCore:
             return []
         state = self.mc_committed.copy()
         msgs: list[BlockMessage] = []
+        size = 0
         for qm in q.pending(limit=4 * MAX_BLOCK_MESSAGES):
-            if len(msgs) >= MAX_BLOCK_MESSAGES:
+            if len(msgs) >= MAX_BLOCK_MESSAGES or (msgs and size + len(qm.body) > MAX_BLOCK_BYTES):
                 break
             if self.cache.collation_refusal(qm.message_id, qm.uid) is not None:
                 continue
@@ -1036,6 +1043,7 @@ class ValidatorCore:
                                    MASTERCHAIN_KEY, final=True, reason=res.error)
                 continue
             msgs.append(BlockMessage(qm.message_id, qm.uid, qm.origin, qm.body))
+            size += len(qm.body)
         return msgs
 
     def _check_mc_messages(self, p: MasterPayload) -> str | None:

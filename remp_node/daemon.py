@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .netfiles import NetFilesError, init_network
 
-__all__ = ["main", "build_init_parser", "build_parser"]
+__all__ = ["main", "build_init_parser", "build_parser", "parse_args"]
 
 DEFAULT_EXT_MESSAGES = "../shared/data/ton/ext_messages.jsonl"
 
@@ -87,6 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
         f"{k}: {v}" for k, v in ROLES.items()))
     p.add_argument("role", choices=sorted(ROLES), help="what this process is")
     return p
+
+
+def parse_args(argv: list[str]):
+    """The Namespace a `remp-node ROLE ...` command line gives (SystemExit(2) when refused):
+    for tests/test_deploy.py and tools that check deploy/ files against the real parsers."""
+    if not argv or argv[0] not in ROLES:
+        build_parser().parse_args(argv[:1] or ["--help"])
+    if argv[0] == "init":
+        return build_init_parser().parse_args(argv[1:])
+    from .node import parse_role_args
+    return parse_role_args(argv[0], argv[1:])[1]
 
 
 def main(argv: list[str] | None = None) -> int:

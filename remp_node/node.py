@@ -56,10 +56,10 @@ __all__ = ["run_role", "build_validator_parser", "build_fullnode_parser", "Valid
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--network", required=True, metavar="D", help="network directory written by `remp-node init`")
-    p.add_argument("--key", required=True, metavar="FILE", help="this node's key file (D/keys/<label>.key)")
-    p.add_argument("--data-dir", required=True, metavar="DIR",
-                   help="durable state (SQLite, WAL, fsync); keep it across restarts")
+    p.add_argument("--network", metavar="D", help="REQUIRED: network directory written by `remp-node init`")
+    p.add_argument("--key", metavar="FILE", help="REQUIRED: this node's key file (D/keys/<label>.key)")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="REQUIRED: durable state (SQLite, WAL, fsync); keep it across restarts")
     p.add_argument("--listen", default=None, metavar="HOST:PORT",
                    help="UDP address to bind (default: this node's address in network.json)")
     p.add_argument("--http", default=None, metavar="HOST:PORT",
@@ -484,9 +484,14 @@ class FullnodeDaemon(_Daemon):
         self.store.close()
 
 
-def run_role(role: str, argv: list[str]) -> int:
+def parse_role_args(role: str, argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """Parse a role's flags (file < env REMP_NODE_* < flags); exits 2 with the reason for a
+    missing required option or a bad value (what deploy/ files are checked against)."""
     parser = build_validator_parser() if role == "validator" else build_fullnode_parser()
     args = load_args(parser, argv, env_prefix="REMP_NODE_")
+    for name in ("network", "key", "data_dir"):
+        if not getattr(args, name):
+            parser.error(f"--{name.replace('_', '-')} is required (flag, --config key or REMP_NODE_{name.upper()})")
     try:
         parse_faults(args.faults)
     except ValueError as exc:
@@ -498,6 +503,13 @@ def run_role(role: str, argv: list[str]) -> int:
                 parse_hostport(v)
             except ValueError as exc:
                 parser.error(f"--{flag}: {exc}")
+    if args.grace < 0:
+        parser.error("--grace must be >= 0")
+    return parser, args
+
+
+def run_role(role: str, argv: list[str]) -> int:
+    parser, args = parse_role_args(role, argv)
     try:
         daemon = (ValidatorDaemon if role == "validator" else FullnodeDaemon)(args)
     except (NetFilesError, OSError) as exc:

@@ -41,7 +41,9 @@ Full-node side: `ReceiptReceiver`
   a later packet waits in a bounded buffer for the missing one, or until the sender's
   `base` says the missing one was abandoned. Duplicates (resent packets, duplicated
   datagrams, the same receipt in two packets) are dropped and acknowledged again.
-  Acks are coalesced for `ack_delay` s (cumulative `through` + the selective list).
+  Acks are coalesced for `ack_delay` s and cumulative: `through` = the last seqno released
+  in order (a buffered packet is not acknowledged, so a crash that loses the buffer loses
+  nothing: the sender still holds it).
 
 TL (our own objects, boxed like every REMP object; ids = CRC32 of the normalized line,
 tl.tl_constructor_id; the signature covers the boxed object with an EMPTY signature field,
@@ -57,7 +59,8 @@ source_id: the validator's key id; dst: the full node's key id; stream: the send
 seqno: 1, 2, ... per (dst, stream); base: every seqno below it is acknowledged or
 abandoned; receipts: boxed tonNode.rempSignedReceipt objects, in production order.
 An ack names the validator (source_id) and stream it acknowledges; `through`: every seqno
-<= through was received; seqnos: others received. Acks are not signed: the transport
+<= through was received and released in order; seqnos: others received (the receiver
+here always sends it empty; a sender honours it). Acks are not signed: the transport
 authenticates their sender, and a forged ack could only make a validator stop resending.
 
 `classify(payload) -> kind` routes a transport payload without guessing (KINDS).
@@ -79,7 +82,7 @@ from .receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptError, SignedReceipt
 from .tl import (REMP_MESSAGE, REMP_SIGNED_RECEIPT, TLError, TLReader, pack_bytes, pack_id,
                  pack_int, pack_int256, pack_long, tl_constructor_id)
 
-__all__ = ["ReceiptSender", "ReceiptReceiver", "ReceiptDelivered", "DeliveryEvent", "DeliveryError",
+__all__ = ["ReceiptSender", "ReceiptReceiver", "OutboxChange", "ReceiptDelivered", "DeliveryEvent", "DeliveryError",
            "DeliveryMisuse", "classify", "KINDS", "TL_LINES", "RECEIPT_BATCH", "RECEIPT_BATCH_ACK",
            "encode_batch", "decode_batch", "encode_ack", "decode_ack", "Batch", "Ack"]
 
@@ -251,6 +254,20 @@ def decode_ack(data: bytes) -> Ack:
 
 # --- validator side ----------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class OutboxChange:
+    """One durable change of a ReceiptSender's outbox (journal=True).
+
+    kind: "add" | "done"; dst: full node key id; digest: sha256 of the receipt bytes (the
+    key a store deletes by); receipt: the serialized tonNode.rempSignedReceipt ("add" only);
+    session: master session it belongs to ("add" only)."""
+
+    kind: str
+    dst: bytes
+    digest: bytes
+    receipt: bytes = b""
+    session: int = 0
+
 @dataclass
 class _Out:
     seqno: int
@@ -279,11 +296,21 @@ class ReceiptSender:
     with the packet header). resend_initial / resend_max: seconds. max_unacked_per_dst:
     packets kept per full node. stream: see module doc. session: current master session.
     stats: added, packets, resends, acked, receipts_acked, abandoned_obsolete,
-    abandoned_overflow, acks_bad."""
+    abandoned_overflow, acks_bad, restored.
+
+    Surviving a crash (journal=True): the unacknowledged receipts are the sender's state
+    users count on (a SIGKILLed validator must not lose a status it already produced and
+    logged). journal_updates() drains OutboxChange records: "add" (dst, receipt bytes,
+    session, digest) for every receipt added, "done" (dst, digest) once it is acknowledged
+    or abandoned. The daemon writes them to its store (fsync) before it sends the packets
+    that carry those receipts, keeping the "add" order, and after a restart feeds the
+    receipts still without "done" to restore(...) of the new sender (a new stream): they are
+    sent again; the full node drops the ones it already had (ReceiptReceiver dedups by
+    receipt digest)."""
 
     def __init__(self, key: NodeKey, *, max_delay: float = 0.1, max_batch_bytes: int = 1000,
                  resend_initial: float = 0.25, resend_max: float = 2.0, max_unacked_per_dst: int = 4096,
-                 stream: int | None = None, session: int = 0):
+                 stream: int | None = None, session: int = 0, journal: bool = False):
         if max_delay < 0 or resend_initial <= 0 or resend_max < resend_initial or max_unacked_per_dst < 1:
             raise DeliveryMisuse("bad ReceiptSender parameters")
         self.key = key
@@ -297,21 +324,45 @@ class ReceiptSender:
         self._dsts: dict[bytes, _Dst] = {}
         self._out: list[tuple[bytes, bytes]] = []
         self._resends: list[tuple[float, bytes, int]] = []    # heap (next_send, dst, seqno)
+        self.journal = journal
+        self._journal: list[OutboxChange] = []
         self.stats = {k: 0 for k in ("added", "packets", "resends", "acked", "receipts_acked",
-                                     "abandoned_obsolete", "abandoned_overflow", "acks_bad")}
+                                     "abandoned_obsolete", "abandoned_overflow", "acks_bad", "restored")}
 
     def add(self, dst: bytes, signed: SignedReceipt | bytes, now: float, session: int | None = None) -> None:
         """Queue one signed receipt for full node `dst` (key id). signed: a SignedReceipt or
         its serialized bytes. session: master session it belongs to (default: current)."""
+        self._add(dst, signed, now, session, True)
+
+    def restore(self, entries: Iterable[tuple[bytes, bytes, int]], now: float) -> None:
+        """After a restart: queue again the (dst, receipt bytes, session) a journal still
+        holds without "done", in their original order (no new "add" records)."""
+        for dst, data, session in entries:
+            self._add(dst, data, now, session, False)
+            self.stats["restored"] += 1
+
+    def journal_updates(self) -> list["OutboxChange"]:
+        """Drain the OutboxChange records since the last call (journal=True; else [])."""
+        out, self._journal = self._journal, []
+        return out
+
+    def _done(self, dst: bytes, receipts: Iterable[bytes]) -> None:
+        if self.journal:
+            self._journal.extend(OutboxChange("done", dst, hashlib.sha256(r).digest()) for r in receipts)
+
+    def _add(self, dst, signed, now: float, session: int | None, journal: bool) -> None:
         data = signed.serialize() if isinstance(signed, SignedReceipt) else bytes(signed)
         if len(data) > MAX_RECEIPT_BYTES + 80 or len(dst) != 32:
             raise DeliveryMisuse("receipt too large or bad destination key id")
+        session = self.session if session is None else session
+        if journal and self.journal:
+            self._journal.append(OutboxChange("add", bytes(dst), hashlib.sha256(data).digest(), data, session))
         d = self._dsts.get(dst)
         if d is None:
             d = self._dsts[dst] = _Dst()
         if d.pending_bytes and d.pending_bytes + len(data) > self.max_batch_bytes:
             self._flush(dst, d, now)
-        d.pending.append((data, self.session if session is None else session))
+        d.pending.append((data, session))
         d.pending_bytes += len(data) + 4
         self.stats["added"] += 1
         if d.pending_bytes >= self.max_batch_bytes:
@@ -330,7 +381,7 @@ class ReceiptSender:
     def _expire(self) -> None:
         for dst, d in self._dsts.items():
             for seq in [s for s, o in d.unacked.items() if self.session >= o.session + 2]:
-                del d.unacked[seq]
+                self._done(dst, d.unacked.pop(seq).receipts)
                 self.stats["abandoned_obsolete"] += 1
 
     def _base(self, d: _Dst) -> int:
@@ -346,7 +397,7 @@ class ReceiptSender:
         d.pending, d.pending_bytes = [], 0
         d.unacked[o.seqno] = o
         while len(d.unacked) > self.max_unacked:
-            d.unacked.popitem(last=False)
+            self._done(dst, d.unacked.popitem(last=False)[1].receipts)
             self.stats["abandoned_overflow"] += 1
         d.last_flush = now
         self._emit(dst, d, o)
@@ -372,11 +423,14 @@ class ReceiptSender:
         d = self._dsts.get(src)
         if d is None:
             return
-        for seq in [s for s in d.unacked if s <= ack.through] + [s for s in ack.seqnos if s in d.unacked]:
-            o = d.unacked.pop(seq, None)
-            if o is not None:
-                self.stats["acked"] += 1
-                self.stats["receipts_acked"] += len(o.receipts)
+        done = []
+        while d.unacked and next(iter(d.unacked)) <= ack.through:   # seqno order
+            done.append(d.unacked.popitem(last=False)[1])
+        done.extend(d.unacked.pop(s) for s in ack.seqnos if s in d.unacked)
+        for o in done:
+            self.stats["acked"] += 1
+            self.stats["receipts_acked"] += len(o.receipts)
+            self._done(src, o.receipts)
 
     def packets_to_send(self, now: float) -> list[tuple[bytes, bytes]]:
         """Run due flushes and resends, then drain: [(full node key id, payload)]."""
@@ -447,8 +501,7 @@ class ReceiptDelivered(DeliveryEvent):
 class _Src:
     stream: int = -1
     next_seq: int = 0          # 0: not started (first packet sets it from base)
-    buffer: dict = field(default_factory=dict)       # seqno -> Batch
-    ack_extra: set = field(default_factory=set)
+    buffer: dict = field(default_factory=dict)       # seqno -> parsed receipts
     ack_due: float | None = None
 
 
@@ -532,7 +585,7 @@ class ReceiptReceiver:
                                  f"receipt in packet {b.seqno}: {exc}") from None
             parsed.append((sr, rc))
         if b.stream > s.stream:        # first packet of this source, or the validator restarted
-            s.stream, s.next_seq, s.buffer, s.ack_extra = b.stream, b.base, {}, set()
+            s.stream, s.next_seq, s.buffer = b.stream, b.base, {}
         self.stats["packets"] += 1
         if b.seqno < s.next_seq or b.seqno in s.buffer:
             self.stats["duplicates_packets"] += 1
@@ -540,7 +593,6 @@ class ReceiptReceiver:
             if b.seqno != s.next_seq and len(s.buffer) >= self.max_buffered:
                 raise self._fail("buffer_full", f"{len(s.buffer)} packets wait for seqno {s.next_seq}")
             s.buffer[b.seqno] = parsed
-            s.ack_extra.add(b.seqno)
         if b.base > s.next_seq:        # the sender abandoned the ones before base
             self.stats["skipped"] += sum(1 for q in range(s.next_seq, b.base) if q not in s.buffer)
             for q in [q for q in s.buffer if q < b.base]:
@@ -576,10 +628,10 @@ class ReceiptReceiver:
         for source, s in self._src.items():
             if s.ack_due is not None and s.ack_due <= now:
                 s.ack_due = None
-                through = s.next_seq - 1
-                extra = sorted(q for q in s.ack_extra if q > through)[:MAX_ACK_SEQNOS]
-                s.ack_extra = set(extra)
-                self._out.append((source, encode_ack(source, s.stream, through, extra)))
+                # cumulative only: an ack means "released, in order, to the full node"; a
+                # packet held in the reorder buffer is not acknowledged, so a crash of either
+                # side (buffer gone) cannot lose it: the sender still has it
+                self._out.append((source, encode_ack(source, s.stream, s.next_seq - 1, ())))
                 self.stats["acks"] += 1
 
     def packets_to_send(self, now: float) -> list[tuple[bytes, bytes]]:

@@ -67,7 +67,9 @@ further than that cannot catch up from us -- TON would read its DB). getDifferen
 answered at most once per peer per sync_interval/2 ("rate_limited"): one small request
 can trigger max_difference_blocks datagrams (TON bounds this with allow_send_block).
 State is in memory only: a member restarted with the same key and no state would sign a
-new height 1 and be blamed for a fork -- a restarted daemon must join the next session.
+new height 1 and be blamed for a fork. So a daemon stores `authored` (the session id) before
+an own block leaves, and after a restart calls `mute()` on that session: it follows the
+session without signing and signs again in the next one.
 
 Errors: bad remote input never raises out of `receive_datagram`; it is dropped, counted in
 `rejected[reason]` and reported as a RejectedDatagram event. Parsers raise
@@ -533,6 +535,8 @@ class Catchain:
         self.rejected: Counter[str] = Counter()
         self.max_pending_seen = 0
         self.max_stored_seen = 0
+        #: True: this member never signs a block of this session (see mute())
+        self.muted = False
 
     # --- public API ---------------------------------------------------------------------
 
@@ -570,11 +574,29 @@ class Catchain:
                 "submit_bytes": self._records_bytes, "outbox": len(self._out), "events": len(self._events),
                 "index_heights": sum(len(s.by_height) for s in self._sources)}
 
+    @property
+    def authored(self) -> bool:
+        """True once this member signed a block of this session (a daemon stores the fact
+        before the block leaves, so a restart does not sign another height 1: a fork)."""
+        return self.stats["blocks_created"] > 0
+
+    def mute(self) -> None:
+        """Restart safety for a session this member authored blocks in before a crash (its
+        blocks are not kept on disk): never sign a block here again; submitted records are
+        counted ("muted_records") and dropped. The member still receives, delivers and
+        answers getDifference, so its RMQ follows the session; it signs again from the
+        next session on."""
+        self.muted = True
+
     def submit(self, payload: bytes, now: float) -> None:
         """Queue one record; the next own block (at the next block_interval tick) carries all
         queued records that fit in max_payload. Raises CatchainUsageError if the record
-        cannot fit in a block or the queue holds more than max_submit_bytes."""
+        cannot fit in a block or the queue holds more than max_submit_bytes. A muted
+        catchain drops the record (stats["muted_records"])."""
         self._touch(now)
+        if self.muted:
+            self.stats["muted_records"] += 1
+            return
         size = len(pack_bytes(payload))
         if size + 8 > self.max_payload:
             raise CatchainUsageError(f"record of {len(payload)} bytes does not fit max_payload={self.max_payload}")

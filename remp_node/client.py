@@ -63,6 +63,9 @@ RESEND_INTERVAL = 2.0
 MESSAGE_LIFETIME = 240.0
 #: Seconds a finished message id is remembered to drop late receipts quietly.
 FINISHED_MEMORY = 600.0
+#: Seconds after its final status a message's late receipts are still verified and reported
+#: (ReceiptEvent with late=True), so every status a validator produced reaches subscribers.
+LATE_MEMORY = 60.0
 
 #: groups(shard, now) -> (current group public keys, next group public keys or []).
 GroupsFn = Callable[[int, float], "tuple[Sequence[bytes], Sequence[bytes]]"]
@@ -112,6 +115,9 @@ class ReceiptEvent(RempClientEvent):
     signature: bytes
     origin: str
     shard: int = 0
+    late: bool = False
+    """True for a validator's receipt that arrived after the message's final status (it is
+    reported to subscribers, never changes the outcome)."""
 
     @property
     def kind(self) -> str:
@@ -192,6 +198,7 @@ class RempClient:
         self.extra_keys = extra_keys
         self._tracked: dict[bytes, _Tracked] = {}
         self._finished: dict[bytes, float] = {}
+        self._late: dict[bytes, tuple[float, dict, set, int]] = {}   # id -> (until, keys, seen, shard)
         self._out: list[tuple[bytes, bytes]] = []
         self._events: deque[RempClientEvent] = deque()
         #: Counters: "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts",
@@ -199,7 +206,7 @@ class RempClient:
         #: "rejected", "timeout".
         self.stats: dict[str, int] = {k: 0 for k in (
             "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts", "receipts_dropped",
-            "finalized", "rejected", "timeout")}
+            "finalized", "rejected", "timeout", "late_receipts")}
 
     # -- public API ---------------------------------------------------------------------
 
@@ -211,7 +218,7 @@ class RempClient:
         self.stats["submitted"] += 1
         wall = self.wall_clock(now)
         try:
-            msg = parse_external_message(boc, (self.states.workchain,))
+            msg = parse_external_message(boc, getattr(self.states, "workchains", (self.states.workchain,)))
         except MessageRejected as exc:
             mid = message_id_of(boc) or hashlib.sha256(bytes(boc)).digest()
             self._events.append(MessageReceived(mid, len(boc), 0))
@@ -245,7 +252,7 @@ class RempClient:
         receipt = dg.open()
         t = self._tracked.get(receipt.message_id)
         if t is None:
-            self.stats["receipts_dropped"] += 1
+            self._late_receipt(dg, receipt, now)
             return
         digest = hashlib.sha256(dg.serialize()).digest()
         if digest in t.seen:
@@ -291,6 +298,22 @@ class RempClient:
                 reasons = "; ".join(sorted({e for e in t.errors.values() if e}))
                 self._finish(t, "rejected", decisive, reasons, now)
         self._tick(now)
+
+    def _late_receipt(self, dg: SignedReceipt, receipt: Receipt, now: float) -> None:
+        late = self._late.get(receipt.message_id)
+        if late is None or late[0] < now:
+            self.stats["receipts_dropped"] += 1
+            return
+        _, keys, seen, shard = late
+        digest = hashlib.sha256(dg.serialize()).digest()
+        if digest in seen:
+            self.stats["receipts_dropped"] += 1
+            return
+        current, nxt = self.groups(shard, now)
+        dg.verify(list(keys.values()) + list(current) + list(nxt) + list(self.extra_keys()))
+        seen.add(digest)
+        self.stats["late_receipts"] += 1
+        self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", shard, late=True))
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, bytes]]:
         """Run due timers, then drain the outbox: [(validator key id, datagram bytes)]."""
@@ -341,6 +364,7 @@ class RempClient:
     def _finish(self, t: _Tracked, outcome: str, kind: str, reason: str, now: float) -> None:
         self._tracked.pop(t.msg.id, None)
         self._finished[t.msg.id] = now + FINISHED_MEMORY
+        self._late[t.msg.id] = (now + LATE_MEMORY, t.keys, t.seen, t.shard)
         self.stats[outcome] += 1
         self._events.append(FinalStatus(t.msg.id, outcome, kind, reason, now - t.submitted, t.datagrams))
 
@@ -390,6 +414,9 @@ class RempClient:
         for mid, until in list(self._finished.items()):
             if until <= now:
                 del self._finished[mid]
+        for mid, late in list(self._late.items()):
+            if late[0] <= now:
+                del self._late[mid]
 
 
 def _order_key(receipt: Receipt) -> tuple[int, int, int]:

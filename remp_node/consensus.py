@@ -653,6 +653,11 @@ class BlockConsensus:
         self._next_poll = 0.0
         self._poll_idx = 0
         self._commits: OrderedDict[int, bytes] = OrderedDict()
+        #: highest height at which this member signed a proposal or a vote (0: none);
+        #: a daemon stores it before the signed datagram leaves (restart safety)
+        self.signed_height = 0
+        #: heights <= this are muted: no proposal, no vote signed (set by mute_through)
+        self.muted_through = 0
         self.block_ids: OrderedDict[int, BlockIdExt] = OrderedDict()
         self._future_commits: dict[int, tuple[Commit, bytes]] = {}
         self._last_push: dict[bytes, float] = {}
@@ -761,7 +766,7 @@ class BlockConsensus:
         self._valid = (-1, None)
         self._my = {}
         self._propose_at = now + self.block_interval
-        self._deadline = self._propose_at + self.round_timeout
+        self._deadline = self._propose_at + self.round_duration(0)
         self._next_resend = now + self.resend_interval
         self._next_collate = 0.0
         for s in [s for s in self._heights if s < self.height]:
@@ -997,7 +1002,28 @@ class BlockConsensus:
         best = max((c for b, c in counts.items() if not is_nil(b)), default=0)
         return best + (self.n - total) < self.quorum
 
+    def round_duration(self, round: int) -> float:
+        """Seconds round `round` of a height may last: round_timeout * (1 + round / 2),
+        at most 8 x round_timeout. Growing timeouts are what makes Tendermint live under
+        partial synchrony (timeoutPropose + r * delta): when a loaded machine cannot gather
+        a quorum within round_timeout, later rounds get the time they need instead of
+        timing out forever."""
+        return self.round_timeout * min(1.0 + 0.5 * max(round, 0), 8.0)
+
+    def mute_through(self, height: int) -> None:
+        """Restart safety: never sign a proposal or a vote at a height <= `height` (this
+        member may have signed there before a crash, and a second, different signature
+        would be an equivocation). The state machine still steps (our missing votes count
+        as absent); commits from others are still accepted, so the member catches up and
+        signs again from height + 1."""
+        self.muted_through = max(self.muted_through, int(height))
+
     def _vote(self, kind: int, block: BlockIdExt) -> None:
+        if self.height <= self.muted_through:
+            self.ignored["muted_vote"] += 1
+            self._transition(KIND_NAMES[kind])
+            return
+        self.signed_height = max(self.signed_height, self.height)
         v = make_vote(self.local, self.session_id, kind, self.round, block)
         raw = v.pack()
         h = self._h(self.height)
@@ -1017,7 +1043,7 @@ class BlockConsensus:
         self._my = {}
         self._propose_at = now
         self._next_collate = 0.0
-        self._deadline = now + self.round_timeout
+        self._deadline = now + self.round_duration(self.round)
 
     def _round_failure(self, h: _Height) -> str:
         prop = h.proposals.get(self.round)
@@ -1085,7 +1111,7 @@ class BlockConsensus:
 
     def _try_propose(self, h: _Height, now: float) -> bool:
         if (self.leader(self.height, self.round) != self.me or "proposal" in self._my
-                or now < self._propose_at or now < self._next_collate):
+                or now < self._propose_at or now < self._next_collate or self.height <= self.muted_through):
             return False
         vr, vb = self._valid
         pol_sigs: tuple = ()
@@ -1101,6 +1127,7 @@ class BlockConsensus:
             if not isinstance(payload, (bytes, bytearray)) or len(payload) > MAX_PAYLOAD:
                 raise ConsensusUsageError(f"collate must return bytes of <= {MAX_PAYLOAD} bytes or None")
             cand, pol = Candidate(self.workchain, self.shard, self.height, self.prev, self.me, bytes(payload)), -1
+        self.signed_height = max(self.signed_height, self.height)
         p = make_proposal(self.local, self.session_id, self.round, pol, cand, pol_sigs)
         raw = p.pack()
         bid = cand.block_id

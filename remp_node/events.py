@@ -41,6 +41,9 @@ REMP_EVENTS = Catalogue("remp", [
     E("remp.validator.session", "the validator entered master session `session` (count = shards "
       "whose RMQ it serves; roles = shard:current|previous, comma separated)",
       {"session": "long", "count": "long", "roles": "string"}),
+    E("remp.node.error", "a REMP daemon caught an unexpected exception (a bug) at its boundary "
+      "and keeps running (reason = where, exception and the last frames; logged once per kind)",
+      {"reason": "string"}),
     E("remp.shardchain.accepted", "a shard block was accepted by its group (count = messages "
       "in it)", {"shard": "string", "block_seqno": "long", "session": "long", "count": "long"}),
 ])

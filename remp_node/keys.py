@@ -52,6 +52,11 @@ class NodeKey:
             raise ValueError("ed25519 seed must be 32 bytes")
         return cls(Ed25519PrivateKey.from_private_bytes(seed))
 
+    def seed(self) -> bytes:
+        """The 32-byte ed25519 seed (the private key; written only to 0600 key files)."""
+        return self._private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                           serialization.NoEncryption())
+
     def sign(self, data: bytes) -> bytes:
         """64-byte ed25519 signature of `data`."""
         return self._private.sign(data)

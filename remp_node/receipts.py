@@ -51,6 +51,21 @@ MAX_ERROR_BYTES = 1024
 MASTERCHAIN_WORKCHAIN = -1
 MASTERCHAIN_SHARD = 0x8000000000000000
 
+#: "No masterchain block yet": the `master_id` of every Accepted status below the
+#: Masterchain level (AcceptedByQueue, IncludedIntoBlock, IncludedIntoAcceptedBlock).
+#: Rule: a receipt JSON without mc_block_* fields is parsed by the reference
+#: (ever-block-json `src/deserialize.rs` parse_remp_status: `master_id:
+#: parse_block_id_ext(&map_path, true).unwrap_or_default()`) into `BlockIdExt::default()`,
+#: and in ever-block `BlockIdExt` derives Default over `ShardIdent`, whose `impl Default for
+#: ShardIdent` (`src/shard.rs`) is `workchain_id: 0, prefix: SHARD_FULL` with
+#: `SHARD_FULL = 0x8000_0000_0000_0000` (everx-labs/ever-block 6dfe9b39, 2025-02-06; seq_no 0,
+#: root_hash and file_hash zero). So the TL bytes a verifier rebuilds from such JSON carry
+#: workchain 0, shard 0x8000000000000000, and a validator must sign exactly that (before this
+#: rule the project signed workchain 0, shard 0, which no reference verifier accepts).
+#: `Accepted` also reads the all-zero id (ZERO_BLOCK_ID) as this value (`__post_init__`),
+#: so there is one "no master block" value and every such receipt verifies from JSON.
+NO_MASTER_BLOCK_ID = BlockIdExt(0, 0x8000000000000000, 0, b"\x00" * 32, b"\x00" * 32)
+
 
 class ReceiptError(ValueError):
     """A remote receipt (TL bytes or JSON) is malformed or does not verify.
@@ -171,18 +186,21 @@ class Accepted(RempStatus):
     """`tonNode.rempAccepted level block_id master_id`: the message passed `level`
     (kinds "AcceptedByFullnode", "AcceptedByQueue", "IncludedIntoBlock" = Collator,
     "IncludedIntoAcceptedBlock" = Shardchain, "Finalized" = Masterchain). `block_id` is the
-    shard block; `master_id` the masterchain block that committed it (ZERO_BLOCK_ID below
-    the Masterchain level; otherwise wc -1, shard 0x8000000000000000)."""
+    shard block; `master_id` the masterchain block that committed it (NO_MASTER_BLOCK_ID
+    below the Masterchain level, ever-block's BlockIdExt::default(); a given ZERO_BLOCK_ID is
+    read as that; otherwise wc -1, shard 0x8000000000000000)."""
 
     level: Level
     block_id: BlockIdExt = ZERO_BLOCK_ID
-    master_id: BlockIdExt = ZERO_BLOCK_ID
+    master_id: BlockIdExt = NO_MASTER_BLOCK_ID
     constructor = REMP_ACCEPTED
 
     def __post_init__(self):
         object.__setattr__(self, "level", Level(self.level))
         _check_block_id(self.block_id, "block_id")
         _check_block_id(self.master_id, "master_id")
+        if self.master_id == ZERO_BLOCK_ID:
+            object.__setattr__(self, "master_id", NO_MASTER_BLOCK_ID)
 
     def pack(self) -> bytes:
         return (pack_id(self.constructor) + pack_id(LEVEL_CONSTRUCTORS[self.level])
@@ -472,8 +490,8 @@ def _block_fields(block: BlockIdExt) -> dict[str, Any]:
 
 
 def _mc_fields(master: BlockIdExt) -> dict[str, Any]:
-    if master == ZERO_BLOCK_ID:
-        return {}
+    if master == NO_MASTER_BLOCK_ID:
+        return {}   # the reference parser rebuilds BlockIdExt::default() (NO_MASTER_BLOCK_ID)
     if master.workchain != MASTERCHAIN_WORKCHAIN or master.shard != MASTERCHAIN_SHARD:
         raise ValueError("master_id must be a masterchain block id (wc -1, shard 8000000000000000)")
     return {"mc_block_id": _hex32(master.root_hash), "mc_block_file_hash": _hex32(master.file_hash),
@@ -570,7 +588,7 @@ def _get_block(obj: Mapping[str, Any], required: bool) -> BlockIdExt:
 
 def _get_master(obj: Mapping[str, Any]) -> BlockIdExt:
     if not any(n in obj for n in ("mc_block_id", "mc_block_file_hash", "mc_block_seqno")):
-        return ZERO_BLOCK_ID
+        return NO_MASTER_BLOCK_ID   # ever-block BlockIdExt::default(): see NO_MASTER_BLOCK_ID
     seqno = _get(obj, "mc_block_seqno", int)
     if not 0 <= seqno < (1 << 32):
         raise ReceiptError("malformed", "mc_block_seqno out of range")
@@ -620,7 +638,7 @@ def from_json(obj: Mapping[str, Any]) -> tuple[Receipt, bytes]:
     else:  # Accepted
         block_required = level >= Level.COLLATOR
         status = Accepted(level, _get_block(obj, block_required), _get_master(obj))
-        if level == Level.MASTERCHAIN and status.master_id == ZERO_BLOCK_ID:
+        if level == Level.MASTERCHAIN and status.master_id == NO_MASTER_BLOCK_ID:
             raise ReceiptError("malformed", "Finalized needs mc_block_id, mc_block_file_hash, mc_block_seqno")
     return Receipt(message_id, status, timestamp, source_id), signature
 

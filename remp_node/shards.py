@@ -19,12 +19,20 @@ from __future__ import annotations
 
 from typing import Iterable
 
-__all__ = ["U64", "FULL_SHARD", "ShardError", "is_valid_shard", "shard_range", "shard_depth",
+__all__ = ["U64", "FULL_SHARD", "MASTERCHAIN_KEY", "MASTERCHAIN_WORKCHAIN", "ShardError", "is_valid_shard", "shard_range", "shard_depth",
            "shard_contains", "shard_prefixes", "split_shards", "shard_for_account", "shard_hex"]
 
 U64 = (1 << 64) - 1
 #: The shard ident covering a whole workchain; the masterchain's only shard.
 FULL_SHARD = 0x8000000000000000
+#: Workchain id of the masterchain.
+MASTERCHAIN_WORKCHAIN = -1
+#: The key the REMP cores use where they key things by shard ident (RMQs, groups, receipts'
+#: `shard` in events) for the masterchain's own message queue: external messages to
+#: workchain -1 accounts, processed by the masterchain validators (issue 8, item 4). Not a
+#: valid shard ident on purpose (no workchain-0 shard can collide with it); shard_hex maps
+#: it to the masterchain's only shard, 8000000000000000.
+MASTERCHAIN_KEY = -1
 #: Deepest split the helpers accept (2**8 = 256 shards).
 MAX_SPLIT_DEPTH = 8
 
@@ -93,5 +101,7 @@ def shard_for_account(account: bytes, shards: Iterable[int]) -> int:
 
 def shard_hex(shard: int) -> str:
     """Shard ident as 16 hex digits (receipt JSON `shard`, event log attribute), e.g.
-    '4000000000000000'."""
+    '4000000000000000'. MASTERCHAIN_KEY -> '8000000000000000' (the masterchain's shard)."""
+    if shard == MASTERCHAIN_KEY:
+        return f"{FULL_SHARD:016x}"
     return f"{shard & U64:016x}"

@@ -34,7 +34,7 @@ from .receipts import ReceiptError, SignedReceipt, to_json
 from .schedule import ValidatorInfo, ZeroStateConfig
 from .state import ZeroState, build_zero_state
 from .validator import (CH_CLIENT, CHANNEL_NAMES, ForkBlamed, MasterBlockAccepted, ReceiptSent,
-                        ValidatorCore, ZERO32, demux, mux)
+                        ValidatorCore, ValidatorJournal, ZERO32, demux, mux)
 from .wire import WireError, decode_datagram
 
 __all__ = ["Simulation", "SimConfig", "classify_datagram"]
@@ -61,7 +61,8 @@ class SimConfig:
     per shard group; masterchain_validators: "all" or a count (the first k validators);
     mc_catchain_lifetime, block_interval: zerostate config; latency + uniform(0, jitter):
     datagram delay (jitter 0 keeps every link FIFO); loss/duplicate/reorder: per-datagram
-    probabilities; seed: randomness of keys and network."""
+    probabilities; seed: randomness of keys and network; journal: keep each validator's
+    ValidatorJournal in memory (journal_updates after every flush) so restart(i) works."""
 
     validators: int = 14
     shard_count: int = 2
@@ -83,10 +84,12 @@ class SimConfig:
     t0: float = DEFAULT_T0
     tick: float = 0.005
     catchain_factory: Callable | None = None
+    journal: bool = False
 
 
 class Simulation:
-    """Simulation(SimConfig, wallets=[(public_key, balance)], open_accounts=['0:hex', ...]).
+    """Simulation(SimConfig, wallets=[(public_key, balance)], open_accounts=['0:hex', ...],
+    masterchain_wallets=[(public_key, balance)] (wallets of workchain -1)).
 
     submit(boc) hands a message to the full node now; run(seconds) / run_until(pred,
     max_seconds) advance the fake clock. crash(i), fork_rmq(i, ...) inject faults.
@@ -95,7 +98,8 @@ class Simulation:
     -> [(master block id, shard block id)] in the masterchain of the first live validator)."""
 
     def __init__(self, cfg: SimConfig, *, wallets: Iterable[tuple[bytes, int]] = (),
-                 open_accounts: Iterable[str] = (), event_log: Callable[[str, str], object] | None = None):
+                 open_accounts: Iterable[str] = (), event_log: Callable[[str, str], object] | None = None,
+                 masterchain_wallets: Iterable[tuple[bytes, int]] = ()):
         self.cfg = cfg
         self._log_factory = event_log
         self.logs: dict[tuple[str, str], object] = {}    # (service, node) -> EventLog
@@ -110,19 +114,13 @@ class Simulation:
             shard_group_size=cfg.group_size, masterchain_validators=mcv,
             mc_catchain_lifetime=cfg.mc_catchain_lifetime, block_interval=cfg.block_interval,
             genesis_time=cfg.t0)
-        self.zerostate: ZeroState = build_zero_state(0, cfg.shard_count, wallets, open_accounts)
+        self.zerostate: ZeroState = build_zero_state(0, cfg.shard_count, wallets, open_accounts,
+                                                     masterchain_wallets=masterchain_wallets)
         self.net = SimNetwork(cfg.seed, loss=cfg.loss, duplicate=cfg.duplicate, reorder=cfg.reorder,
                               latency=cfg.latency, jitter=cfg.jitter, classify=classify_datagram)
         self.fullnode_key = NodeKey.from_seed(hashlib.sha256(f"remp-sim-fullnode:{cfg.seed}".encode()).digest())
-        factory = cfg.catchain_factory or default_catchain_factory
-        self.validators = [
-            ValidatorCore(k, self.config, self.zerostate, catchain_factory=factory,
-                          full_nodes={self.fullnode_key.key_id: self.fullnode_key.public},
-                          rmq_block_interval=cfg.rmq_block_interval,
-                          shard_round_timeout=cfg.shard_round_timeout,
-                          master_round_timeout=cfg.master_round_timeout,
-                          master_block_interval=cfg.master_block_interval)
-            for k in self.keys]
+        self.journals: dict[int, ValidatorJournal] = {i: ValidatorJournal() for i in range(cfg.validators)}
+        self.validators = [self._make_validator(k) for k in self.keys]
         self.by_id = {v.key.key_id: v for v in self.validators}
         self.index = {v.key.key_id: i for i, v in enumerate(self.validators)}
         self.all_validator_keys = [k.public for k in self.keys]
@@ -142,6 +140,30 @@ class Simulation:
         self.extra_nodes: list[tuple[bytes, object, Callable]] = []   # (src key id, core, wrap)
         self.submitted: list[bytes] = []
         self._dirty: set = set(range(len(self.validators))) | {"client"}
+
+    def _make_validator(self, k: NodeKey, journal: ValidatorJournal | None = None) -> ValidatorCore:
+        cfg = self.cfg
+        return ValidatorCore(k, self.config, self.zerostate, catchain_factory=cfg.catchain_factory or default_catchain_factory,
+                             full_nodes={self.fullnode_key.key_id: self.fullnode_key.public},
+                             rmq_block_interval=cfg.rmq_block_interval,
+                             shard_round_timeout=cfg.shard_round_timeout,
+                             master_round_timeout=cfg.master_round_timeout,
+                             master_block_interval=cfg.master_block_interval, journal=journal)
+
+    def restart(self, i: int) -> ValidatorCore:
+        """Validator i (crashed) comes back: a NEW core with the same key, built from its
+        journal only (needs SimConfig.journal), as a daemon restarted with its data dir."""
+        import copy
+        if not self.cfg.journal:
+            raise RuntimeError("restart needs SimConfig(journal=True)")
+        old = self.validators[i]
+        v = self._make_validator(old.key, copy.deepcopy(self.journals[i]))
+        self.validators[i] = v
+        self.by_id[v.key.key_id] = v
+        self.crashed.discard(i)
+        self.net.crashed.discard(v.key.key_id)
+        self._dirty.add(i)
+        return v
 
     # -- the full node --------------------------------------------------------------------------
     def _view(self) -> ValidatorCore:
@@ -214,7 +236,10 @@ class Simulation:
                 continue
             v = self.validators[i]
             src = v.key.key_id
-            for dst, data in v.datagrams_to_send(now):
+            out = v.datagrams_to_send(now)
+            if self.cfg.journal:        # durable before anything that depends on it is sent
+                self.journals[i].apply(v.journal_updates())
+            for dst, data in out:
                 self.net.send(src, dst, data, now)
             while (ev := v.next_event()) is not None:
                 self._on_validator_event(i, ev)

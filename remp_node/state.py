@@ -32,7 +32,8 @@ from pytoniq_core.tlb.transaction import ExternalMsgInfo
 
 from .keys import NodeKey, verify
 from .messages import ExternalMessage, MessageRejected, parse_account_id
-from .shards import shard_contains, shard_for_account, shard_hex, shard_prefixes
+from .shards import (FULL_SHARD, MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN, shard_contains, shard_for_account,
+                     shard_hex, shard_prefixes)
 
 #: Largest amount a Coins field holds (VarUInteger 16: 15 bytes).
 MAX_AMOUNT = (1 << 120) - 1
@@ -258,22 +259,38 @@ class ShardState:
 @dataclass
 class ZeroState:
     """The initial shard states of one workchain: `shards` (ascending shard idents) and
-    `states` (shard ident -> ShardState)."""
+    `states` (shard ident -> ShardState), plus the masterchain's accounts: `masterchain`, a
+    ShardState of workchain -1, shard 8000000000000000 (issue 8 item 4: external messages
+    to workchain -1 accounts are processed by the masterchain validators)."""
 
     workchain: int
     shards: list[int]
     states: dict[int, ShardState] = field(default_factory=dict)
+    masterchain: ShardState = field(default_factory=lambda: ShardState(MASTERCHAIN_WORKCHAIN, FULL_SHARD))
+
+    @property
+    def workchains(self) -> tuple[int, int]:
+        """Workchains that take external messages: (workchain, -1)."""
+        return (self.workchain, MASTERCHAIN_WORKCHAIN)
 
     def shard_of(self, dst: str) -> int:
-        """Shard ident holding account 'wc:hex64' (ValueError for another workchain)."""
+        """Shard ident holding account 'wc:hex64'; shards.MASTERCHAIN_KEY for workchain -1
+        (ValueError for another workchain)."""
         wc, acc = parse_account_id(dst)
+        if wc == MASTERCHAIN_WORKCHAIN:
+            return MASTERCHAIN_KEY
         if wc != self.workchain:
             raise ValueError(f"account {dst} is not in workchain {self.workchain}")
         return shard_for_account(acc, self.shards)
 
     def state_for(self, dst: str) -> ShardState:
-        """The ShardState holding account `dst`."""
-        return self.states[self.shard_of(dst)]
+        """The ShardState holding account `dst` (the masterchain state for workchain -1)."""
+        s = self.shard_of(dst)
+        return self.masterchain if s == MASTERCHAIN_KEY else self.states[s]
+
+    def state_of_key(self, shard: int) -> ShardState:
+        """The state of shard ident `shard` or of shards.MASTERCHAIN_KEY."""
+        return self.masterchain if shard == MASTERCHAIN_KEY else self.states[shard]
 
     def add_account(self, dst: str, public_key: bytes | None, balance: int = 0) -> Account:
         """Create an account in the right shard."""
@@ -295,14 +312,19 @@ def real_message_destinations(path: str | Path) -> list[str]:
 
 def build_zero_state(workchain: int = 0, shard_count: int = 2,
                      wallets: Iterable[tuple[bytes, int]] = (),
-                     open_accounts: Iterable[str] = (), open_balance: int = 0) -> ZeroState:
+                     open_accounts: Iterable[str] = (), open_balance: int = 0,
+                     masterchain_wallets: Iterable[tuple[bytes, int]] = ()) -> ZeroState:
     """Shard states for `shard_count` equal shards of `workchain`, with one wallet per
     (public_key, balance) at wallet_address(public_key) and one open account (key None,
-    `open_balance`) per 'wc:hex64' in `open_accounts` (e.g. real_message_destinations)."""
+    `open_balance`) per 'wc:hex64' in `open_accounts` (e.g. real_message_destinations;
+    '-1:hex64' ones go to the masterchain state); `masterchain_wallets` are wallets at
+    wallet_address(public_key, -1)."""
     shards = shard_prefixes(shard_count)
     zs = ZeroState(workchain, shards, {s: ShardState(workchain, s) for s in shards})
     for pk, balance in wallets:
         zs.add_account(wallet_address(pk, workchain), pk, balance)
+    for pk, balance in masterchain_wallets:
+        zs.add_account(wallet_address(pk, MASTERCHAIN_WORKCHAIN), pk, balance)
     for dst in open_accounts:
         zs.add_account(dst, None, open_balance)
     return zs
@@ -314,6 +336,8 @@ def zero_state_from_config(config: Mapping) -> ZeroState:
     {"workchain": 0, "shard_count": 2,
      "wallets": [{"public_key": "<64 hex>", "balance": 1000000000}, ...],
      "open_accounts": ["0:<64 hex>", ...],            # optional
+     "masterchain_wallets": [{"public_key": ..., "balance": ...}],  # optional, workchain -1
+     "masterchain_accounts": ["-1:<64 hex>", ...],    # optional open accounts of workchain -1
      "ext_messages": "../shared/data/ton/ext_messages.jsonl",  # optional: their destinations
      "open_balance": 0}                                # optional
     Missing or absent ext_messages files are skipped (the real data is optional)."""
@@ -321,6 +345,9 @@ def zero_state_from_config(config: Mapping) -> ZeroState:
     path = config.get("ext_messages")
     if path and Path(path).is_file():
         opens += [d for d in real_message_destinations(path) if d not in opens]
+    opens += [d for d in config.get("masterchain_accounts", []) if d not in opens]
     wallets = [(bytes.fromhex(w["public_key"]), int(w.get("balance", 0))) for w in config.get("wallets", [])]
+    mc_wallets = [(bytes.fromhex(w["public_key"]), int(w.get("balance", 0)))
+                  for w in config.get("masterchain_wallets", [])]
     return build_zero_state(int(config.get("workchain", 0)), int(config.get("shard_count", 2)),
-                            wallets, opens, int(config.get("open_balance", 0)))
+                            wallets, opens, int(config.get("open_balance", 0)), mc_wallets)

@@ -70,13 +70,13 @@ from .rmq import (MessageAcceptedByQueue, MessageDuplicate, MessageQueued, Messa
                   RecordDropped, ReliableMessageQueue, SourceBlamed)
 from .schedule import (GENESIS_MASTER_HASH, ZeroStateConfig, masterchain_members, master_session_at,
                        session_start, shard_groups)
-from .shards import shard_contains
+from .shards import FULL_SHARD, MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN, shard_contains
 from .state import ShardState, ZeroState
 from .tl import (ZERO_BLOCK_ID, BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int,
                  pack_int256, pack_long, tl_constructor_id)
 from .wire import RempMessageDatagram, WireError, decode_datagram, encode_receipt
 
-__all__ = ["ValidatorCore", "ValidatorError", "ValidatorEvent", "ReceiptSent", "ForkBlamed",
+__all__ = ["ValidatorCore", "ValidatorError", "ValidatorJournal", "JournalEntry", "ValidatorEvent", "ReceiptSent", "ForkBlamed",
            "ShardBlockAccepted", "MasterBlockAccepted", "SessionStarted", "Dropped",
            "mux", "demux", "CH_CLIENT", "CH_RMQ", "CH_SHARD", "CH_MASTER", "CH_ANNOUNCE",
            "encode_shard_payload", "decode_shard_payload", "encode_master_block", "decode_master_block"]
@@ -88,6 +88,10 @@ ZERO32 = bytes(32)
 PREFIX = 33
 #: most messages a collator puts into one shard block
 MAX_BLOCK_MESSAGES = 64
+#: most message bytes (BOCs) a collator puts into one block: a candidate travels in every
+#: proposal, commit and master block, so its size multiplies the datagram parts on the wire
+#: (16 KiB, the reference's catchain block bound; one message larger than it still goes alone)
+MAX_BLOCK_BYTES = 16 * 1024
 #: client messages buffered while no RMQ of their shard exists on this node
 MAX_EARLY = 4096
 
@@ -95,7 +99,8 @@ SHARD_BLOCK = tl_constructor_id(
     "remp.node.shardBlock session:int gen_utime_ms:long collator:int256 "
     "messages:(vector remp.node.blockMessage) = remp.node.ShardBlock")
 MASTER_BLOCK = tl_constructor_id(
-    "remp.node.masterBlock session:int gen_utime_ms:long shard_commits:(vector bytes) = remp.node.MasterBlock")
+    "remp.node.masterBlock session:int gen_utime_ms:long shard_commits:(vector bytes) "
+    "messages:(vector remp.node.blockMessage) = remp.node.MasterBlock")
 MAX_SHARD_PAYLOAD = 8 << 20
 
 
@@ -168,14 +173,23 @@ def decode_shard_payload(data: bytes) -> ShardPayload:
 
 @dataclass(frozen=True)
 class MasterPayload:
+    """A master block's payload: session tag, generation time (ms, Unix), the shard block
+    commit certificates it commits, and the external messages to workchain -1 accounts it
+    executes itself (issue 8 item 4; in execution order)."""
+
     session: int
     gen_utime_ms: int
     shard_commits: tuple[bytes, ...]
+    messages: tuple[BlockMessage, ...] = ()
 
 
 def encode_master_block(p: MasterPayload) -> bytes:
-    return (pack_id(MASTER_BLOCK) + pack_int(p.session) + pack_long(p.gen_utime_ms)
-            + pack_int(len(p.shard_commits)) + b"".join(pack_bytes(c) for c in p.shard_commits))
+    out = [pack_id(MASTER_BLOCK), pack_int(p.session), pack_long(p.gen_utime_ms),
+           pack_int(len(p.shard_commits)), b"".join(pack_bytes(c) for c in p.shard_commits),
+           pack_int(len(p.messages))]
+    for m in p.messages:
+        out.append(pack_int256(m.message_id) + pack_int256(m.uid) + pack_int256(m.origin) + pack_bytes(m.boc))
+    return b"".join(out)
 
 
 def decode_master_block(data: bytes) -> MasterPayload:
@@ -187,10 +201,14 @@ def decode_master_block(data: bytes) -> MasterPayload:
         if n > 1024:
             raise PayloadError(f"{n} shard commits in a master block")
         commits = tuple(r.bytes() for _ in range(n))
+        k = r.uint()
+        if k > 4096:
+            raise PayloadError(f"{k} messages in a master block")
+        msgs = tuple(BlockMessage(r.int256(), r.int256(), r.int256(), r.bytes()) for _ in range(k))
         r.finish()
     except TLError as exc:
         raise PayloadError(f"master block: {exc}") from None
-    return MasterPayload(session, gen, commits)
+    return MasterPayload(session, gen, commits, msgs)
 
 
 @dataclass(frozen=True)
@@ -267,6 +285,42 @@ class Dropped(ValidatorEvent):
 
 
 @dataclass
+class ValidatorJournal:
+    """What a validator must find again after a crash (store.py keeps it in SQLite; sim.py
+    in memory). master_commits: seqno -> the commit certificate (consensus.Commit datagram,
+    verifiable with the members' keys) of every accepted master block, so a restarted
+    validator rebuilds its chain view, shard states and message cache by replaying them;
+    signed_heights: consensus session id -> the highest height it signed a proposal or vote
+    at (BlockConsensus.mute_through after a restart: no equivocation); authored: RMQ
+    catchain session ids it signed blocks in (Catchain.mute after a restart: no fork)."""
+
+    master_commits: dict[int, bytes] = field(default_factory=dict)
+    signed_heights: dict[bytes, int] = field(default_factory=dict)
+    authored: set[bytes] = field(default_factory=set)
+
+    def apply(self, entries: "list[JournalEntry]") -> None:
+        """Add journal_updates() output (what a store writes)."""
+        for e in entries:
+            if e.kind == "master_commit":
+                self.master_commits[e.key] = e.value
+            elif e.kind == "signed_height":
+                self.signed_heights[e.key] = max(e.value, self.signed_heights.get(e.key, 0))
+            elif e.kind == "authored":
+                self.authored.add(e.key)
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One durable fact from ValidatorCore.journal_updates(). kind: "master_commit" (key:
+    seqno int, value: commit bytes), "signed_height" (key: consensus session id, value:
+    height int), "authored" (key: catchain session id, value: None)."""
+
+    kind: str
+    key: object
+    value: object = None
+
+
+@dataclass
 class _Ann:
     """What this validator told the full nodes about one message."""
 
@@ -304,13 +358,27 @@ class ValidatorCore:
                  catchain_factory: Callable[..., object], full_nodes: dict[bytes, bytes] | None = None,
                  rmq_block_interval: float = 0.05, shard_round_timeout: float = 0.6,
                  master_round_timeout: float = 1.0, master_block_interval: float | None = None,
-                 wall_clock: Callable[[float], float] = lambda now: now):
+                 wall_clock: Callable[[float], float] = lambda now: now,
+                 journal: ValidatorJournal | None = None):
         if key.public not in [v.public_key for v in config.validators]:
             raise ValidatorError("key is not a validator of the zerostate config")
         self.key = key
         self.cfg = config
         self.workchain = config.workchain
-        self.catchain_factory = catchain_factory
+        # restart: what the journal says this node signed before (module doc, "Restarts")
+        self._restored = journal or ValidatorJournal()
+        self._replay: dict[int, bytes] | None = dict(self._restored.master_commits) or None
+        self._replaying = False
+        self._j_master = max(self._restored.master_commits, default=0)
+        self._j_signed: dict[bytes, int] = dict(self._restored.signed_heights)
+        self._j_authored: set[bytes] = set(self._restored.authored)
+
+        def _catchain(session_id, members, local, **kw):
+            c = catchain_factory(session_id, members, local, **kw)
+            if session_id in self._restored.authored and hasattr(c, "mute"):
+                c.mute()
+            return c
+        self.catchain_factory = _catchain
         self.full_nodes = full_nodes
         self.rmq_block_interval = rmq_block_interval
         self.shard_round_timeout = shard_round_timeout
@@ -321,6 +389,8 @@ class ValidatorCore:
         self.bodies: dict[bytes, bytes] = {}
         self._parsed: dict[bytes, object] = {}
         self.committed = {s: zerostate.states[s].copy() for s in config.shards}
+        #: the masterchain's accounts as committed by accepted master blocks (item 4)
+        self.mc_committed: ShardState = zerostate.masterchain.copy()
         self.tops = {s: BlockIdExt(self.workchain, s, 0, ZERO32, ZERO32) for s in config.shards}
         self.validator_keys = {v.key_id: v.public_key for v in config.validators}
         # master chain view
@@ -348,6 +418,52 @@ class ValidatorCore:
         self.stats = {"receipts": 0, "shard_blocks": 0, "master_blocks": 0, "collator_rejects": 0,
                       "orphaned_blocks": 0, "dropped": 0}
 
+    # -- restarts ------------------------------------------------------------------------------
+    def _mute_restored(self, c) -> None:
+        h = self._restored.signed_heights.get(c.session_id)
+        if h:
+            c.mute_through(h)
+
+    def _replay_master(self, now: float) -> None:
+        """Feed the journal's master commit certificates to the master consensus, in seqno
+        order, as if a peer sent them (each is verified again); the accepted blocks rebuild
+        tops, shard states, the masterchain state, the message cache and the session seeds.
+        No receipt goes out for this history."""
+        commits, self._replay = self._replay or {}, None
+        src = next((m for m in self.master_ids if m != self.key.key_id), self.key.key_id)
+        self._replaying = True
+        try:
+            for seqno in sorted(commits):
+                self.master.receive_datagram(commits[seqno], src, now)
+                while (ev := self.master.next_event()) is not None:
+                    self._on_master_event(ev, now)
+        finally:
+            self._replaying = False
+        self.stats["replayed_master_blocks"] = self.master.height - 1
+
+    def journal_updates(self) -> list[JournalEntry]:
+        """Durable facts produced since the last call (see ValidatorJournal). A daemon calls
+        this after datagrams_to_send and writes the entries to its store (fsync) BEFORE it
+        sends those datagrams: a vote, a catchain block or a receipt that depends on them
+        never leaves first."""
+        out: list[JournalEntry] = []
+        m = self.master
+        if m is not None:
+            for seqno in range(self._j_master + 1, m.height):
+                raw = m.commit_for(seqno)
+                if raw is not None:
+                    out.append(JournalEntry("master_commit", seqno, raw))
+            self._j_master = max(self._j_master, m.height - 1)
+        for c in [m] + [s.consensus for s in self.shard_sessions.values()]:
+            if c is not None and c.signed_height > self._j_signed.get(c.session_id, 0):
+                self._j_signed[c.session_id] = c.signed_height
+                out.append(JournalEntry("signed_height", c.session_id, c.signed_height))
+        for q in self.rmqs.values():
+            if q.session_id not in self._j_authored and getattr(q.catchain, "authored", False):
+                self._j_authored.add(q.session_id)
+                out.append(JournalEntry("authored", q.session_id))
+        return out
+
     # -- schedule ------------------------------------------------------------------------------
     def groups(self, session: int) -> dict[int, list[bytes]] | None:
         """shard -> current group public keys of master session `session`, or None while
@@ -367,6 +483,8 @@ class ValidatorCore:
     def client_groups(self, shard: int, now: float) -> tuple[list[bytes], list[bytes]]:
         """(current, next) groups of `shard` as this node sees them at `now` (for a full
         node's RempClient.groups): next is given during the last 20% of a session."""
+        if shard == MASTERCHAIN_KEY:
+            return list(self.master_members), []
         n = max(self.session, 0)
         cur = (self.groups(n) or {}).get(shard, [])
         nxt: list[bytes] = []
@@ -468,6 +586,9 @@ class ValidatorCore:
                 -1, cons.MASTER_SHARD, self.master_members, self.key, start_seqno=1, prev_block_id=None,
                 round_timeout=self.master_round_timeout, block_interval=self.master_block_interval,
                 collate=self._collate_master, validate=self._validate_master, start_time=now)
+            self._mute_restored(self.master)
+        if self._replay is not None:
+            self._replay_master(now)
         target = master_session_at(self.cfg, now)
         while self.session < target:
             if not self._switch(self.session + 1, now):
@@ -495,6 +616,20 @@ class ValidatorCore:
             self._rmq_by_sid[q.session_id] = q
             oldq = self.rmqs.get((shard, old))
             if oldq is not None and oldq.local_is_current:
+                q.add_forwarded(oldq.forward_records(n), now)
+        if self.key.public in self.master_members:
+            # the masterchain's own message queue: members are the (static) masterchain
+            # validators, current and previous alike; key shards.MASTERCHAIN_KEY
+            roles[MASTERCHAIN_KEY] = "current"
+            q = ReliableMessageQueue(
+                MASTERCHAIN_WORKCHAIN, FULL_SHARD, n, list(self.master_members), list(self.master_members),
+                self.key, self.cache, self._parse, self.catchain_factory,
+                block_interval=self.rmq_block_interval, bodies=self.bodies,
+                shard_check=lambda p: p.workchain == MASTERCHAIN_WORKCHAIN)
+            self.rmqs[(MASTERCHAIN_KEY, n)] = q
+            self._rmq_by_sid[q.session_id] = q
+            oldq = self.rmqs.get((MASTERCHAIN_KEY, old))
+            if oldq is not None:
                 q.add_forwarded(oldq.forward_records(n), now)
         # the lifetime of messages received in n-2 is over
         for entry in self.cache.gc(n):
@@ -540,28 +675,33 @@ class ValidatorCore:
                 collate=lambda seqno, t, s=sess: self._collate_shard(s, seqno, t),
                 validate=lambda seqno, payload, s=sess: self._validate_shard(s, seqno, payload),
                 start_time=now)
+            self._mute_restored(sess.consensus)
             self.shard_sessions[(shard, n)] = sess
             self._shard_by_sid[sess.consensus.session_id] = sess
 
     # -- helpers ------------------------------------------------------------------------------------
     def _in_shard(self, parsed, shard: int) -> bool:
+        if shard == MASTERCHAIN_KEY:
+            return parsed.workchain == MASTERCHAIN_WORKCHAIN
         return parsed.workchain == self.workchain and shard_contains(shard, parsed.account)
 
     def _shard_of(self, parsed) -> int | None:
+        if parsed.workchain == MASTERCHAIN_WORKCHAIN:
+            return MASTERCHAIN_KEY
         for s in self.cfg.shards:
             if self._in_shard(parsed, s):
                 return s
         return None
 
     def _parse(self, boc: bytes):
-        p = parse_external_message(boc, (self.workchain,))
+        p = parse_external_message(boc, (self.workchain, MASTERCHAIN_WORKCHAIN))
         self._parsed.setdefault(p.id, p)
         return p
 
     def _parsed_of(self, m: BlockMessage):
         p = self._parsed.get(m.message_id)
         if p is None or p.boc != m.boc:
-            p = parse_external_message(m.boc, (self.workchain,))
+            p = parse_external_message(m.boc, (self.workchain, MASTERCHAIN_WORKCHAIN))
         return p
 
     def _drop(self, channel: str, src: bytes, reason: str) -> None:
@@ -573,6 +713,8 @@ class ValidatorCore:
 
     def _send_receipt(self, mid: bytes, status, shard: int, *, final: bool = False, reason: str = "",
                       only: bytes | None = None) -> None:
+        if self._replaying:     # history replayed from the journal: the full nodes had these
+            return
         a = self.ann.get(mid)
         if a is None or not a.origins:
             return
@@ -625,6 +767,9 @@ class ValidatorCore:
         shard = self._shard_of(parsed)
         if shard is None:
             self._drop("client", origin, f"message to workchain {parsed.workchain}")
+            return
+        if shard == MASTERCHAIN_KEY and self.key.public not in self.master_members:
+            self._drop("client", origin, "message to workchain -1 at a validator outside the masterchain")
             return
         q = self.rmqs.get((shard, self.session))
         if q is None:
@@ -701,8 +846,9 @@ class ValidatorCore:
         gen_ms = int(round(self.wall_clock(now) * 1000))
         state = s.tip.copy()
         msgs: list[BlockMessage] = []
+        size = 0
         for qm in q.pending(limit=4 * MAX_BLOCK_MESSAGES):
-            if len(msgs) >= MAX_BLOCK_MESSAGES:
+            if len(msgs) >= MAX_BLOCK_MESSAGES or (msgs and size + len(qm.body) > MAX_BLOCK_BYTES):
                 break
             if self.cache.collation_refusal(qm.message_id, qm.uid) is not None:
                 continue
@@ -716,6 +862,7 @@ class ValidatorCore:
                                    s.shard, final=True, reason=res.error)
                 continue
             msgs.append(BlockMessage(qm.message_id, qm.uid, qm.origin, qm.body))
+            size += len(qm.body)
         if not msgs:
             return None
         payload = encode_shard_payload(ShardPayload(s.session, gen_ms, self.key.key_id, tuple(msgs)))
@@ -866,16 +1013,65 @@ class ValidatorCore:
                     break
                 commits.append(sc.raw)
                 top = sc.block_id
-        if not commits and tag == self.master_tag:
+        gen_ms = int(round(self.wall_clock(now) * 1000))
+        msgs = self._collate_mc_messages(gen_ms)
+        if not commits and not msgs and tag == self.master_tag:
             return None
-        return encode_master_block(MasterPayload(tag, int(round(self.wall_clock(now) * 1000)), tuple(commits)))
+        return encode_master_block(MasterPayload(tag, gen_ms, tuple(commits), tuple(msgs)))
+
+    def _collate_mc_messages(self, gen_ms: int) -> list[BlockMessage]:
+        """The oldest pending messages of the masterchain's RMQ that execute on the
+        committed masterchain state (failures: RejectedByCollator, as in a shard)."""
+        q = self.rmqs.get((MASTERCHAIN_KEY, self.session))
+        if q is None:
+            return []
+        state = self.mc_committed.copy()
+        msgs: list[BlockMessage] = []
+        size = 0
+        for qm in q.pending(limit=4 * MAX_BLOCK_MESSAGES):
+            if len(msgs) >= MAX_BLOCK_MESSAGES or (msgs and size + len(qm.body) > MAX_BLOCK_BYTES):
+                break
+            if self.cache.collation_refusal(qm.message_id, qm.uid) is not None:
+                continue
+            parsed = qm.parsed or self._parse(qm.body)
+            res = state.execute(parsed, gen_ms / 1000.0)
+            if not res.ok:
+                self.stats["collator_rejects"] += 1
+                self.cache.set_status(qm.message_id, CacheStatus.REJECTED)
+                self._ann(qm.message_id, qm.origin, MASTERCHAIN_KEY, qm.master_seqno)
+                self._send_receipt(qm.message_id, Rejected(Level.COLLATOR, ZERO_BLOCK_ID, truncate_error(res.error)),
+                                   MASTERCHAIN_KEY, final=True, reason=res.error)
+                continue
+            msgs.append(BlockMessage(qm.message_id, qm.uid, qm.origin, qm.body))
+            size += len(qm.body)
+        return msgs
+
+    def _check_mc_messages(self, p: MasterPayload) -> str | None:
+        """Why the masterchain messages of a master block candidate are invalid, or None."""
+        if not p.messages:
+            return None
+        reason = self.cache.block_refusal([(m.message_id, m.uid) for m in p.messages])
+        if reason is not None:
+            return reason
+        state = self.mc_committed.copy()
+        for m in p.messages:
+            try:
+                parsed = self._parsed_of(m)
+            except MessageRejected as exc:
+                return f"message {m.message_id.hex()}: {exc.reason}"
+            if parsed.id != m.message_id or parsed.uid != m.uid or parsed.workchain != MASTERCHAIN_WORKCHAIN:
+                return f"message {m.message_id.hex()} does not match its BOC or the masterchain"
+            res = state.execute(parsed, p.gen_utime_ms / 1000.0)
+            if not res.ok:
+                return f"message {m.message_id.hex()} fails: {res.error}"
+        return None
 
     def _validate_master(self, seqno: int, payload: bytes) -> str | None:
         try:
-            self._master_commits(payload)
+            p, _ = self._master_commits(payload)
         except PayloadError as exc:
             return str(exc)
-        return None
+        return self._check_mc_messages(p)
 
     def _master_commits(self, payload: bytes) -> tuple[MasterPayload, list[_ShardCommit]]:
         p = decode_master_block(payload)
@@ -938,6 +1134,9 @@ class ValidatorCore:
                     s.accepted = [x for x in s.accepted if x.block_id.seqno > sc.block_id.seqno]
             for seq in [k for k in self._known_commits[shard] if k <= sc.block_id.seqno]:
                 del self._known_commits[shard][seq]
+        for m in p.messages:
+            mids.append(m.message_id)
+            self._apply_mc_message(m, p, ev.block_id)
         self.stats["master_blocks"] += 1
         self._events.append(MasterBlockAccepted(ev.block_id, p.session, tuple(sc.block_id for sc in commits),
                                                 tuple(mids)))
@@ -948,6 +1147,35 @@ class ValidatorCore:
                 self._start_shard_sessions(p.session, now)
             # a switch may have waited for this seed
             self._advance(now)
+
+    def _apply_mc_message(self, m: BlockMessage, p: MasterPayload, bid: BlockIdExt) -> None:
+        """A masterchain message in an accepted master block: executed on the masterchain
+        state; the block is its collated, accepted and finalizing block at once, so a
+        masterchain validator reports IncludedIntoBlock, IncludedIntoAcceptedBlock and
+        Finalized with the master block id (after PutIntoQueue/AcceptedByQueue if its RMQ
+        had not delivered the message yet)."""
+        try:
+            self.mc_committed.execute(self._parsed_of(m), p.gen_utime_ms / 1000.0)
+        except (MessageRejected, ValueError):
+            pass
+        e = self.cache.get(m.message_id)
+        if e is None:
+            self.cache.add(m.message_id, m.uid, p.session)
+            e = self.cache.get(m.message_id)
+        if e.status is not CacheStatus.DUPLICATE:
+            self.cache.set_status(m.message_id, CacheStatus.FINALIZED, block_id=bid, master_block_id=bid)
+        a = self.ann.get(m.message_id)
+        if self.key.public not in self.master_members and (a is None or not a.said_new):
+            return
+        a = self._ann(m.message_id, m.origin, MASTERCHAIN_KEY, e.master_seqno)
+        a.ended = False
+        if not a.said_new and (MASTERCHAIN_KEY, self.session) in self.rmqs:
+            a.said_new = True
+            self._send_receipt(m.message_id, New(), MASTERCHAIN_KEY)
+            self._send_receipt(m.message_id, Accepted(Level.QUEUE), MASTERCHAIN_KEY)
+        self._send_receipt(m.message_id, Accepted(Level.COLLATOR, bid), MASTERCHAIN_KEY)
+        self._send_receipt(m.message_id, Accepted(Level.SHARDCHAIN, bid), MASTERCHAIN_KEY)
+        self._send_receipt(m.message_id, Accepted(Level.MASTERCHAIN, bid, bid), MASTERCHAIN_KEY, final=True)
 
     def _orphan_before(self, n: int) -> None:
         """Accepted shard blocks of sessions < n that the start block of n did not commit can

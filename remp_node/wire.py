@@ -10,7 +10,14 @@ full node -> validator: `tonNode.rempMessage message:bytes id:int256 timestamp:l
     objects, e.g. dht.node). The sender's key id comes from the transport (src_key_id).
 
 validator -> full node: `tonNode.rempSignedReceipt receipt:bytes signature:int512`
-    (0xb361c8dd, receipts.SignedReceipt), one receipt per datagram.
+    (0xb361c8dd, receipts.SignedReceipt), one receipt per datagram. Between processes the
+    receipts travel batched, signed once per packet, acknowledged and resent
+    (delivery.py: remp.receiptBatch / remp.receiptBatchAck); each batch entry is still this
+    exact object, so the full node feeds it to the client core unchanged.
+
+Carriage: between processes every one of these objects is the payload of one
+transport.TransportCore message (authenticated, split into <= 1,232-byte datagrams);
+delivery.classify(payload) tells the kinds apart (also inside a validator CH_CLIENT mux).
 
 Parsing is pure and size-limited; malformed input raises WireError (a ValueError) and
 nothing else. Checking that `id` is really the root hash of `message` is the receiver's job

@@ -38,8 +38,13 @@ def _report(argv):
     return build_parser().parse_args(argv)  # the report has no env/file config
 
 
+def _remp(argv):
+    from remp_node.daemon import parse_args
+    return parse_args(argv)  # role-aware: init / validator / fullnode (file + env + flags)
+
+
 CLIS = {"rmb-relay": _relay, "rmb-registry": _registry, "rmb-peer": _peer,
-        "relay-trace-report": _report}
+        "relay-trace-report": _report, "remp-node": _remp}
 
 
 def accept(argv: list[str], env: dict[str, str], monkeypatch) -> object:

@@ -1,0 +1,323 @@
+"""The full node's user API (issue 8 item 6), on the daemon's one HTTP port (aiohttp):
+
+- ``POST /messages``: body = a message BOC, raw or base64 text (decode_body).
+  202 ``{"message_id": hex}`` when accepted for processing; 400 ``{"error": ...}`` for a body
+  that is not a BOC (no message id exists: counted as remp_api_refused{reason="undecodable"});
+  413 when the body is larger than --max-body; 422 ``{"message_id", "kind":
+  "RejectedByFullnode", "reason"}`` when the full node's checks refuse it (size, depth, not
+  an inbound external message, wrong workchain, unknown account, failed pre-execution).
+- ``GET /messages/{id}``: ``{"message_id", "receipts": [seed JSON, in arrival order],
+  "outcome": {"final": bool, "outcome": "finalized"|"rejected"|"timeout"|"pending", "kind",
+  "reason"}}``; final only when the client core says so (Finalized, RejectedByFullnode, or
+  every validator that said New rejected or timed out). 404 for an unknown id, 400 for an id
+  that is not 64 hex digits.
+- ``GET /messages/{id}/ws``: a WebSocket sending every status of the message as one JSON
+  text frame each (those so far, then new ones), closed (1000) after the final status.
+- ``/graphql``: ever-q-server's REMP API shape (remp_node/graphql.py) when strawberry-graphql
+  is installed: mutation ``postRequests(requests: [Request])`` and subscription
+  ``rempReceipts(messageId)`` over graphql-transport-ws.
+- Every status is appended to a Redis stream (the reference's Kafka topic keyed by message
+  id): ``XADD <stream> MAXLEN ~ <n> * key <message id hex> value <status JSON>``; consumer
+  groups work as usual (XGROUP CREATE / XREADGROUP). When Redis is unreachable the full node
+  keeps serving HTTP, logs which URL and flag once per outage, and counts every status not
+  appended (remp_redis_not_appended).
+
+Sources: seeds/remp-protocol-b.txt (status JSON), DESIGN.md section 4 (status subscribers).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import re
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from aiohttp import WSMsgType, web
+from prometheus_client import Counter as PCounter, Gauge
+
+from .messages import MessageRejected, message_id_of, parse_external_message
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .node import FullnodeDaemon
+
+__all__ = ["StatusHub", "add_api_routes", "decode_body", "parse_message_id"]
+
+MID_RE = re.compile(r"^[0-9a-fA-F]{64}$")
+#: messages whose statuses are kept in memory (older ones are read from the store)
+MAX_MEMORY_MESSAGES = 100_000
+#: statuses waiting for Redis at most (beyond: counted as not appended)
+MAX_REDIS_BACKLOG = 200_000
+
+
+class ApiError(ValueError):
+    """A request the API refuses: status code + message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_message_id(text: str) -> bytes:
+    """64 hex digits -> 32 bytes; ApiError(400) otherwise."""
+    if not isinstance(text, str) or not MID_RE.match(text):
+        raise ApiError(400, f"message id must be 64 hex digits, got {text[:80]!r}")
+    return bytes.fromhex(text)
+
+
+#: the serialized-BOC magics (TON crypto/vm/boc.cpp: generic, indexed, indexed with crc32c)
+BOC_MAGICS = (b"\xb5\xee\x9c\x72", b"\x68\xff\x65\xf3", b"\xac\xc3\xa7\x28")
+
+
+def decode_body(body: bytes, content_type: str = "") -> bytes:
+    """The BOC of a POST body: the body itself when it starts with a BOC magic (a raw BOC,
+    whatever the content type), else the base64 decoding of the stripped text when it is
+    valid base64, else the raw body (which then fails as "Can't deserialize message").
+    Raises ApiError(400) for an empty body."""
+    if not body:
+        raise ApiError(400, "empty body: send a message BOC, raw or base64")
+    if bytes(body[:4]) in BOC_MAGICS:
+        return bytes(body)
+    try:
+        return base64.b64decode(body.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return bytes(body)
+
+
+class StatusHub:
+    """Statuses of messages for HTTP, WebSocket and GraphQL subscribers and the Redis stream."""
+
+    def __init__(self, daemon: "FullnodeDaemon", *, redis_url: str | None, stream: str, maxlen: int):
+        self.daemon = daemon
+        self.redis_url = redis_url
+        self.stream = stream
+        self.maxlen = maxlen
+        self.memory: OrderedDict[bytes, list[dict]] = OrderedDict()
+        self.finals: dict[bytes, dict] = {}
+        self.subs: dict[bytes, set[asyncio.Queue]] = {}
+        self._backlog: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self._redis = None
+        self._redis_ok = False
+        r = daemon.registry
+        self.m_appended = PCounter("remp_redis_appended", "statuses appended to the Redis stream", registry=r)
+        self.m_not_appended = PCounter("remp_redis_not_appended",
+                                       "statuses not appended to the Redis stream (Redis unreachable or backlog full)",
+                                       registry=r)
+        self.m_refused = PCounter("remp_api_refused", "API requests refused, by reason", ["reason"], registry=r)
+        self.m_accepted = PCounter("remp_api_accepted", "messages accepted by POST /messages / postRequests",
+                                   registry=r)
+        self.g_subs = Gauge("remp_api_subscribers", "open status subscriptions", registry=r)
+
+    # -- statuses ---------------------------------------------------------------------------
+    def status(self, mid: bytes, d: dict) -> None:
+        lst = self.memory.get(mid)
+        if lst is None:
+            lst = self.memory[mid] = []
+            while len(self.memory) > MAX_MEMORY_MESSAGES:
+                old, _ = self.memory.popitem(last=False)
+                self.finals.pop(old, None)
+        lst.append(d)
+        for q in self.subs.get(mid, ()):
+            q.put_nowait(("status", d))
+        if self.redis_url:
+            if self._backlog is None or self._backlog.qsize() >= MAX_REDIS_BACKLOG:
+                self.m_not_appended.inc()
+            else:
+                self._backlog.put_nowait((mid.hex(), json.dumps(d, separators=(",", ":"))))
+
+    def final(self, mid: bytes, ev) -> None:
+        self.finals[mid] = {"final": True, "outcome": ev.outcome, "kind": ev.kind, "reason": ev.reason}
+        for q in self.subs.get(mid, ()):
+            q.put_nowait(("final", self.finals[mid]))
+
+    def receipts(self, mid: bytes) -> list[dict] | None:
+        lst = self.memory.get(mid)
+        if lst is not None:
+            return list(lst)
+        if self.daemon.store.message(mid) is None:
+            return None
+        return self.daemon.store.statuses(mid)
+
+    def outcome(self, mid: bytes) -> dict:
+        f = self.finals.get(mid)
+        if f is not None:
+            return f
+        m = self.daemon.store.message(mid)
+        if m is not None and m["outcome"]:
+            return {"final": True, "outcome": m["outcome"], "kind": m["kind"], "reason": m["reason"] or ""}
+        return {"final": False, "outcome": "pending", "kind": "", "reason": ""}
+
+    def subscribe(self, mid: bytes) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue()
+        for d in self.receipts(mid) or []:
+            q.put_nowait(("status", d))
+        if self.outcome(mid)["final"]:
+            q.put_nowait(("final", self.outcome(mid)))
+        self.subs.setdefault(mid, set()).add(q)
+        self.g_subs.inc()
+        return q
+
+    def unsubscribe(self, mid: bytes, q: asyncio.Queue) -> None:
+        s = self.subs.get(mid)
+        if s is not None and q in s:
+            s.discard(q)
+            self.g_subs.dec()
+            if not s:
+                del self.subs[mid]
+
+    # -- submit -----------------------------------------------------------------------------
+    def submit(self, boc: bytes) -> tuple[int, dict]:
+        """(HTTP status, JSON body) for one BOC (POST /messages and postRequests)."""
+        if message_id_of(boc) is None:
+            try:
+                parse_external_message(boc, (0, -1))
+                reason = "Can't deserialize message"
+            except MessageRejected as exc:
+                reason = exc.reason
+            self.m_refused.labels("undecodable").inc()
+            return 400, {"error": reason}
+        mid = self.daemon.submit(boc)
+        f = self.finals.get(mid)
+        if f is not None and f["kind"] == "RejectedByFullnode":
+            self.m_refused.labels("rejected_by_fullnode").inc()
+            return 422, {"message_id": mid.hex(), "kind": "RejectedByFullnode", "reason": f["reason"]}
+        self.m_accepted.inc()
+        return 202, {"message_id": mid.hex()}
+
+    # -- Redis --------------------------------------------------------------------------------
+    def redis_state(self) -> dict:
+        if not self.redis_url:
+            return {"enabled": False}
+        return {"enabled": True, "url": self.redis_url, "connected": self._redis_ok,
+                "backlog": self._backlog.qsize() if self._backlog else 0}
+
+    async def start(self) -> None:
+        if not self.redis_url:
+            return
+        import redis.asyncio as aioredis
+        self._redis = aioredis.from_url(self.redis_url, socket_connect_timeout=2, socket_timeout=5)
+        self._backlog = asyncio.Queue()
+        self._task = asyncio.create_task(self._writer())
+
+    async def _writer(self) -> None:
+        import redis.exceptions as rexc
+        warned = False
+        while True:
+            first = await self._backlog.get()
+            batch = [first]
+            while not self._backlog.empty() and len(batch) < 512:
+                batch.append(self._backlog.get_nowait())
+            try:
+                pipe = self._redis.pipeline(transaction=False)
+                for key, value in batch:
+                    pipe.xadd(self.stream, {"key": key, "value": value}, maxlen=self.maxlen, approximate=True)
+                await pipe.execute()
+                self.m_appended.inc(len(batch))
+                self._redis_ok = True
+                warned = False
+            except (rexc.RedisError, OSError) as exc:
+                self._redis_ok = False
+                self.m_not_appended.inc(len(batch))
+                if not warned:
+                    warned = True
+                    self.daemon.log_error(f"Redis at {self.redis_url} (flag --redis) is unreachable: "
+                                          f"{type(exc).__name__}: {exc}; statuses are counted in "
+                                          "remp_redis_not_appended and HTTP keeps serving")
+                await asyncio.sleep(1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug: count and go on
+                self.m_not_appended.inc(len(batch))
+                self.daemon._bug("redis", exc)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            # drain what is queued (bounded by the daemon's grace)
+            try:
+                for _ in range(int(self.daemon.args.grace * 20)):
+                    if self._backlog.empty():
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                self._task.cancel()
+                try:
+                    await self._task
+                except (asyncio.CancelledError, Exception):
+                    pass
+        if self._redis is not None:
+            await self._redis.aclose()
+
+
+def add_api_routes(app: web.Application, daemon: "FullnodeDaemon") -> None:
+    """POST /messages, GET /messages/{id}, GET /messages/{id}/ws, /graphql (module doc)."""
+
+    async def post_message(request: web.Request) -> web.Response:
+        hub = daemon.hub
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            hub.m_refused.labels("too_large").inc()
+            return web.json_response({"error": f"body larger than {daemon.args.max_body} bytes"}, status=413)
+        try:
+            boc = decode_body(body, request.content_type)
+        except ApiError as exc:
+            hub.m_refused.labels("empty").inc()
+            return web.json_response({"error": str(exc)}, status=exc.status)
+        status, doc = hub.submit(boc)
+        return web.json_response(doc, status=status)
+
+    async def get_message(request: web.Request) -> web.Response:
+        hub = daemon.hub
+        try:
+            mid = parse_message_id(request.match_info["id"])
+        except ApiError as exc:
+            hub.m_refused.labels("bad_id").inc()
+            return web.json_response({"error": str(exc)}, status=exc.status)
+        rs = hub.receipts(mid)
+        if rs is None:
+            return web.json_response({"error": f"unknown message {mid.hex()}"}, status=404)
+        return web.json_response({"message_id": mid.hex(), "receipts": rs, "outcome": hub.outcome(mid)})
+
+    async def ws_message(request: web.Request) -> web.StreamResponse:
+        hub = daemon.hub
+        try:
+            mid = parse_message_id(request.match_info["id"])
+        except ApiError as exc:
+            hub.m_refused.labels("bad_id").inc()
+            return web.json_response({"error": str(exc)}, status=exc.status)
+        ws = web.WebSocketResponse(heartbeat=20)
+        await ws.prepare(request)
+        q = hub.subscribe(mid)
+        try:
+            reader = asyncio.ensure_future(ws.receive())
+            while True:
+                getter = asyncio.ensure_future(q.get())
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if reader in done:
+                    getter.cancel()
+                    msg = reader.result()
+                    if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.ERROR):
+                        break
+                    reader = asyncio.ensure_future(ws.receive())
+                    continue
+                kind, d = getter.result()
+                if kind == "status":
+                    await ws.send_str(json.dumps(d))
+                else:
+                    await ws.close(code=1000, message=b"final")
+                    break
+            reader.cancel()
+        finally:
+            hub.unsubscribe(mid, q)
+        return ws
+
+    app.router.add_post("/messages", post_message)
+    app.router.add_get("/messages/{id}", get_message)
+    app.router.add_get("/messages/{id}/ws", ws_message)
+    try:
+        from .graphql import add_graphql_route
+    except ImportError:
+        return
+    add_graphql_route(app, daemon)

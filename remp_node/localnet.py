@@ -1,0 +1,353 @@
+"""A REMP network as real processes on 127.0.0.1, and the main job's REMP segment.
+
+LocalNet: `remp-node init` into a work directory, then one `remp-node validator` per
+validator and one `remp-node fullnode` per full node (deploy.daemons.Daemon: READY lines,
+SIGTERM with grace, SIGKILL for planned faults), each with its own data directory and event
+log (`<workdir>/logs/<label>.jsonl`). Used by the integration tests, the benchmark and
+RempSegment.
+
+RempSegment (deploy.segments.Segment, name "remp"): configured by the cluster config's
+`[remp]` table (keys below), it starts a LocalNet (2 shards x 4 validators by default to fit
+a laptop), logs `demo.plan.node` for every node ("v1".., "fullnode1"), submits every real
+message of ext_messages.jsonl, every BOC of negative_bocs.jsonl (refused: planned with
+plan.expect(..., "rejected", "negative_boc"); an undecodable BOC has no message id and is
+counted at the API), generated wallet transfers (some the collator must reject: planned
+with plan.expect(..., "rejected", "collator_reject")), kills a validator with SIGKILL
+mid-run and restarts it (plan.fault("validator_kill", "v3", duration) first), waits for
+final outcomes, and compares its counts with the report's summary.json `remp` table.
+
+`[remp]` keys: enabled (true), shards (2), validators_per_shard (4), masterchain_validators
+(all), mc_catchain_lifetime (10 s), block_interval (0.2 s), master_block_interval (0.3 s),
+wallet_messages (40), collator_rejects (4), kill ("v3"), kill_after (4 s), kill_for (3 s),
+deadline (90 s), faults ("").
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from deploy.daemons import Daemon, LaunchError, script
+
+from .netfiles import Network, load_network
+
+__all__ = ["LocalNet", "RempSegment"]
+
+
+class LocalNet:
+    """LocalNet(workdir, shards=2, validators_per_shard=4, ...). await init(); await start();
+    kill(label); await restart(label); await stop(). `api` is the first full node's base URL."""
+
+    def __init__(self, workdir: str | Path, *, shards: int = 2, validators_per_shard: int = 4,
+                 masterchain_validators: int | None = None, fullnodes: int = 1,
+                 mc_catchain_lifetime: float = 10.0, block_interval: float = 0.2,
+                 master_block_interval: float | None = 0.3, genesis_delay: float | None = None,
+                 faults: str = "", redis_url: str | None = None, ext_messages: str | Path | None = None,
+                 start_timeout: float = 60.0, grace: float = 5.0, log_level: str = "info",
+                 resend_interval: float | None = None):
+        self.workdir = Path(workdir)
+        self.netdir = self.workdir / "network"
+        self.logdir = self.workdir / "logs"
+        self.datadir = self.workdir / "data"
+        self.shards = shards
+        self.vps = validators_per_shard
+        self.mcv = masterchain_validators
+        self.fullnodes = fullnodes
+        self.lifetime = mc_catchain_lifetime
+        self.block_interval = block_interval
+        self.master_block_interval = master_block_interval
+        self.genesis_delay = genesis_delay
+        self.faults = faults
+        self.redis_url = redis_url
+        self.ext_messages = ext_messages
+        self.start_timeout = start_timeout
+        self.grace = grace
+        self.log_level = log_level
+        self.resend_interval = resend_interval
+        self.daemons: dict[str, Daemon] = {}
+        self.net: Network | None = None
+
+    # -- set-up ---------------------------------------------------------------------------
+    async def init(self) -> Network:
+        for d in (self.netdir, self.logdir, self.datadir):
+            d.mkdir(parents=True, exist_ok=True)
+        n_proc = self.shards * self.vps + self.fullnodes
+        delay = self.genesis_delay if self.genesis_delay is not None else 3.0 + 0.6 * n_proc
+        argv = [script("remp-node"), "init", "--dir", str(self.netdir), "--shards", str(self.shards),
+                "--validators-per-shard", str(self.vps), "--fullnodes", str(self.fullnodes),
+                "--mc-catchain-lifetime", str(self.lifetime), "--block-interval", str(self.block_interval),
+                "--genesis-delay", str(delay),
+                "--ext-messages", str(self.ext_messages or "/nonexistent")]
+        if self.mcv is not None:
+            argv += ["--masterchain-validators", str(self.mcv)]
+        if self.master_block_interval is not None:
+            argv += ["--master-block-interval", str(self.master_block_interval)]
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise LaunchError(f"remp-node init failed ({proc.returncode}): {err.decode(errors='replace')}")
+        self.net = load_network(self.netdir)
+        for n in self.net.nodes:
+            argv = [script("remp-node"), n.role, "--network", str(self.netdir), "--key",
+                    str(self.netdir / n.key_file), "--data-dir", str(self.datadir / n.label),
+                    "--log", str(self.logdir / f"{n.label}.jsonl"), "--log-level", self.log_level]
+            if self.faults:
+                argv += ["--faults", self.faults]
+            if n.role == "fullnode":
+                if self.redis_url:
+                    argv += ["--redis", self.redis_url]
+                if self.resend_interval:
+                    argv += ["--resend-interval", str(self.resend_interval)]
+            self.daemons[n.label] = Daemon(n.label, argv, self.logdir)
+        return self.net
+
+    async def start(self) -> None:
+        """Start every node concurrently; raises LaunchError naming the first that fails."""
+        results = await asyncio.gather(*(d.start(self.start_timeout) for d in self.daemons.values()),
+                                       return_exceptions=True)
+        for d, r in zip(self.daemons.values(), results):
+            if isinstance(r, BaseException):
+                await self.stop()
+                raise r if isinstance(r, LaunchError) else LaunchError(f"{d.name}: {r}")
+
+    @property
+    def api(self) -> str:
+        fn = next(d for label, d in self.daemons.items() if label.startswith("fullnode"))
+        return f"http://127.0.0.1:{fn.info['port']}"
+
+    def http(self, label: str) -> str:
+        return f"http://127.0.0.1:{self.daemons[label].info['port']}"
+
+    def validators(self) -> list[str]:
+        return [n.label for n in self.net.validators()]
+
+    # -- faults ---------------------------------------------------------------------------
+    def kill(self, label: str) -> None:
+        """SIGKILL (no goodbye, no flush): the planned crash."""
+        d = self.daemons[label]
+        d.expected_exit = True
+        if d.alive():
+            d.proc.send_signal(signal.SIGKILL)
+
+    async def restart(self, label: str) -> dict:
+        d = self.daemons[label]
+        if d.proc is not None and d.proc.returncode is None:
+            await d.proc.wait()
+        return await d.start(self.start_timeout)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(d.stop(self.grace) for d in self.daemons.values() if d.proc is not None),
+                             return_exceptions=True)
+
+    # -- logs -------------------------------------------------------------------------------
+    def events(self, label: str | None = None, event: str | None = None) -> list[dict]:
+        """Parsed event log lines of one node (or all), optionally one event name."""
+        out = []
+        paths = [self.logdir / f"{label}.jsonl"] if label else sorted(self.logdir.glob("*.jsonl"))
+        for p in paths:
+            for suffix in ("", ".1", ".2"):
+                q = Path(str(p) + suffix) if suffix else p
+                if not q.exists():
+                    continue
+                for line in q.read_text(errors="replace").splitlines():
+                    try:
+                        d = json.loads(line)
+                    except ValueError:
+                        continue
+                    if event is None or d.get("event") == event:
+                        out.append(d)
+        return out
+
+
+def load_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+try:
+    from deploy.segments import Segment as _Segment
+except ImportError:  # pragma: no cover
+    _Segment = object
+
+
+class RempSegment(_Segment):
+    """The main job's REMP segment (module doc)."""
+
+    name = "remp"
+
+    def __init__(self, cfg: dict, workdir: Path, plan, shared_data: Path | None, blocks: list, **kw):
+        super().__init__(cfg, workdir, plan, shared_data, blocks, **kw)
+        c = dict(cfg or {})
+        self.c = c
+        self.dir = Path(workdir) / "remp"
+        ext = Path(shared_data) / "ton" / "ext_messages.jsonl" if shared_data else None
+        self.ext_path = ext if ext is not None and ext.is_file() else None
+        neg = Path(shared_data) / "ton" / "negative_bocs.jsonl" if shared_data else None
+        self.neg_path = neg if neg is not None and neg.is_file() else None
+        self.local = LocalNet(self.dir, shards=int(c.get("shards", 2)),
+                              validators_per_shard=int(c.get("validators_per_shard", 4)),
+                              masterchain_validators=c.get("masterchain_validators"),
+                              mc_catchain_lifetime=float(c.get("mc_catchain_lifetime", 10.0)),
+                              block_interval=float(c.get("block_interval", 0.2)),
+                              master_block_interval=float(c.get("master_block_interval", 0.3)),
+                              faults=str(c.get("faults", "")), redis_url=c.get("redis_url"),
+                              ext_messages=self.ext_path, start_timeout=self.start_timeout, grace=self.grace)
+        self.local.logdir = self.logdir           # event logs where the report reads them
+        self.counts = {"messages": 0, "accepted": 0, "undecodable": 0, "rejected_by_fullnode": 0,
+                       "finalized": 0, "rejected": 0, "timeout": 0, "none": 0, "expected_rejections": 0,
+                       "restarts": 0}
+        self.ids: dict[str, str] = {}          # message id hex -> label
+        self.outcomes: dict[str, str] = {}
+        self._phase = "init"
+
+    async def start(self) -> None:
+        net = await self.local.init()
+        await self.local.start()
+        from .eventmap import peer_label
+        for n in net.nodes:
+            self.plan.node(n.label, peer_label(n.key_id), "remp-" + n.role)
+
+    def daemons(self) -> list[Daemon]:
+        return list(self.local.daemons.values())
+
+    def progress(self) -> str:
+        c = self.counts
+        return (f"remp {self._phase}: {c['messages']} sent, {c['finalized']} finalized, "
+                f"{c['rejected']} rejected, {c['timeout']} timeout")
+
+    async def _post(self, session, boc: bytes) -> tuple[int, dict]:
+        async with session.post(self.local.api + "/messages", data=base64.b64encode(boc)) as r:
+            return r.status, await r.json()
+
+    def _messages(self) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+        from .keys import NodeKey
+        from .state import make_wallet_message
+        real = []
+        if self.ext_path:
+            for i, row in enumerate(load_jsonl(self.ext_path)):
+                real.append((f"real{i}", base64.b64decode(row["boc_base64"])))
+        neg = []
+        if self.neg_path:
+            for i, row in enumerate(load_jsonl(self.neg_path)):
+                try:
+                    boc = base64.b64decode(row["boc_base64"])
+                except (ValueError, KeyError):
+                    boc = row.get("boc_base64", "").encode()
+                neg.append((f"neg{i}:{row.get('kind', '')}", boc))
+        wallets = [w for w in self.local.net.wallets() if w["workchain"] == 0]
+        mc = [w for w in self.local.net.wallets() if w["workchain"] == -1]
+        gen = []
+        t = int(time.time()) + 3600
+        n = int(self.c.get("wallet_messages", 40))
+        for i in range(n):
+            w = wallets[i % len(wallets)]
+            k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
+            dest = wallets[(i + 1) % len(wallets)]["address"]
+            gen.append((f"gen{i}", make_wallet_message(k, w["address"], dest, 1000 + i, t, nonce=i)))
+        for i, w in enumerate(mc):
+            k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
+            gen.append((f"mc{i}", make_wallet_message(k, w["address"], w["address"], 10, t, nonce=i)))
+        # pairs whose sum exceeds the balance: the collator takes one and rejects the other
+        bad = []
+        for i in range(int(self.c.get("collator_rejects", 4))):
+            w = wallets[-1 - (i % len(wallets))]
+            k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
+            half = w["balance"] // 2 + 1
+            bad.append((f"race{i}a", make_wallet_message(k, w["address"], wallets[0]["address"], half, t,
+                                                         nonce=10_000 + 2 * i)))
+            bad.append((f"race{i}b", make_wallet_message(k, w["address"], wallets[0]["address"], half, t,
+                                                         nonce=10_001 + 2 * i)))
+        return real + gen, neg, bad
+
+    async def drive(self) -> None:
+        import aiohttp
+        good, neg, races = self._messages()
+        kill = str(self.c.get("kill", "v3"))
+        kill_after = float(self.c.get("kill_after", 4.0))
+        kill_for = float(self.c.get("kill_for", 3.0))
+        deadline = time.monotonic() + float(self.c.get("deadline", 90.0))
+        self._phase = "sending"
+        async with aiohttp.ClientSession() as s:
+            killer = asyncio.ensure_future(self._kill_restart(kill, kill_after, kill_for))
+            for label, boc in neg:
+                status, doc = await self._post(s, boc)
+                self.counts["messages"] += 1
+                if status == 400:
+                    self.counts["undecodable"] += 1       # no message id exists for it
+                elif status == 422:
+                    self.counts["rejected_by_fullnode"] += 1
+                    self.ids[doc["message_id"]] = label
+                    self.plan.expect(doc["message_id"], "rejected", "negative_boc")
+                elif "message_id" in doc:
+                    self.ids[doc["message_id"]] = label
+                    self.plan.expect(doc["message_id"], "rejected", "negative_boc")
+            race_ids = []
+            for label, boc in races:
+                status, doc = await self._post(s, boc)
+                self.counts["messages"] += 1
+                if "message_id" in doc:
+                    self.ids[doc["message_id"]] = label
+                    race_ids.append(doc["message_id"])
+            # one of each pair is planned to be rejected by the collator; which one is decided
+            # by the collator's order, so both are announced with the pair label
+            for mid in race_ids[1::2]:
+                self.plan.expect(mid, "rejected", "collator_reject")
+                self.counts["expected_rejections"] += 1
+            for label, boc in good:
+                status, doc = await self._post(s, boc)
+                self.counts["messages"] += 1
+                if "message_id" in doc:
+                    self.ids[doc["message_id"]] = label
+                await asyncio.sleep(0.02)
+            self._phase = "waiting"
+            while time.monotonic() < deadline:
+                await self._poll(s)
+                if len(self.outcomes) >= len(self.ids) and killer.done():
+                    break
+                await asyncio.sleep(1.0)
+            await killer
+        for mid in self.ids:
+            self.outcomes.setdefault(mid, "none")
+        for k in ("finalized", "rejected", "timeout", "none"):
+            self.counts[k] = sum(1 for o in self.outcomes.values() if o == k)
+        self._phase = "done"
+
+    async def _kill_restart(self, label: str, after: float, duration: float) -> None:
+        if label not in self.local.daemons:
+            return
+        await asyncio.sleep(after)
+        self.plan.fault("validator_kill", label, duration)
+        self.local.kill(label)
+        await asyncio.sleep(duration)
+        await self.local.restart(label)
+        self.counts["restarts"] += 1
+        self.plan.recovered("validator_kill", label)
+
+    async def _poll(self, s) -> None:
+        for mid in [m for m in self.ids if m not in self.outcomes]:
+            async with s.get(f"{self.local.api}/messages/{mid}") as r:
+                if r.status != 200:
+                    continue
+                doc = await r.json()
+            if doc["outcome"]["final"]:
+                self.outcomes[mid] = doc["outcome"]["outcome"]
+
+    async def stop(self) -> None:
+        await self.local.stop()
+
+    def counters(self) -> dict:
+        return dict(self.counts)
+
+    def compare(self, summary: dict) -> list[tuple[str, object, object, bool]]:
+        rep = (summary or {}).get("remp") or {}
+        outs = rep.get("outcomes") or {}
+        mine = {"messages": len(self.ids), "finalized": self.counts["finalized"],
+                "rejected": self.counts["rejected"], "timeout": self.counts["timeout"], "none": self.counts["none"]}
+        theirs = {"messages": rep.get("messages"), "finalized": outs.get("finalized"),
+                  "rejected": outs.get("rejected"), "timeout": outs.get("timeout"), "none": outs.get("none")}
+        return [(f"remp.{k}", mine[k], theirs[k], mine[k] == theirs[k]) for k in mine]

@@ -1,0 +1,535 @@
+"""The REMP daemons: `remp-node validator` and `remp-node fullnode` (thin asyncio adapters
+around the sans-I/O cores; DESIGN.md section 2).
+
+Both roles: typed config (daemon_runtime.config: --config TOML < env REMP_NODE_* < flags),
+--help, one HTTP port for /metrics, /health (and the full node's API, remp_node/api.py),
+SIGTERM/SIGINT graceful shutdown, a READY line, the JSON event log through eventmap.py, the
+datagram endpoint of remp_node/endpoint.py with the test-only --faults flag.
+
+Clock: the cores run on `now = loop.time() + offset`, offset = time.time() - loop.time()
+taken once at start: monotonic within the process and on the Unix time base the zerostate's
+genesis_time and the wallets' valid_until use, so every process agrees on master sessions.
+
+Validator: ValidatorCore with its ValidatorStore (store.py) journal: after every step the
+adapter takes datagrams_to_send(now), writes journal_updates() to SQLite (fsync), and only
+then sends the datagrams. A validator restarted with its data dir replays the journal
+(master commit certificates), catches up from peers (getCommits, getDifference) and signs
+again (validator.py, "restarts").
+
+Full node: RempClient (client.py) + ChainFollower (follower.py: the full node applies
+accepted master and shard blocks to its own state, which the client's pre-checks use); its
+statuses go to FullnodeStore, the API's subscribers and the Redis stream (api.py).
+
+The one error boundary per entry point: remote garbage is a counted, logged drop (the cores
+do that); anything else raised by a core call is logged once per kind as remp.node.error
+and counted, and the daemon keeps running.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+
+from daemon_runtime.config import add_common_args, load_args
+from daemon_runtime.eventlog import EventLog
+from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, run_daemon
+
+from .delivery import DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
+from .endpoint import open_endpoint, parse_faults
+from .eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records, emit_records,
+                       fullnode_dropped_record, peer_label, validator_records)
+from .events import REMP_EVENTS
+from .netfiles import NetFilesError, load_key, load_network
+from .receipts import ReceiptError
+from .validator import (CH_CLIENT, CH_MASTER, CHANNEL_NAMES, Dropped, MasterBlockAccepted, ReceiptSent,
+                        ShardBlockAccepted, ValidatorCore, ZERO32, mux)
+from .wire import WireError
+
+__all__ = ["run_role", "build_validator_parser", "build_fullnode_parser", "ValidatorDaemon", "FullnodeDaemon"]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--network", metavar="D", help="REQUIRED: network directory written by `remp-node init`")
+    p.add_argument("--key", metavar="FILE", help="REQUIRED: this node's key file (D/keys/<label>.key)")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="REQUIRED: durable state (SQLite, WAL, fsync); keep it across restarts")
+    p.add_argument("--listen", default=None, metavar="HOST:PORT",
+                   help="UDP address to bind (default: this node's address in network.json)")
+    p.add_argument("--http", default=None, metavar="HOST:PORT",
+                   help="HTTP address for /metrics and /health (default: network.json's; port 0 = any)")
+    p.add_argument("--faults", default="", metavar="SPEC",
+                   help="TEST ONLY: inject faults at the datagram adapter, e.g. loss=0.2,dup=0.1,reorder=0.1"
+                        "[,delay=0.05][,seed=N]")
+    p.add_argument("--grace", type=float, default=2.0, metavar="S", help="seconds to drain on SIGTERM (default 2)")
+    add_common_args(p)
+
+
+def build_validator_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="remp-node validator",
+                                description="A REMP validator: RMQs, shard and masterchain consensus, signed receipts.")
+    _common(p)
+    return p
+
+
+def build_fullnode_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="remp-node fullnode",
+                                description="A REMP full node: the REMP client, the chain follower and the user API "
+                                            "(POST /messages, GET /messages/{id}, WebSocket, GraphQL, Redis stream).")
+    _common(p)
+    p.add_argument("--redis", default=None, metavar="URL",
+                   help="Redis URL for the status stream (e.g. redis://127.0.0.1:6379/0); unset: no stream")
+    p.add_argument("--redis-stream", default="remp.receipts", metavar="KEY",
+                   help="stream key; each entry is {key: message id hex, value: one status JSON} (default remp.receipts)")
+    p.add_argument("--redis-maxlen", type=int, default=1_000_000, metavar="N",
+                   help="approximate stream bound (XADD MAXLEN ~ N; default 1000000)")
+    p.add_argument("--resend-interval", type=float, default=None, metavar="S",
+                   help="seconds between the client's waves to more validators (default: network.json's)")
+    p.add_argument("--max-body", type=int, default=128 * 1024, metavar="BYTES",
+                   help="largest POST /messages body (raw or base64 BOC; default 131072)")
+    return p
+
+
+def _sibling_log(log: str | None, tag: str) -> str | None:
+    """v1.jsonl -> v1.<tag>.jsonl (stdout stays stdout)."""
+    if log in (None, "-"):
+        return log
+    p = Path(log)
+    return str(p.with_name(f"{p.stem}.{tag}{p.suffix or '.jsonl'}"))
+
+
+class _Transport:
+    """What a daemon exports about its endpoint on /metrics."""
+
+    def __init__(self, daemon):
+        self.daemon = daemon
+
+    def collect(self):
+        g = GaugeMetricFamily("remp_transport", "datagram endpoint counters (by name)", labels=["name"])
+        ep = self.daemon.endpoint
+        for k, v in sorted((ep.counters if ep is not None else {}).items()):
+            g.add_metric([k], float(v))
+        yield g
+
+
+class _Daemon:
+    """Shared adapter loop: receive -> core, flush -> store -> send, one timer."""
+
+    service = "remp"
+
+    def __init__(self, args, role: str):
+        self.args = args
+        self.role = role
+        self.net = load_network(args.network)
+        self.key = load_key(args.key)
+        me = [n for n in self.net.nodes if n.public_key == self.key.public]
+        if not me or me[0].role != role:
+            raise NetFilesError(f"key {args.key} is not a {role} of {args.network}")
+        self.entry = me[0]
+        self.label = self.entry.label
+        self.node_id = peer_label(self.key.key_id)
+        self.faults = parse_faults(args.faults)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.offset = 0.0
+        self.endpoint = None
+        self._flush_handle = None
+        self._timer_handle = None
+        self._timer_at = None
+        self.errors: Counter[str] = Counter()
+        self.registry = CollectorRegistry()
+        self.registry.register(_Transport(self))
+        self.m_errors = PCounter("remp_errors", "unexpected exceptions caught at the daemon boundary",
+                                 ["where"], registry=self.registry)
+        self.m_datagrams = PCounter("remp_datagrams", "datagrams by direction and channel",
+                                    ["direction", "channel"], registry=self.registry)
+        self.m_bytes = PCounter("remp_datagram_bytes", "datagram payload bytes by direction and channel",
+                                ["direction", "channel"], registry=self.registry)
+        self.stopping = False
+        self.peers = {n.key_id: (n.public_key, parse_hostport(n.address)) for n in self.net.nodes
+                      if n.key_id != self.key.key_id}
+
+    # -- clock ---------------------------------------------------------------------------
+    def now(self) -> float:
+        return self.loop.time() + self.offset
+
+    # -- boundary ------------------------------------------------------------------------
+    def _bug(self, where: str, exc: BaseException) -> None:
+        self.m_errors.labels(where).inc()
+        key = f"{where}:{type(exc).__name__}"
+        self.errors[key] += 1
+        if self.errors[key] == 1:
+            self.log_error(f"{where}: {type(exc).__name__}: {exc} | "
+                           + " / ".join(traceback.format_exception(exc)[-3:]).replace("\n", " "))
+
+    def log_error(self, text: str) -> None:
+        raise NotImplementedError
+
+    # -- loop ------------------------------------------------------------------------------
+    async def start_io(self, http_app: web.Application) -> dict:
+        self.loop = asyncio.get_running_loop()
+        self.offset = time.time() - self.loop.time()
+        bind = parse_hostport(self.args.listen or self.entry.address)
+        self.endpoint = await open_endpoint(self.key, self.peers, bind, self._on_payload, self.faults)
+        add_status_routes(http_app, self.registry, self.health)
+        self.runner = web.AppRunner(http_app, access_log=None)
+        await self.runner.setup()
+        host, port = parse_hostport(self.args.http or self.entry.http)
+        site = web.TCPSite(self.runner, host, port)
+        await site.start()
+        self.http_port = site._server.sockets[0].getsockname()[1]
+        self._step()
+        return {"port": self.http_port, "udp": self.endpoint.address[1], "label": self.label,
+                "node": self.node_id, "role": self.role}
+
+    def _on_payload(self, src: bytes, payload: bytes, _t: float) -> None:
+        ch = CHANNEL_NAMES.get(payload[0], "other") if payload else "other"
+        self.m_datagrams.labels("in", ch).inc()
+        self.m_bytes.labels("in", ch).inc(len(payload))
+        try:
+            self.receive(src, payload, self.now())
+        except Exception as exc:  # the boundary: a core bug must not kill the daemon
+            self._bug("receive", exc)
+        if self._flush_handle is None and not self.stopping:
+            self._flush_handle = self.loop.call_soon(self._step)
+
+    def _on_timer(self) -> None:
+        self._timer_handle = None
+        self._timer_at = None
+        self._step()
+
+    def _step(self) -> None:
+        self._flush_handle = None
+        if self.stopping:
+            return
+        try:
+            out = self.step(self.now())
+        except Exception as exc:
+            self._bug("step", exc)
+            out = []
+        for dst, data in out:
+            ch = CHANNEL_NAMES.get(data[0], "other") if data else "other"
+            self.m_datagrams.labels("out", ch).inc()
+            self.m_bytes.labels("out", ch).inc(len(data))
+            self.endpoint.send(dst, data)
+        try:
+            t = self.next_timer()
+        except Exception as exc:
+            self._bug("timer", exc)
+            t = None
+        if t is None:
+            t = self.now() + 1.0
+        t = max(t, self.now() + 0.001)
+        if self._timer_at is not None and abs(self._timer_at - t) < 0.0005:
+            return
+        if self._timer_handle is not None:
+            self._timer_handle.cancel()
+        self._timer_at = t
+        self._timer_handle = self.loop.call_at(t - self.offset, self._on_timer)
+
+    async def close_io(self) -> None:
+        self.stopping = True
+        for h in (self._timer_handle, self._flush_handle):
+            if h is not None:
+                h.cancel()
+        if self.endpoint is not None:
+            self.endpoint.close()
+        await self.runner.cleanup()
+
+
+class ValidatorDaemon(_Daemon):
+    def __init__(self, args):
+        super().__init__(args, "validator")
+        from .catchain import Catchain
+        from .store import ValidatorStore
+        self.store = ValidatorStore(args.data_dir)
+        journal = self.store.load()
+        self.restored_blocks = len(journal.master_commits)
+        tm = self.net.timing
+
+        def catchain_factory(session_id, members, local, block_interval=0.05):
+            return Catchain(session_id, members, local, block_interval=block_interval, sync_interval=0.5)
+        self.core = ValidatorCore(
+            self.key, self.net.config, self.net.zerostate(), catchain_factory=catchain_factory,
+            full_nodes={n.key_id: n.public_key for n in self.net.fullnodes()},
+            rmq_block_interval=tm["rmq_block_interval"], shard_round_timeout=tm["shard_round_timeout"],
+            master_round_timeout=tm["master_round_timeout"], master_block_interval=tm["master_block_interval"],
+            journal=journal)
+        # every receipt for a full node goes through delivery.ReceiptSender: batched <= 100 ms,
+        # one packet signature, resent until acknowledged or obsolete (issue 8 item 5)
+        self.fullnode_ids = {n.key_id for n in self.net.fullnodes()}
+        self.sender = ReceiptSender(self.key)
+        self.log = EventLog(SERVICE_VALIDATOR, self.node_id, [REMP_EVENTS], sink=args.log, min_level=args.log_level)
+        self.mlog = EventLog(SERVICE_MASTERCHAIN, self.node_id, [REMP_EVENTS],
+                             sink=_sibling_log(args.log, "masterchain"),
+                             min_level=args.log_level)
+        r = self.registry
+        self.m_receipts = PCounter("remp_receipts", "signed receipts produced, by kind", ["kind"], registry=r)
+        self.m_blocks = PCounter("remp_blocks", "accepted blocks, by chain", ["chain"], registry=r)
+        self.m_dropped = PCounter("remp_dropped", "remote input dropped by the core, by channel", ["channel"],
+                                  registry=r)
+        self.m_journal = PCounter("remp_journal_entries", "journal entries written (fsynced) before sending",
+                                  registry=r)
+        self.g_master = Gauge("remp_master_height", "next master block seqno", registry=r)
+        self.g_session = Gauge("remp_session", "current master session", registry=r)
+
+    def log_error(self, text: str) -> None:
+        self.log.emit("remp.node.error", None, "error", reason=text[:2000])
+
+    def health(self) -> dict:
+        c = self.core
+        shard_signed = {f"{s.shard & 0xFFFFFFFFFFFFFFFF:016x}/{n}": s.consensus.signed_height
+                        for (_, n), s in c.shard_sessions.items()}
+        return {"ok": not self.stopping, "role": "validator", "label": self.label, "session": c.session,
+                "master_height": c.master.height if c.master else 0, "restored_master_blocks": self.restored_blocks,
+                "master_signed_height": c.master.signed_height if c.master else 0,
+                "master_muted_through": c.master.muted_through if c.master else 0,
+                "shard_signed_heights": shard_signed,
+                "muted_catchains": sum(1 for q in c.rmqs.values() if getattr(q.catchain, "muted", False)),
+                "delivery": dict(self.sender.stats), "unacked": self.sender.unacked(),
+                "stats": dict(c.stats), "errors": sum(self.errors.values())}
+
+    def receive(self, src: bytes, payload: bytes, now: float) -> None:
+        if src in self.fullnode_ids and classify(payload) == "receipt_ack":
+            self.sender.receive_ack(src, unwrap(payload), now)
+            return
+        self.core.receive_datagram(payload, src, now)
+
+    def next_timer(self):
+        ts = [t for t in (self.core.get_timer(), self.sender.get_timer()) if t is not None]
+        return min(ts) if ts else None
+
+    def step(self, now: float) -> list:
+        c = self.core
+        t = c.get_timer()
+        if t is not None and t <= now:
+            c.handle_timer(now)
+        out = []
+        self.sender.set_session(max(c.session, 0), now)
+        for dst, data in c.datagrams_to_send(now):
+            if dst in self.fullnode_ids and classify(data) == "receipt":
+                self.sender.add(dst, unwrap(data), now)
+            else:
+                out.append((dst, data))
+        t = self.sender.get_timer()
+        if t is not None and t <= now:
+            self.sender.handle_timer(now)
+        out += self.sender.packets_to_send(now)
+        entries = c.journal_updates()
+        if entries:
+            self.store.write(entries)        # fsynced before the datagrams that depend on it
+            self.m_journal.inc(len(entries))
+        while (ev := c.next_event()) is not None:
+            try:
+                recs = validator_records(ev)
+                if isinstance(ev, MasterBlockAccepted):
+                    emit_records(self.mlog, recs)
+                    self.m_blocks.labels("master").inc()
+                else:
+                    emit_records(self.log, recs)
+                if isinstance(ev, ReceiptSent):
+                    self.m_receipts.labels(ev.kind).inc()
+                elif isinstance(ev, ShardBlockAccepted):
+                    self.m_blocks.labels("shard").inc()
+                elif isinstance(ev, Dropped):
+                    self.m_dropped.labels(ev.channel).inc()
+            except Exception as exc:
+                self._bug("event", exc)
+        if c.master is not None:
+            self.g_master.set(c.master.height)
+        self.g_session.set(c.session)
+        return out
+
+    def close_logs(self) -> None:
+        self.log.close()
+        self.mlog.close()
+        self.store.close()
+
+
+class FullnodeDaemon(_Daemon):
+    def __init__(self, args):
+        super().__init__(args, "fullnode")
+        from .api import StatusHub
+        from .client import RempClient
+        from .follower import ChainFollower
+        from .store import FullnodeStore
+        self.store = FullnodeStore(args.data_dir)
+        tm = self.net.timing
+        self.follower = ChainFollower(self.key, self.net.config, self.net.zerostate(),
+                                      round_timeout=min(1.0, tm["master_round_timeout"]))
+        vkeys = [v.public_key for v in self.net.config.validators]
+        self.client = RempClient(self.key, self.follower.state, self.follower.client_groups,
+                                 resend_interval=args.resend_interval or tm["resend_interval"],
+                                 extra_keys=lambda: vkeys)
+        self.receiver = ReceiptReceiver(self.key, {v.key_id: v.public_key for v in self.net.config.validators})
+        self.log = EventLog(SERVICE_FULLNODE, self.node_id, [REMP_EVENTS], sink=args.log, min_level=args.log_level)
+        self.hub = StatusHub(self, redis_url=args.redis, stream=args.redis_stream, maxlen=args.redis_maxlen)
+        r = self.registry
+        self.m_statuses = PCounter("remp_statuses", "statuses the full node produced or received, by kind",
+                                   ["kind", "origin"], registry=r)
+        self.m_dropped = PCounter("remp_fullnode_dropped", "datagrams the full node dropped, by reason",
+                                  ["reason"], registry=r)
+        self.m_final = PCounter("remp_final", "final outcomes", ["outcome"], registry=r)
+        self.g_master = Gauge("remp_followed_master_height", "next master block seqno the follower expects",
+                              registry=r)
+
+    def log_error(self, text: str) -> None:
+        self.log.emit("remp.node.error", None, "error", reason=text[:2000])
+
+    def health(self) -> dict:
+        return {"ok": not self.stopping, "role": "fullnode", "label": self.label,
+                "followed_master_height": self.follower.master.height, "pending": len(self.client.pending()),
+                "client": dict(self.client.stats), "follower": dict(self.follower.stats),
+                "delivery": dict(self.receiver.stats),
+                "redis": self.hub.redis_state(),
+                "errors": sum(self.errors.values())}
+
+    def receive(self, src: bytes, payload: bytes, now: float) -> None:
+        if not payload:
+            self._drop(src, "empty datagram", 0)
+            return
+        kind = classify(payload)
+        if kind == "receipt_batch":
+            try:
+                self.receiver.receive(src, payload, now)
+            except DeliveryError as exc:
+                self._drop(src, f"receipt batch refused: {exc}", len(payload))
+            self._drain_receiver(now)
+            return
+        if payload[0] == CH_MASTER:
+            self.follower.receive_datagram(payload, src, now)
+            return
+        if payload[0] != CH_CLIENT or len(payload) < 33:
+            self._drop(src, f"channel {payload[0]} is not for a full node", len(payload))
+            return
+        try:
+            self.client.receive_datagram(payload[33:], src, now)
+        except (WireError, ReceiptError, ValueError) as exc:
+            self._drop(src, f"{type(exc).__name__}: {exc}", len(payload))
+
+    def _drain_receiver(self, now: float) -> None:
+        while (ev := self.receiver.next_event()) is not None:
+            if isinstance(ev, ReceiptDelivered):
+                try:
+                    self.client.receive_datagram(ev.signed.serialize(), ev.source, now)
+                except (WireError, ReceiptError, ValueError) as exc:
+                    self._drop(ev.source, f"{type(exc).__name__}: {exc}", 0)
+
+    def _drop(self, src: bytes, reason: str, size: int) -> None:
+        self.m_dropped.labels(reason.split(":")[0][:40]).inc()
+        emit_records(self.log, [fullnode_dropped_record(src, reason, size)])
+
+    def submit(self, boc: bytes) -> bytes:
+        """Hand a BOC to the client core now (the API calls this); flushes at once."""
+        now = self.now()
+        mid = self.client.submit(boc, now)
+        self.store.add_message(mid, boc, time.time())
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._step)
+        self._drain_client()
+        return mid
+
+    def next_timer(self):
+        ts = [t for t in (self.client.get_timer(), self.follower.get_timer(), self.receiver.get_timer())
+              if t is not None]
+        return min(ts) if ts else None
+
+    def step(self, now: float) -> list:
+        t = self.client.get_timer()
+        if t is not None and t <= now:
+            self.client.handle_timer(now)
+        t = self.follower.get_timer()
+        if t is not None and t <= now:
+            self.follower.handle_timer(now)
+        t = self.receiver.get_timer()
+        if t is not None and t <= now:
+            self.receiver.handle_timer(now)
+            self._drain_receiver(now)
+        out = [(dst, mux(CH_CLIENT, ZERO32, d)) for dst, d in self.client.datagrams_to_send(now)]
+        out += self.follower.datagrams_to_send(now)
+        out += self.receiver.packets_to_send(now)
+        self._drain_client()
+        while self.follower.next_event() is not None:
+            pass
+        self.g_master.set(self.follower.master.height)
+        return out
+
+    def _drain_client(self) -> None:
+        from .client import FinalStatus, ReceiptEvent
+        rows = []
+        while (ev := self.client.next_event()) is not None:
+            try:
+                emit_records(self.log, client_records(ev))
+                if isinstance(ev, ReceiptEvent):
+                    self.m_statuses.labels(ev.kind, ev.origin).inc()
+                    d = ev.to_json()
+                    rows.append((ev.message_id, d))
+                    self.hub.status(ev.message_id, d)
+                elif isinstance(ev, FinalStatus):
+                    self.m_final.labels(ev.outcome).inc()
+                    self.store.set_outcome(ev.message_id, ev.outcome, ev.kind, ev.reason)
+                    self.hub.final(ev.message_id, ev)
+            except Exception as exc:
+                self._bug("event", exc)
+        if rows:
+            self.store.add_statuses(rows)
+
+    def close_logs(self) -> None:
+        self.log.close()
+        self.store.close()
+
+
+def parse_role_args(role: str, argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """Parse a role's flags (file < env REMP_NODE_* < flags); exits 2 with the reason for a
+    missing required option or a bad value (what deploy/ files are checked against)."""
+    parser = build_validator_parser() if role == "validator" else build_fullnode_parser()
+    args = load_args(parser, argv, env_prefix="REMP_NODE_")
+    for name in ("network", "key", "data_dir"):
+        if not getattr(args, name):
+            parser.error(f"--{name.replace('_', '-')} is required (flag, --config key or REMP_NODE_{name.upper()})")
+    try:
+        parse_faults(args.faults)
+    except ValueError as exc:
+        parser.error(f"--faults: {exc}")
+    for flag in ("listen", "http"):
+        v = getattr(args, flag)
+        if v is not None:
+            try:
+                parse_hostport(v)
+            except ValueError as exc:
+                parser.error(f"--{flag}: {exc}")
+    if args.grace < 0:
+        parser.error("--grace must be >= 0")
+    return parser, args
+
+
+def run_role(role: str, argv: list[str]) -> int:
+    parser, args = parse_role_args(role, argv)
+    try:
+        daemon = (ValidatorDaemon if role == "validator" else FullnodeDaemon)(args)
+    except (NetFilesError, OSError) as exc:
+        parser.error(str(exc))
+
+    async def run(stop: asyncio.Event) -> None:
+        app = web.Application(client_max_size=getattr(args, "max_body", 1 << 20))
+        if role == "fullnode":
+            from .api import add_api_routes
+            add_api_routes(app, daemon)
+        try:
+            info = await daemon.start_io(app)
+            if role == "fullnode":
+                await daemon.hub.start()
+            Ready(service=f"remp-{role}", **info).announce()
+            await stop.wait()
+        finally:
+            if role == "fullnode":
+                await daemon.hub.close()
+            await daemon.close_io()
+            daemon.close_logs()
+
+    return run_daemon(run)

@@ -1,0 +1,147 @@
+"""Durable state of the REMP daemons: SQLite (the standard library's sqlite3) in the data dir.
+
+One file per daemon, ``<data-dir>/remp.sqlite3``, opened with ``journal_mode=WAL`` and
+``synchronous=FULL``: a transaction is on disk (WAL fsynced) when ``commit()`` returns, so
+a daemon that writes a fact and then sends a datagram depending on it never sends first
+(issue 8 item 2: "written with fsync before anything that depends on it is sent").
+
+ValidatorStore keeps a validator's ValidatorJournal (validator.py, "restarts"): the commit
+certificate of every accepted master block (from which the restarted core rebuilds its
+chain view, shard and masterchain states, message cache statuses and session seeds), the
+highest height it signed per consensus session, and the catchain sessions it authored.
+
+FullnodeStore keeps what users were told: every message submitted (id, BOC, time) and every
+status (the seed's JSON, in arrival order) with the final outcome, so ``GET /messages/{id}``
+survives a restart.
+
+Errors: StoreError (not a ValueError: a local failure, e.g. a corrupt or locked file).
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Iterable
+
+from .validator import JournalEntry, ValidatorJournal
+
+__all__ = ["StoreError", "ValidatorStore", "FullnodeStore", "DB_NAME"]
+
+DB_NAME = "remp.sqlite3"
+
+
+class StoreError(Exception):
+    """The store cannot be opened or written (local failure)."""
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        return db
+    except (sqlite3.Error, OSError) as exc:
+        raise StoreError(f"{path}: {exc}") from None
+
+
+class ValidatorStore:
+    """ValidatorStore(data_dir). load() -> ValidatorJournal; write(entries) commits them in
+    one fsynced transaction (call before sending the datagrams they precede)."""
+
+    def __init__(self, data_dir: str | Path):
+        self.path = Path(data_dir) / DB_NAME
+        self.db = _open(self.path)
+        self.db.executescript("""
+            CREATE TABLE IF NOT EXISTS master_commits (seqno INTEGER PRIMARY KEY, raw BLOB NOT NULL);
+            CREATE TABLE IF NOT EXISTS signed_heights (session_id BLOB PRIMARY KEY, height INTEGER NOT NULL);
+            CREATE TABLE IF NOT EXISTS authored (session_id BLOB PRIMARY KEY);
+        """)
+        self.writes = 0
+
+    def load(self) -> ValidatorJournal:
+        j = ValidatorJournal()
+        for seqno, raw in self.db.execute("SELECT seqno, raw FROM master_commits"):
+            j.master_commits[int(seqno)] = bytes(raw)
+        for sid, h in self.db.execute("SELECT session_id, height FROM signed_heights"):
+            j.signed_heights[bytes(sid)] = int(h)
+        for (sid,) in self.db.execute("SELECT session_id FROM authored"):
+            j.authored.add(bytes(sid))
+        return j
+
+    def write(self, entries: Iterable[JournalEntry]) -> int:
+        """Commit entries (one transaction, fsynced). Returns how many were written."""
+        entries = list(entries)
+        if not entries:
+            return 0
+        try:
+            self.db.execute("BEGIN")
+            for e in entries:
+                if e.kind == "master_commit":
+                    self.db.execute("INSERT OR IGNORE INTO master_commits VALUES (?, ?)", (int(e.key), e.value))
+                elif e.kind == "signed_height":
+                    self.db.execute("INSERT INTO signed_heights VALUES (?, ?) ON CONFLICT(session_id) DO UPDATE "
+                                    "SET height = max(height, excluded.height)", (e.key, int(e.value)))
+                elif e.kind == "authored":
+                    self.db.execute("INSERT OR IGNORE INTO authored VALUES (?)", (e.key,))
+            self.db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise StoreError(f"{self.path}: {exc}") from None
+        self.writes += 1
+        return len(entries)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class FullnodeStore:
+    """FullnodeStore(data_dir): messages and their statuses as users saw them."""
+
+    def __init__(self, data_dir: str | Path):
+        self.path = Path(data_dir) / DB_NAME
+        self.db = _open(self.path)
+        self.db.executescript("""
+            CREATE TABLE IF NOT EXISTS messages (id BLOB PRIMARY KEY, boc BLOB NOT NULL, submitted REAL NOT NULL,
+                                                 outcome TEXT, kind TEXT, reason TEXT);
+            CREATE TABLE IF NOT EXISTS statuses (n INTEGER PRIMARY KEY AUTOINCREMENT, id BLOB NOT NULL,
+                                                 json TEXT NOT NULL);
+            CREATE INDEX IF NOT EXISTS statuses_id ON statuses (id, n);
+        """)
+
+    def add_message(self, mid: bytes, boc: bytes, submitted: float) -> None:
+        self.db.execute("INSERT OR IGNORE INTO messages (id, boc, submitted) VALUES (?, ?, ?)", (mid, boc, submitted))
+
+    def add_statuses(self, rows: list[tuple[bytes, dict]]) -> None:
+        """Append statuses (message id, seed JSON dict) in one transaction."""
+        if not rows:
+            return
+        self.db.execute("BEGIN")
+        self.db.executemany("INSERT INTO statuses (id, json) VALUES (?, ?)",
+                            [(mid, json.dumps(d, separators=(",", ":"))) for mid, d in rows])
+        self.db.execute("COMMIT")
+
+    def set_outcome(self, mid: bytes, outcome: str, kind: str, reason: str) -> None:
+        self.db.execute("UPDATE messages SET outcome = ?, kind = ?, reason = ? WHERE id = ?",
+                        (outcome, kind, reason, mid))
+
+    def message(self, mid: bytes) -> dict | None:
+        row = self.db.execute("SELECT submitted, outcome, kind, reason FROM messages WHERE id = ?",
+                              (mid,)).fetchone()
+        if row is None:
+            return None
+        return {"submitted": row[0], "outcome": row[1], "kind": row[2], "reason": row[3]}
+
+    def statuses(self, mid: bytes) -> list[dict]:
+        return [json.loads(t) for (t,) in self.db.execute("SELECT json FROM statuses WHERE id = ? ORDER BY n", (mid,))]
+
+    def pending(self) -> list[tuple[bytes, bytes]]:
+        """(id, boc) of messages without a final outcome (resubmitted after a restart)."""
+        return [(bytes(i), bytes(b)) for i, b in
+                self.db.execute("SELECT id, boc FROM messages WHERE outcome IS NULL ORDER BY submitted")]
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,435 @@
+"""Receipt delivery (issue 8 item 5): validators' ReceiptSender -> full node's ReceiptReceiver,
+carried by transport.TransportCore over a lossy in-memory SimNetwork with a fake clock.
+
+Proves: every status produced reaches the full node with 20% datagram loss (plus duplication
+and reordering), in production order per validator, each verifiable alone, no duplicates;
+no status waits more than 100 ms for batching; one packet signature per batch is checked
+(forged / foreign / stale packets refused with a precise reason); obsolete packets are
+abandoned at session N+2 and memory stays bounded; restarts on either side."""
+from __future__ import annotations
+
+import hashlib
+import random
+
+import pytest
+
+from remp_node.delivery import (DeliveryError, ReceiptReceiver, ReceiptSender, classify, decode_batch,
+                                encode_ack, encode_batch, RECEIPT_BATCH, RECEIPT_BATCH_ACK, TL_LINES)
+from remp_node.keys import NodeKey
+from remp_node.network import SimNetwork
+from remp_node.receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, Timeout,
+                                make_signed_receipt, signed_to_json, verify_receipt_json)
+from remp_node.tl import BlockIdExt, tl_constructor_id
+from remp_node.transport import TransportCore
+from remp_node.validator import CH_CLIENT, CH_RMQ, ZERO32, mux
+from remp_node.wire import encode_remp_message
+
+T0 = 1_700_000_000.0
+
+
+def key(tag: str) -> NodeKey:
+    return NodeKey.from_seed(hashlib.sha256(tag.encode()).digest())
+
+
+FULLNODE = key("delivery-fullnode")
+VALIDATORS = [key(f"delivery-v{i}") for i in range(3)]
+SHARD_BLOCK = BlockIdExt(0, 0x4000000000000000, 7, b"\x01" * 32, b"\x02" * 32)
+MC_BLOCK = BlockIdExt(-1, 0x8000000000000000, 3, b"\x03" * 32, b"\x04" * 32)
+
+#: status sequences a validator produces for one message (seed remp-protocol-b)
+SEQUENCES = [
+    [New(), Accepted(Level.QUEUE), Accepted(Level.COLLATOR, SHARD_BLOCK),
+     Accepted(Level.SHARDCHAIN, SHARD_BLOCK), Accepted(Level.MASTERCHAIN, SHARD_BLOCK, MC_BLOCK)],
+    [New(), Accepted(Level.QUEUE), Rejected(Level.COLLATOR, SHARD_BLOCK, "Contract rejected message: 52")],
+    [New(), Accepted(Level.QUEUE), Ignored(Level.COLLATOR, SHARD_BLOCK), Accepted(Level.COLLATOR, SHARD_BLOCK),
+     Accepted(Level.SHARDCHAIN, SHARD_BLOCK), Ignored(Level.MASTERCHAIN, SHARD_BLOCK), Accepted(Level.QUEUE),
+     Accepted(Level.COLLATOR, SHARD_BLOCK), Accepted(Level.SHARDCHAIN, SHARD_BLOCK),
+     Accepted(Level.MASTERCHAIN, SHARD_BLOCK, MC_BLOCK)],
+    [New(), Rejected(Level.QUEUE, error="message expired")],
+    [Duplicate(SHARD_BLOCK)],
+    [New(), Accepted(Level.QUEUE), Timeout()],
+    [New(), Accepted(Level.QUEUE), Accepted(Level.COLLATOR, SHARD_BLOCK), Ignored(Level.SHARDCHAIN, SHARD_BLOCK),
+     Rejected(Level.SHARDCHAIN, SHARD_BLOCK, "block not accepted")],
+]
+
+
+class Net:
+    """One full node and validators, each with a TransportCore, over a SimNetwork."""
+
+    def __init__(self, loss=0.0, duplicate=0.0, reorder=0.0, seed=0, validators=VALIDATORS, **sender_kw):
+        self.now = T0
+        self.net = SimNetwork(seed, loss=loss, duplicate=duplicate, reorder=reorder, latency=0.002,
+                              jitter=0.004, reorder_delay=0.05)
+        nodes = [FULLNODE] + list(validators)
+        self.tr = {k.key_id: TransportCore(k, {o.public: o.key_id for o in nodes if o is not k}, epoch=1)
+                   for k in nodes}
+        self.senders = {v.key_id: ReceiptSender(v, stream=1, **sender_kw) for v in validators}
+        self.receiver = ReceiptReceiver(FULLNODE, [v.public for v in validators])
+        self.delivered: list = []
+        self.first_sent: dict[bytes, float] = {}     # receipt bytes -> first time it left
+        self.packets = 0
+        self.errors: list[str] = []
+
+    def flush(self):
+        now = self.now
+        for vid, s in self.senders.items():
+            for dst, payload in s.packets_to_send(now):
+                self.packets += 1
+                for r in decode_batch(payload).receipts:
+                    self.first_sent.setdefault(r, now)
+                self.tr[vid].send(dst, payload, now)
+        for dst, payload in self.receiver.packets_to_send(now):
+            self.tr[FULLNODE.key_id].send(dst, payload, now)
+        for src, t in self.tr.items():
+            for data, dst in t.datagrams_to_send(now):
+                self.net.send(src, dst, data, now)
+
+    def step(self, until: float):
+        while True:
+            ts = [t for t in [self.net.next_delivery(), self.receiver.get_timer(),
+                              *(s.get_timer() for s in self.senders.values()),
+                              *(t.get_timer() for t in self.tr.values())] if t is not None]
+            if not ts or min(ts) > until:
+                self.now = max(self.now, until)
+                self.flush()
+                return
+            nxt = min(ts)
+            self.now = max(self.now, nxt)
+            for dst, src, data in self.net.deliver_due(self.now):
+                self.tr[dst].receive_datagram(data, src, self.now)
+            for kid, t in self.tr.items():
+                tt = t.get_timer()
+                if tt is not None and tt <= self.now:
+                    t.handle_timer(self.now)
+                while (ev := t.next_event()) is not None:
+                    if not hasattr(ev, "payload"):
+                        continue
+                    kind = classify(ev.payload)
+                    if kid == FULLNODE.key_id:
+                        assert kind == "receipt_batch"
+                        try:
+                            self.receiver.receive(ev.src, ev.payload, self.now)
+                        except DeliveryError as exc:
+                            self.errors.append(exc.reason)
+                    else:
+                        assert kind == "receipt_ack"
+                        try:
+                            self.senders[kid].receive_ack(ev.src, ev.payload, self.now)
+                        except DeliveryError as exc:
+                            self.errors.append(exc.reason)
+            while (ev := self.receiver.next_event()) is not None:
+                self.delivered.append(ev)
+            self.flush()
+
+
+def produce(net: Net, n_messages: int, spread: float, seed: int = 0) -> dict[bytes, list[bytes]]:
+    """Schedule every validator's statuses for n messages over `spread` seconds; returns
+    validator key id -> serialized signed receipts in production order."""
+    rng = random.Random(seed)
+    plan = []
+    for v in VALIDATORS:
+        for m in range(n_messages):
+            mid = hashlib.sha256(f"msg{m}".encode()).digest()
+            seq = SEQUENCES[m % len(SEQUENCES)]
+            t = net.now + rng.uniform(0, spread)
+            for st in seq:
+                t += rng.uniform(0.0, 0.3)
+                plan.append((t, v, mid, st))
+    plan.sort(key=lambda x: x[0])
+    produced: dict[bytes, list[bytes]] = {v.key_id: [] for v in VALIDATORS}
+    for t, v, mid, st in plan:
+        net.step(t)
+        signed = make_signed_receipt(v, mid, st, int(t * 1000))
+        produced[v.key_id].append(signed.serialize())
+        net.senders[v.key_id].add(FULLNODE.key_id, signed, net.now)
+        net.flush()
+    return produced
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_every_status_arrives_in_order_with_20_percent_loss(seed):
+    net = Net(loss=0.2, duplicate=0.1, reorder=0.2, seed=seed)
+    produced = produce(net, 40, 5.0, seed)
+    for _ in range(200):
+        if all(s.unacked() == 0 for s in net.senders.values()):
+            break
+        net.step(net.now + 0.5)
+    assert all(s.unacked() == 0 for s in net.senders.values())
+    total = sum(len(v) for v in produced.values())
+    kinds = {d.receipt.kind for d in net.delivered}
+    assert {"PutIntoQueue", "AcceptedByQueue", "IncludedIntoBlock", "IncludedIntoAcceptedBlock", "Finalized",
+            "RejectedByCollator", "RejectedByQueue", "RejectedByShardchain", "IgnoredByCollator",
+            "IgnoredByShardchain", "IgnoredByMasterchain", "Duplicate", "Timeout"} <= kinds
+    # count produced = count delivered, per source in production order, nothing twice
+    assert len(net.delivered) == total
+    for vid, receipts in produced.items():
+        got = [d.signed.serialize() for d in net.delivered if d.source == vid]
+        assert got == receipts
+    # each receipt verifies alone against the validator set (its own signature kept)
+    pks = [v.public for v in VALIDATORS]
+    for d in net.delivered[::7]:
+        verify_receipt_json(signed_to_json(d.signed), pks)
+    # the network really was lossy and the sender really resent; batching saved packets
+    assert net.net.stats.lost > 50 and sum(s.stats["resends"] for s in net.senders.values()) > 0
+    assert sum(s.stats["packets"] for s in net.senders.values()) < total
+    assert net.receiver.stats["duplicates_packets"] > 0 and not net.errors
+
+
+def test_batching_delay_is_at_most_100_ms():
+    net = Net(max_delay=0.1)
+    rng = random.Random(5)
+    added = {}
+    t = net.now
+    v = VALIDATORS[0]
+    for i in range(400):                       # bursts and gaps, up to ~2,000 statuses/s
+        t += rng.choice([0.0, 0.0, 0.001, 0.01, 0.05, 0.2])
+        net.step(t)
+        signed = make_signed_receipt(v, hashlib.sha256(b"%d" % i).digest(), New(), int(t * 1000))
+        added[signed.serialize()] = net.now
+        net.senders[v.key_id].add(FULLNODE.key_id, signed, net.now)
+        net.flush()                             # what a daemon does after feeding a core
+    net.step(t + 2.0)
+    assert len(net.delivered) == 400
+    delays = [net.first_sent[r] - at for r, at in added.items()]
+    assert max(delays) <= 0.1 + 1e-9
+    assert net.packets < 400 / 2                # bursts were batched
+    assert min(delays) == 0.0                   # an isolated status leaves at once
+
+
+def test_obsolete_packets_are_abandoned_and_memory_is_bounded():
+    net = Net(loss=1.0, max_unacked_per_dst=50)
+    s = net.senders[VALIDATORS[0].key_id]
+    for i in range(200):
+        net.step(net.now + 0.2)                 # one packet per status
+        s.add(FULLNODE.key_id, make_signed_receipt(VALIDATORS[0], bytes([i]) * 32, New(), i), net.now)
+    assert s.unacked() <= 50 and s.stats["abandoned_overflow"] >= 150
+    s.set_session(1, net.now)
+    assert s.unacked() > 0                      # session 0's receipts live through session 1
+    s.set_session(2, net.now)                   # obsolete at N + 2
+    assert s.unacked() == 0 and s.stats["abandoned_obsolete"] > 0
+    net.step(net.now + 10)
+    assert s.get_timer() is None
+
+
+def test_receiver_skips_what_the_sender_abandoned_and_keeps_order():
+    v = VALIDATORS[0]
+    s = ReceiptSender(v, stream=7, max_delay=0.0)
+    r = ReceiptReceiver(FULLNODE, [v.public])
+    pk = []
+    for i in range(3):
+        s.add(FULLNODE.key_id, make_signed_receipt(v, bytes([i]) * 32, New(), i), T0, session=0)
+        pk += s.packets_to_send(T0)
+    s.set_session(1, T0)
+    s.add(FULLNODE.key_id, make_signed_receipt(v, b"\x09" * 32, Timeout(), 9), T0 + 1)
+    pk += s.packets_to_send(T0 + 1)
+    # packets 1 and 2 are lost; packet 3 arrives first and waits for them
+    r.receive(v.key_id, pk[2][1], T0)
+    assert r.next_event() is None
+    s.set_session(2, T0 + 2)                    # session-0 packets abandoned, session-1 Timeout kept
+    again = s.packets_to_send(T0 + 5)           # resend carries base = 4
+    assert again and decode_batch(again[-1][1]).base == 4
+    for _, p in again:
+        r.receive(v.key_id, p, T0 + 5)
+    got = [r.next_event() for _ in range(2)]
+    assert [g.receipt.message_id[0] for g in got] == [2, 9] and r.next_event() is None
+    assert r.stats["skipped"] == 2
+
+
+def test_restarts_on_either_side():
+    v = VALIDATORS[0]
+    s1 = ReceiptSender(v, stream=100, max_delay=0.0)
+    r = ReceiptReceiver(FULLNODE, [v.public])
+    s1.add(FULLNODE.key_id, make_signed_receipt(v, b"\x01" * 32, New(), 1), T0)
+    for _, p in s1.packets_to_send(T0):
+        r.receive(v.key_id, p, T0)
+    assert r.next_event().receipt.message_id == b"\x01" * 32
+    # the validator restarts: new stream, seqnos from 1 again; nothing is taken for a duplicate
+    s2 = ReceiptSender(v, stream=200, max_delay=0.0)
+    s2.add(FULLNODE.key_id, make_signed_receipt(v, b"\x02" * 32, New(), 2), T0 + 1)
+    for _, p in s2.packets_to_send(T0 + 1):
+        r.receive(v.key_id, p, T0 + 1)
+    assert r.next_event().receipt.message_id == b"\x02" * 32
+    # an old-stream packet after that is refused precisely
+    s1.add(FULLNODE.key_id, make_signed_receipt(v, b"\x03" * 32, New(), 3), T0 + 2)
+    with pytest.raises(DeliveryError) as e:
+        for _, p in s1.packets_to_send(T0 + 2):
+            r.receive(v.key_id, p, T0 + 2)
+    assert e.value.reason == "stale_stream"
+    # the full node restarts: a fresh receiver starts at the packet's base; packet 1 of
+    # stream 200 is not acknowledged yet (r never acked it), so it is resent and comes first
+    s2.add(FULLNODE.key_id, make_signed_receipt(v, b"\x04" * 32, New(), 4), T0 + 3)
+    r2 = ReceiptReceiver(FULLNODE, [v.public])
+    out = s2.packets_to_send(T0 + 3)
+    assert [decode_batch(p).seqno for _, p in out] == [2, 1]
+    for _, p in out:
+        r2.receive(v.key_id, p, T0 + 3)
+    assert [r2.next_event().receipt.message_id[0] for _ in range(2)] == [2, 4]
+    # acks flow back and empty the sender
+    for dst, ack in r2.packets_to_send(T0 + 5):
+        s2.receive_ack(FULLNODE.key_id, ack, T0 + 5)
+    assert s2.unacked() == 0
+
+
+def decode_ack_stream(ack: bytes) -> int:
+    from remp_node.delivery import decode_ack
+    return decode_ack(ack).stream
+
+
+def test_bad_packets_are_refused_precisely():
+    v, other = VALIDATORS[0], VALIDATORS[1]
+    r = ReceiptReceiver(FULLNODE, [v.public])
+    good = make_signed_receipt(v, b"\x05" * 32, New(), 5).serialize()
+    cases = {
+        "malformed": (v.key_id, b"\xf4\x44\x71\x3d" + b"\x00" * 10),
+        "unknown_source": (other.key_id, encode_batch(other, FULLNODE.key_id, 1, 1, 1, [good])),
+        "wrong_source": (other.key_id, encode_batch(v, FULLNODE.key_id, 1, 1, 1, [good])),
+        "wrong_destination": (v.key_id, encode_batch(v, other.key_id, 1, 1, 1, [good])),
+    }
+    forged = bytearray(encode_batch(v, FULLNODE.key_id, 1, 1, 1, [good]))
+    forged[-40] ^= 1                                       # a bit of the signature
+    cases["bad_signature"] = (v.key_id, bytes(forged))
+    tampered = bytearray(encode_batch(v, FULLNODE.key_id, 1, 1, 1, [good]))
+    tampered[100] ^= 1                                     # a bit of the receipt
+    cases["bad_signature "] = (v.key_id, bytes(tampered))
+    foreign = make_signed_receipt(other, b"\x05" * 32, New(), 5).serialize()
+    cases["malformed "] = (v.key_id, encode_batch(v, FULLNODE.key_id, 1, 1, 1, [foreign]))
+    for reason, (src, payload) in cases.items():
+        with pytest.raises(DeliveryError) as e:
+            r.receive(src, payload, T0)
+        assert e.value.reason == reason.strip(), reason
+    assert r.next_event() is None and r.stats["receipts"] == 0
+    assert r.stats["error_bad_signature"] == 2 and r.stats["error_malformed"] == 2
+    # the honest packet still goes through afterwards
+    r.receive(v.key_id, encode_batch(v, FULLNODE.key_id, 1, 1, 1, [good]), T0)
+    assert r.next_event().signed.serialize() == good
+    # a bad ack is refused and counted by the sender
+    s = ReceiptSender(v, stream=1)
+    for bad in (b"junk", encode_ack(other.key_id, 1, 5, []), encode_ack(v.key_id, 2, 5, [])):
+        with pytest.raises(DeliveryError):
+            s.receive_ack(FULLNODE.key_id, bad, T0)
+    assert s.stats["acks_bad"] == 3
+
+
+def test_tl_ids_and_classify():
+    assert RECEIPT_BATCH == tl_constructor_id(TL_LINES["remp.receiptBatch"])
+    assert RECEIPT_BATCH_ACK == tl_constructor_id(TL_LINES["remp.receiptBatchAck"])
+    v = VALIDATORS[0]
+    signed = make_signed_receipt(v, b"\x05" * 32, New(), 5).serialize()
+    msg = encode_remp_message(b"boc", b"\x06" * 32, 1, FULLNODE)
+    assert classify(msg) == "client_message" and classify(mux(CH_CLIENT, ZERO32, msg)) == "client_message"
+    assert classify(signed) == "receipt" and classify(mux(CH_CLIENT, ZERO32, signed)) == "receipt"
+    assert classify(encode_batch(v, FULLNODE.key_id, 1, 1, 1, [signed])) == "receipt_batch"
+    assert classify(encode_ack(v.key_id, 1, 1, [])) == "receipt_ack"
+    assert classify(mux(CH_RMQ, b"\x07" * 32, b"anything")) == "validator_mux"
+    assert classify(b"") == classify(b"\x00" * 40) == "unknown"
+
+
+def test_real_validator_receipts_all_arrive_with_20_percent_loss():
+    """The receipts the REMP validator cores really produce (validator.ReceiptSent events of
+    a 4-validator simulation: finalized transfers and a collator reject from a balance race),
+    replayed at their production times through ReceiptSender -> TransportCore -> lossy
+    SimNetwork -> ReceiptReceiver: count produced = count delivered, order kept per validator."""
+    from remp_node.sim import SimConfig, Simulation
+    from remp_node.validator import ReceiptSent
+    from tests.remp_fixtures import WalletSet
+
+    class Recording(Simulation):
+        def _on_validator_event(self, i, ev):
+            if isinstance(ev, ReceiptSent):
+                produced_events.append((self.now, i, ev))
+            super()._on_validator_event(i, ev)
+
+    produced_events = []
+    w = WalletSet(8, "delivery-real", balance=10)
+    sim = Recording(SimConfig(validators=4, shard_count=1, group_size=4, seed=21, mc_catchain_lifetime=60.0),
+                    wallets=w.genesis())
+    t0 = int(sim.now)
+    mids = [sim.submit(w.transfer(i, 3, t0 + 3600)) for i in range(6)]
+    to = w.addresses[0]
+    mids += [sim.submit(w.transfer(7, 8, t0 + 3600, dest=to)), sim.submit(w.transfer(7, 9, t0 + 3600, dest=to))]
+    assert sim.run_until(lambda: all(sim.finals.get(m) for m in mids), 60.0)
+    kinds = {ev.kind for _, _, ev in produced_events}
+    assert {"PutIntoQueue", "AcceptedByQueue", "IncludedIntoBlock", "IncludedIntoAcceptedBlock", "Finalized",
+            "RejectedByCollator"} <= kinds, kinds
+    validators = sim.keys
+    net = Net(loss=0.2, duplicate=0.1, reorder=0.2, seed=9, validators=validators)
+    net.receiver = ReceiptReceiver(FULLNODE, [k.public for k in validators])
+    offset = net.now - produced_events[0][0]
+    produced = {k.key_id: [] for k in validators}
+    for at, i, ev in produced_events:
+        net.step(at + offset)
+        vid = validators[i].key_id
+        produced[vid].append(ev.signed.serialize())
+        net.senders[vid].add(FULLNODE.key_id, ev.signed, net.now)
+        net.flush()
+    for _ in range(200):
+        if all(s.unacked() == 0 for s in net.senders.values()):
+            break
+        net.step(net.now + 0.5)
+    assert len(net.delivered) == sum(len(v) for v in produced.values()) == len(produced_events)
+    for vid, receipts in produced.items():
+        assert [d.signed.serialize() for d in net.delivered if d.source == vid] == receipts
+    pks = [k.public for k in validators]
+    for d in net.delivered:
+        verify_receipt_json(signed_to_json(d.signed), pks)
+    assert net.net.stats.lost > 10
+
+
+def test_validator_crash_loses_no_receipt_with_the_outbox_journal():
+    """A validator is killed mid-run (sender, transport and everything in flight gone);
+    the restarted one restores the journal's receipts without "done" into a new stream.
+    With 20% loss: every receipt ever produced is delivered, exactly once, in order."""
+    v = VALIDATORS[0]
+    net = Net(loss=0.2, duplicate=0.1, reorder=0.2, seed=5, validators=[v], journal=True)
+    store: dict[bytes, tuple] = {}          # digest -> (dst, receipt, session), insertion order
+
+    def persist():
+        for ch in net.senders[v.key_id].journal_updates():
+            if ch.kind == "add":
+                store[ch.digest] = (ch.dst, ch.receipt, ch.session)
+            else:
+                store.pop(ch.digest, None)
+
+    flush = net.flush
+
+    def durable_flush():                    # journal written before the packets leave
+        out = []
+        for vid, s in net.senders.items():
+            out += [(vid, dst, p) for dst, p in s.packets_to_send(net.now)]
+        persist()
+        for vid, dst, p in out:
+            net.tr[vid].send(dst, p, net.now)
+        flush()
+    net.flush = durable_flush
+    produced = []
+    rng = random.Random(3)
+
+    def produce_some(n):
+        for i in range(n):
+            net.step(net.now + rng.uniform(0, 0.05))
+            signed = make_signed_receipt(v, hashlib.sha256(b"crash%d" % len(produced)).digest(), New(),
+                                         int(net.now * 1000))
+            produced.append(signed.serialize())
+            net.senders[v.key_id].add(FULLNODE.key_id, signed, net.now)
+            net.flush()
+
+    produce_some(120)
+    assert net.senders[v.key_id].unacked() > 0 and store       # killed with receipts in flight
+    delivered_before = len(net.delivered)
+    assert delivered_before < 120           # without the journal the rest would be lost
+    # SIGKILL: a new sender (new stream) and a new transport core (new epoch)
+    net.senders[v.key_id] = ReceiptSender(v, stream=2, journal=True)
+    net.tr[v.key_id] = TransportCore(v, {FULLNODE.public: FULLNODE.key_id}, epoch=2)
+    net.senders[v.key_id].restore(list(store.values()), net.now)
+    assert net.senders[v.key_id].stats["restored"] == len(store)
+    produce_some(60)
+    for _ in range(200):
+        if net.senders[v.key_id].unacked() == 0:
+            break
+        net.step(net.now + 0.5)
+    persist()
+    got = [d.signed.serialize() for d in net.delivered]
+    assert got == produced                  # all, once, in production order
+    assert net.receiver.stats["duplicates_receipts"] > 0   # delivered, not yet acked at the kill
+    assert not store                        # every journaled receipt is done
+    assert set(net.errors) <= {"stale_stream"}     # late acks for the dead stream, refused

@@ -1,0 +1,97 @@
+"""remp_node/store.py and `remp-node init` (netfiles.py): what a daemon finds on disk."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+from remp_node.netfiles import load_key, load_network
+from remp_node.state import make_wallet_message
+from remp_node.store import FullnodeStore, ValidatorStore
+from remp_node.validator import JournalEntry
+
+
+def test_validator_store_survives_sigkill_right_after_write(tmp_path):
+    # a child writes, prints "written", then waits to be killed: what write() returned must be on disk
+    code = f"""
+import sys, time
+sys.path.insert(0, {os.getcwd()!r})
+from remp_node.store import ValidatorStore
+from remp_node.validator import JournalEntry
+s = ValidatorStore({str(tmp_path)!r})
+s.write([JournalEntry("master_commit", 1, b"c1"), JournalEntry("master_commit", 2, b"c2"),
+         JournalEntry("signed_height", b"s" * 32, 7), JournalEntry("authored", b"a" * 32)])
+print("written", flush=True)
+time.sleep(60)
+"""
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "written"
+    finally:
+        p.kill()
+        p.wait(10)
+    s = ValidatorStore(tmp_path)
+    j = s.load()
+    assert j.master_commits == {1: b"c1", 2: b"c2"}
+    assert j.signed_heights == {b"s" * 32: 7}
+    assert j.authored == {b"a" * 32}
+    # heights only grow; commits are write-once
+    s.write([JournalEntry("signed_height", b"s" * 32, 3), JournalEntry("master_commit", 1, b"other")])
+    j = s.load()
+    assert j.signed_heights[b"s" * 32] == 7 and j.master_commits[1] == b"c1"
+    assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert s.db.execute("PRAGMA synchronous").fetchone()[0] == 2      # FULL
+    s.close()
+
+
+def test_fullnode_store_keeps_statuses_in_order(tmp_path):
+    s = FullnodeStore(tmp_path)
+    mid = b"\x01" * 32
+    s.add_message(mid, b"boc", 1.5)
+    s.add_statuses([(mid, {"kind": "SentToValidators"}), (mid, {"kind": "PutIntoQueue"})])
+    s.add_statuses([(mid, {"kind": "Finalized"})])
+    assert s.pending() == [(mid, b"boc")]
+    s.set_outcome(mid, "finalized", "Finalized", "")
+    s.close()
+    s = FullnodeStore(tmp_path)
+    assert [d["kind"] for d in s.statuses(mid)] == ["SentToValidators", "PutIntoQueue", "Finalized"]
+    assert s.message(mid)["outcome"] == "finalized" and s.pending() == []
+
+
+def test_remp_node_init_writes_a_network(tmp_path):
+    d = tmp_path / "net"
+    r = subprocess.run([sys.executable, "-m", "remp_node.daemon", "init", "--dir", str(d), "--shards", "2",
+                        "--validators-per-shard", "3", "--masterchain-validators", "4", "--fullnodes", "1",
+                        "--mc-catchain-lifetime", "12", "--block-interval", "0.2", "--ext-messages", "/nonexistent"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["validators"] == 6
+    net = load_network(d)
+    assert [n.label for n in net.validators()] == ["v1", "v2", "v3", "v4", "v5", "v6"]
+    assert [n.label for n in net.fullnodes()] == ["fullnode1"]
+    assert net.config.shard_group_size == 3 and len(net.config.shards) == 2
+    assert len(net.config.masterchain_validators) == 4
+    assert net.config.mc_catchain_lifetime == 12.0
+    for n in net.nodes:
+        mode = stat.S_IMODE(os.stat(d / n.key_file).st_mode)
+        assert mode == 0o600, (n.label, oct(mode))
+        assert load_key(d / n.key_file).public == n.public_key
+        assert n.address.startswith("127.0.0.1:") and n.http.startswith("127.0.0.1:")
+    assert stat.S_IMODE(os.stat(d / "wallets.json").st_mode) == 0o600
+    # the zerostate holds the demo wallets of workchain 0 and -1; their transfers pre-check
+    zs = net.zerostate()
+    wallets = net.wallets()
+    assert {w["workchain"] for w in wallets} == {0, -1}
+    from remp_node.keys import NodeKey
+    from remp_node.messages import parse_external_message
+    for w in wallets:
+        k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
+        boc = make_wallet_message(k, w["address"], w["address"], 1, 2_000_000_000)
+        msg = parse_external_message(boc, zs.workchains)
+        zs.state_for(msg.dst).precheck(msg, 1_700_000_000)
+    # a bad argument is refused precisely
+    r = subprocess.run([sys.executable, "-m", "remp_node.daemon", "init", "--dir", str(tmp_path / "x"),
+                        "--shards", "3"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "power of two" in r.stderr

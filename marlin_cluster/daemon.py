@@ -519,7 +519,12 @@ def build_init_parser() -> argparse.ArgumentParser:
     p.add_argument("--consumers", type=int, default=2, help="number of consumers (default: 2)")
     p.add_argument("--base-port", type=int, default=0,
                    help="node i listens on base-port + i; 0 picks free ports now (default: 0)")
-    p.add_argument("--host", default="127.0.0.1", help="listen host of every node (default: 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="host of every node (default: 127.0.0.1)")
+    p.add_argument("--host-prefix", default=None, metavar="PREFIX",
+                   help="give each node the host PREFIX<name> instead of --host (one container or machine "
+                        "per node, e.g. 'marlin-' for docker-compose services marlin-c1m1, ...)")
+    p.add_argument("--exist-ok", action="store_true", default=False,
+                   help="when DIR already holds a network file, keep it and exit 0 (default: refuse, exit 2)")
     return p
 
 
@@ -568,9 +573,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.role == "init":
+        if args.exist_ok and (Path(args.dir) / "network.json").exists():
+            print(json.dumps({"network": str(Path(args.dir) / "network.json"), "existing": True}))
+            return 0
         try:
             net = write_network(args.dir, clusters=args.clusters, members=args.members, producers=args.producers,
-                                consumers=args.consumers, base_port=args.base_port, host=args.host)
+                                consumers=args.consumers, base_port=args.base_port, host=args.host,
+                                host_prefix=args.host_prefix)
         except MarlinLocalError as exc:
             print(f"marlin-node init: {exc}", file=sys.stderr)
             return 2

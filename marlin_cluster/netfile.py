@@ -204,10 +204,11 @@ def _free_ports(host: str, n: int) -> list[int]:
 
 def write_network(directory: str | os.PathLike, *, clusters: int = 3, members: int = 2, producers: int = 1,
                   consumers: int = 2, base_port: int = 0, host: str = "127.0.0.1",
-                  params: Params | None = None) -> Network:
+                  params: Params | None = None, host_prefix: str | None = None) -> Network:
     """Creates keys and the network file in `directory` (see the module docstring).
     base_port 0 picks free ports now (for tests; another process may take one before the
-    daemons start), else node i listens on base_port + i. Raises NetfileError when the
+    daemons start), else node i listens on base_port + i. host_prefix: each node's host is
+    host_prefix + its name (one container per node) instead of `host`. Raises NetfileError when the
     directory already holds a network file."""
     d = Path(directory)
     if clusters < 1 or members < 1 or producers < 1 or consumers < 1:
@@ -236,7 +237,8 @@ def write_network(directory: str | os.PathLike, *, clusters: int = 3, members: i
         with os.fdopen(fd, "w") as fh:
             fh.write(key.secret.hex() + "\n")
         entry = {"name": name, "role": role, "address": "0x" + key.address.hex(),
-                 "public_key": "0x" + key.public_key.hex(), "host": host, "port": port, "key_file": rel}
+                 "public_key": "0x" + key.public_key.hex(),
+                 "host": host_prefix + name if host_prefix else host, "port": port, "key_file": rel}
         if cid is not None:
             entry["cluster"] = cid
         nodes.append(entry)

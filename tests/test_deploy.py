@@ -38,8 +38,13 @@ def _report(argv):
     return build_parser().parse_args(argv)  # the report has no env/file config
 
 
+def _marlin(argv):
+    from marlin_cluster.daemon import parse_args
+    return parse_args(argv)  # [role, options...]: each role's own parser (file + env + flags)
+
+
 CLIS = {"rmb-relay": _relay, "rmb-registry": _registry, "rmb-peer": _peer,
-        "relay-trace-report": _report}
+        "relay-trace-report": _report, "marlin-node": _marlin}
 
 
 def accept(argv: list[str], env: dict[str, str], monkeypatch) -> object:

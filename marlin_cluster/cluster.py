@@ -190,7 +190,7 @@ class ClusterMemberCore:
             while table:
                 k, v = next(iter(table.items()))
                 arrival = v if isinstance(v, float | int) else v[0]
-                if arrival >= limit:
+                if arrival > limit:
                     break
                 del table[k]
 

@@ -187,7 +187,7 @@ class ConsumerCore:
         limit = now - self._horizon
         while self._done:
             mid, t = next(iter(self._done.items()))
-            if t >= limit:
+            if t > limit:
                 break
             del self._done[mid]
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import rlp
-from bitcoin.core import CBlock, CBlockHeader, CheckBlock, CheckBlockError
+from bitcoin.core import CBlock, CBlockHeader, CheckBlock, ValidationError
 from Crypto.Hash import keccak
 from trie import HexaryTrie
 
@@ -94,8 +94,10 @@ def _btc(block: bytes, now: float | None) -> BlockInfo:
     try:
         CheckBlock(b, fCheckPoW=True, fCheckMerkleRoot=True,
                    cur_time=int(now) if now is not None else b.nTime)
-    except CheckBlockError as exc:  # includes CheckProofOfWorkError, CheckTransactionError
+    except ValidationError as exc:  # CheckBlockError, CheckProofOfWorkError, CheckTransactionError
         raise BlockInvalid(f"bitcoin block: {exc}") from None
+    except Exception as exc:  # python-bitcoinlib on structurally odd blocks (e.g. scripts it cannot count)
+        raise BlockInvalid(f"bitcoin block: {type(exc).__name__}: {exc}") from None
     return BlockInfo("btc", b.GetHash(), len(b.vtx), len(block))
 
 

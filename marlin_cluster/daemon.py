@@ -10,16 +10,18 @@ Each role: typed config (`--config FILE` TOML < MARLIN_<ROLE>_<OPTION> env < fla
 SIGTERM/SIGINT graceful shutdown (stop accepting, flush send queues up to `--grace` s), one
 READY line on stdout, the JSON-lines event log (marlin_cluster/events.py catalogue).
 
-The adapter (`CoreRunner`) is the thin aioquic-style loop around A's sans-I/O cores: every
-frame from the transport goes to `core.receive_frame(frame, peer, loop.time())`; then
+The adapter (`CoreRunner`) is the thin aioquic-style loop around the sans-I/O cores: every
+frame from the transport goes to `core.receive_frame(frame, peer, now)` with now = time.time()
+(the cores compare attestation timestamps, unix seconds, across machines); then
 `frames_to_send` is flushed to the transport, events are drained into the event log
-(events.records) and the metrics, and one timer is re-armed at `core.get_timer()`.
+(events.records) and the metrics, and one timer is re-armed at `core.get_timer()` (a unix
+deadline, scheduled with loop.call_later).
 
 Producer inputs: files in `--blocks-dir` (each file one block, produced once, new files
 picked up every `--poll` s; write them elsewhere and rename in), LPF records on stdin
 (`--stdin`: u64 big-endian length + block), and HTTP `POST /produce?channel=btc|eth|raw|auto`
-with the block as the body on the status port (200 {"message_id", "trace_id"}, 400 bad
-input, 409 stake exhausted).
+with the block as the body on the status port (200 {"message_id", "trace_id", ...}; 400 bad
+input or refused block, 409 stake exhausted, 429 too many messages in flight, 413 too large).
 Consumer outputs: `--out-dir DIR` (one file `<message id>_<producer>.<channel>` per rebuilt
 block, written atomically) and/or `--redis URL` (XADD to `--redis-stream`, fields trace_id,
 channel, block; MAXLEN ~ `--redis-maxlen`).
@@ -184,7 +186,7 @@ class CoreRunner:
         """Transport callback. A MarlinWireError from the core propagates to the transport's
         boundary (counted there, reported through transport_reject)."""
         try:
-            self.core.receive_frame(frame, peer, self.loop.time())
+            self.core.receive_frame(frame, peer, time.time())
         finally:
             self.pump()
 
@@ -210,7 +212,7 @@ class CoreRunner:
     def pump(self) -> None:
         """Flush frames, drain events, re-arm the timer. Never raises (bugs are logged)."""
         try:
-            now = self.loop.time()
+            now = time.time()
             for peer, frame in self.core.frames_to_send(now):
                 try:
                     self.transport.send(peer, frame)
@@ -230,14 +232,14 @@ class CoreRunner:
                 self._timer.cancel()
                 self._timer = None
             self._deadline = deadline
-            if deadline is not None:
-                self._timer = self.loop.call_at(deadline, self._fire)
+            if deadline is not None:   # core deadlines are unix seconds
+                self._timer = self.loop.call_later(max(0.0, deadline - time.time()), self._fire)
 
     def _fire(self) -> None:
         self._timer = None
         self._deadline = None
         try:
-            self.core.handle_timer(self.loop.time())
+            self.core.handle_timer(time.time())
         except Exception as exc:
             self.bug(exc)
         self.pump()
@@ -370,7 +372,7 @@ class Producer:
         ch = parse_channel(channel or self.default_channel, block)
         core = self.runner.core
         try:
-            mid = core.produce(block, ch, self.runner.loop.time())
+            mid = core.produce(block, ch, time.time())
         finally:
             self.runner.pump()
         tid = trace_id(mid, self.runner.transport.key.address)
@@ -523,9 +525,42 @@ def build_init_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-prefix", default=None, metavar="PREFIX",
                    help="give each node the host PREFIX<name> instead of --host (one container or machine "
                         "per node, e.g. 'marlin-' for docker-compose services marlin-c1m1, ...)")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a protocol parameter for the whole network (params.Params field, e.g. "
+                        "tolerable_latency=10, ack_timeout=2, no_of_cluster_options=2; channel coding as "
+                        "chunks.<channel>=NUM/MIN, e.g. chunks.1=12/8). Repeatable")
     p.add_argument("--exist-ok", action="store_true", default=False,
                    help="when DIR already holds a network file, keep it and exit 0 (default: refuse, exit 2)")
     return p
+
+
+def params_from_flags(items: list[str]):
+    """["name=value", "chunks.1=12/8", ...] -> Params. Raises MarlinLocalError (MarlinConfigError)
+    naming the bad item."""
+    from dataclasses import fields as dc_fields
+
+    from .params import MarlinConfigError, Params
+    base = Params()
+    data = base.to_dict()
+    types = {f.name: type(getattr(base, f.name)) for f in dc_fields(base) if f.name != "channels"}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep:
+            raise MarlinConfigError(f"--param {item!r}: expected NAME=VALUE")
+        try:
+            if name.startswith("chunks."):
+                ch = str(int(name.split(".", 1)[1]))
+                num, _, k = value.partition("/")
+                data["channels"].setdefault(ch, {"max_block": 4 * 1024 * 1024})
+                data["channels"][ch].update(num_chunks=int(num), min_chunks=int(k))
+            elif name in types:
+                data[name] = types[name](value)
+            else:
+                raise MarlinConfigError(f"--param {item!r}: unknown parameter {name!r}")
+        except ValueError as exc:
+            raise MarlinConfigError(f"--param {item!r}: {exc}") from None
+    return Params.from_dict(data)
 
 
 ENV_PREFIX = {"producer": "MARLIN_PRODUCER_", "cluster": "MARLIN_CLUSTER_", "consumer": "MARLIN_CONSUMER_"}
@@ -577,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"network": str(Path(args.dir) / "network.json"), "existing": True}))
             return 0
         try:
-            net = write_network(args.dir, clusters=args.clusters, members=args.members, producers=args.producers,
+            params = params_from_flags(args.param)
+            net = write_network(args.dir, params=params, clusters=args.clusters, members=args.members, producers=args.producers,
                                 consumers=args.consumers, base_port=args.base_port, host=args.host,
                                 host_prefix=args.host_prefix)
         except MarlinLocalError as exc:
@@ -663,8 +699,10 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
                 metrics.inc("input_errors", "bad_input")
                 return web.json_response({"error": str(exc)}, status=400)
             except MarlinLocalError as exc:
-                metrics.inc("input_errors", type(exc).__name__)
-                return web.json_response({"error": str(exc), "kind": type(exc).__name__}, status=409)
+                kind = type(exc).__name__
+                metrics.inc("input_errors", kind)
+                status = {"StakeExhausted": 409, "Backpressure": 429}.get(kind, 400)
+                return web.json_response({"error": str(exc), "kind": kind}, status=status)
             return web.json_response(out)
 
         app.router.add_post("/produce", produce)

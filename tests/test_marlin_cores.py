@@ -136,6 +136,28 @@ class Net:
 BLOCK_RAW = bytes(random.Random(5).randbytes(200_000))
 
 
+def assert_logs(net: Net) -> set[str]:
+    """Every core event of the run goes through a real EventLog with the Marlin catalogue
+    (which checks names and attribute types); returns the event names written."""
+    import io
+    import json
+    from daemon_runtime.eventlog import EventLog
+    from marlin_cluster.events import MARLIN_EVENTS, emit_records
+    buf = io.StringIO()
+    log = EventLog("marlin-test", "n", [MARLIN_EVENTS], sink=buf)
+    for evs in net.events.values():
+        for ev in evs:
+            emit_records(log, records(ev))
+    log.close()
+    lines = [json.loads(line) for line in buf.getvalue().splitlines()]
+    for line in lines:
+        tid = line["trace_id"]
+        if tid is not None:
+            mid, prod = tid.split(":")
+            assert len(mid) == 8 and prod.startswith("0x") and len(prod) == 42
+    return {line["event"] for line in lines}
+
+
 def real_blocks(shared_data) -> list[tuple[str, int, bytes]]:
     out = [("btc/block413567.raw", CHANNEL_BTC, (shared_data / "btc" / "block413567.raw").read_bytes())]
     for p in sorted((shared_data / "eth").glob("*.rlp")):
@@ -181,10 +203,9 @@ def test_real_blocks_rebuilt_byte_identical_by_both_consumers_over_a_lossy_link(
     # the network really was lossy and duplicating, and the events map to catalogue records
     assert sum(m.counters["duplicate"] for m in net.members.values()) + \
         sum(c.counters["duplicate"] for c in net.consumers) > 0
-    for evs in net.events.values():
-        for ev in evs:
-            for r in records(ev):
-                assert r.event.startswith("marlin.")
+    assert {"marlin.producer.produced", "marlin.producer.chunk_sent", "marlin.producer.acknowledged",
+            "marlin.cluster.witnessed", "marlin.cluster.acknowledged", "marlin.cluster.relayed",
+            "marlin.consumer.chunk_received", "marlin.consumer.block_rebuilt"} <= assert_logs(net)
 
 
 def test_corrupted_bitcoin_block_is_rebuilt_refused_and_disputed(shared_data):
@@ -303,6 +324,7 @@ def test_forged_chunks_are_refused_with_their_reason_and_honest_traffic_is_unaff
     net.run(30)
     for got in rebuilt(net):
         assert got == {mid: block}
+    assert {"marlin.cluster.rejected", "marlin.consumer.rejected"} <= assert_logs(net)
 
 
 def test_stake_offset_reused_within_the_refresh_interval_is_recorded():
@@ -330,6 +352,7 @@ def test_stake_offset_reused_within_the_refresh_interval_is_recorded():
             assert att.stake_offset == ev.stake_offset
             assert recover_signer(att.signed_data(clen, chash), att.signature) == net.producer.address
     assert any(isinstance(e, StakeEvidence) for evs in net.events.values() for e in evs)
+    assert "marlin.cluster.stake_evidence" in assert_logs(net)
     # the reusing block never reached a consumer
     for got in rebuilt(net):
         assert a in got and b not in got
@@ -396,6 +419,7 @@ def test_a_member_that_never_acknowledges_shows_up_as_missing_acks():
     net2.run(30)
     assert net2.producer.missing_acks(mid2) == []
     assert {m.peer for m in net2.of(net2.producer.address, AckMissing)} == set(silent)
+    assert "marlin.producer.ack_missing" in assert_logs(net) and "marlin.producer.ack_missing" in assert_logs(net2)
 
 
 def test_consumer_chunk_expiry_raises_a_dispute_naming_the_producer():
@@ -412,7 +436,8 @@ def test_consumer_chunk_expiry_raises_a_dispute_naming_the_producer():
         (d,) = net.of(c.address, Dispute)
         assert (d.message_id, d.reason, d.producers, d.chunks) == (mid, "expired", [net.producer.address],
                                                                     cp.min_chunks - 1)
-        assert c.pending() == {} and c.get_timer() is None or c.get_timer() > net.now
+        assert c.pending() == {} and (c.get_timer() is None or c.get_timer() > net.now)
+    assert "marlin.consumer.dispute" in assert_logs(net)
 
 
 def test_caches_stay_bounded():
@@ -427,3 +452,50 @@ def test_caches_stay_bounded():
     for m in net.members.values():
         assert m.cache_size() == 0 and m.get_timer() is None
     assert len(net.producer.messages()) <= 4
+
+
+def test_forged_acknowledgements_are_refused_and_do_not_count():
+    from marlin_cluster.wire import Ack, encode_frame
+    net = Net()
+    mid = net.producer.produce(BLOCK_RAW, CHANNEL_RAW, net.now)
+    frames = net.producer.frames_to_send(net.now)
+    first = frames[0]
+    cid = int.from_bytes(first[1][7:9], "big")
+    cluster = next(c for c, ks in net.member_keys.items() if any(k.address == first[0] for k in ks))
+    other = next(c for c in net.membership.cluster_ids if c != cluster)
+    member = next(k for k in net.member_keys[cluster] if k.address == first[0])
+    outsider_member = net.member_keys[other][0]
+
+    def ack(signer, cluster_id=cluster, producer=net.producer.address, chunk=cid):
+        unsigned = Ack(mid, chunk, cluster_id, int(net.now), producer, b"")
+        return encode_frame(KIND_ACK, Ack(mid, chunk, cluster_id, int(net.now), producer,
+                                          signer.sign(unsigned.signed_data())).wire())
+    cases = [(ack(net.outsider), "bad_ack"),                        # not a member
+             (ack(outsider_member, cluster_id=other), "bad_ack"),   # a cluster the chunk never went to
+             (ack(outsider_member), "bad_ack"),                     # a member of another cluster
+             (ack(member, producer=net.outsider.address), "bad_ack"),
+             (ack(member, chunk=99), "bad_ack"),
+             (ack(member)[:50], "truncated")]
+    for frame, reason in cases:
+        before = net.producer.counters[f"rejected.{reason}"]
+        net.producer.receive_frame(frame, first[0], net.now)
+        assert net.producer.counters[f"rejected.{reason}"] == before + 1
+    assert cid in net.producer.missing_acks(mid)
+    net.producer.receive_frame(ack(member), first[0], net.now)          # the real one counts
+    assert cid not in net.producer.missing_acks(mid)
+    assert parse_ack(net.producer.acks(mid)[cid]).cluster_id == cluster
+
+
+def test_consumer_refuses_a_witness_from_a_cluster_outside_the_chunk_options():
+    net = Net()
+    ts = int(net.now)
+    mid, att, chunk = _attested(net, BLOCK_RAW, ts)
+    options = net.membership.options(mid, 0, net.params.no_of_cluster_options)
+    outside = next(c for c in net.membership.cluster_ids if c not in options)
+    wk = net.member_keys[outside][0]
+    c = net.consumers[0]
+    net.inject(c.address, _witnessed(att, chunk, wk), wk.address)
+    assert c.counters["rejected.bad_witness"] == 1
+    inside = net.member_keys[options[0]][0]
+    net.inject(c.address, _witnessed(att, chunk, inside), inside.address)
+    assert c.counters["chunks"] == 1

@@ -19,7 +19,7 @@ Core event -> event log (`records(ev)`; `emit_records(log, records)` writes them
 | AckSent | marlin.cluster.acknowledged | info | chunk, cluster |
 | ChunkRelayed | marlin.cluster.relayed | info | chunk, peer, size, cluster |
 | ChunkRejected role=cluster | marlin.cluster.rejected | warning | chunk, reason, peer, size |
-| StakeEvidence | marlin.cluster.stake_evidence | warning | epoch, offset, chunk, peer (earlier use "mid:chunk") |
+| StakeEvidence | marlin.cluster.stake_evidence | warning | epoch, offset, chunk, earlier ("message id/chunk id" that used the offset first) |
 | ChunkReceived | marlin.consumer.chunk_received | info | chunk, peer, size |
 | ChunkRejected role=consumer | marlin.consumer.rejected | warning | chunk, reason, peer, size |
 | BlockRebuilt | marlin.consumer.block_rebuilt | info | count, size, duration_ms, channel |
@@ -67,7 +67,7 @@ MARLIN_EVENTS = Catalogue("marlin", [
       {"chunk": "long", "reason": "string", "peer": "string", "size": "long"}),
     E("marlin.cluster.stake_evidence", "a cluster member saw a producer reuse a stake offset within one "
       "refresh interval (slashing evidence recorded)",
-      {"epoch": "long", "offset": "long", "chunk": "long", "peer": "string"}),
+      {"epoch": "long", "offset": "long", "chunk": "long", "earlier": "string"}),
     E("marlin.consumer.chunk_received", "a consumer received a chunk",
       {"chunk": "long", "peer": "string", "size": "long"}),
     E("marlin.consumer.rejected", "a consumer refused a chunk (forged attestation or witness, late, malformed)",
@@ -397,7 +397,7 @@ def records(ev: MarlinEvent) -> list[LogRecord]:
     if t is StakeEvidence:
         return [LogRecord("marlin.cluster.stake_evidence", trace_id(ev.second[0], ev.producer), "warning",
                           {"epoch": ev.epoch, "offset": ev.stake_offset, "chunk": ev.second[1],
-                           "peer": f"{ev.first[0]:08x}:{ev.first[1]}"})]
+                           "earlier": f"{ev.first[0]:08x}/{ev.first[1]}"})]
     if t is ChunkRejected:
         tid = trace_id(ev.message_id, ev.producer) if ev.message_id is not None and ev.producer else None
         attrs: dict = {"reason": ev.reason, "peer": node_label(ev.peer), "size": ev.size}

@@ -20,28 +20,31 @@ Per chunk frame, in this order:
     member link (KIND_CHUNK) it must recover to a known producer ("unknown_producer");
  4. witness (KIND_CHUNK only): signature over keccak256(attestation wire || chunk) by a member
     of this cluster ("bad_witness");
- 5. stake: (producer, epoch = timestamp // refresh_interval, stake offset) already used by
-    another (message id, chunk id) -> StakeEvidence recorded (bounded, `evidence`) and the
+ 5. stake: the chunk's stake units [offset, offset + (length + 81) x STAKE_PER_BYTE) overlap
+    units another (message id, chunk id) of the same producer holds in the same epoch
+    (timestamp // refresh_interval) -> StakeEvidence recorded (bounded, `evidence`) and the
     chunk refused ("stake_reuse").
 Accepted from the producer: this member is the first; it witnesses, queues a signed
 acknowledgement to the producer, and relays `| Attestation | Witness | Chunk |` to the other
 members of its cluster and to every consumer. Accepted from a member: relayed to every
 consumer.
 
-Memory: the duplicate cache and the stake table drop entries older than TOLERABLE_LATENCY +
-max_clock_skew (a replay of an older chunk is then refused as stale) and hold at most
-max_cached_chunks entries each; evidence keeps the last max_evidence records.
+Memory: the duplicate cache drops entries older than TOLERABLE_LATENCY + max_clock_skew (a
+replay of an older chunk is then refused as stale); the stake table drops an epoch
+TOLERABLE_LATENCY after it ends (its chunks are all stale by then); each holds at most
+max_cached_chunks entries; evidence keeps the last max_evidence records.
 Errors: receive_frame never raises for remote input (ChunkRejected event + "rejected.<reason>").
 """
 from __future__ import annotations
 
+import bisect
 from collections import Counter, OrderedDict, deque
 
 from .crypto import BadSignature, NodeKey, keccak256, recover_address, recover_signer
 from .events import AckSent, ChunkRejected, ChunkRelayed, ChunkWitnessed, MarlinEvent, StakeEvidence
 from .membership import Membership, MembershipError
 from .params import Params
-from .wire import (KIND_ACK, KIND_ATTESTED_CHUNK, KIND_CHUNK, Ack, MarlinWireError, decode_frame,
+from .wire import (ATTESTATION_LEN, KIND_ACK, KIND_ATTESTED_CHUNK, KIND_CHUNK, Ack, MarlinWireError, decode_frame,
                    encode_chunk_message, encode_frame, parse_chunk_message, peek_chunk_ids)
 
 __all__ = ["ClusterMemberCore"]
@@ -61,7 +64,9 @@ class ClusterMemberCore:
         self.counters: Counter = Counter()
         self.evidence: deque = deque(maxlen=params.max_evidence)
         self._seen: OrderedDict = OrderedDict()    # (mid, cid) -> arrival (now)
-        self._stake: OrderedDict = OrderedDict()   # (producer, epoch, offset) -> (arrival, record tuple)
+        # (producer, epoch) -> [sorted stake range starts, [(start, end, record)]] in creation order
+        self._stake: OrderedDict = OrderedDict()
+        self._stake_entries = 0
         self._out: list = []
         self._events: deque = deque()
         self._horizon = params.tolerable_latency + params.max_clock_skew
@@ -168,31 +173,60 @@ class ClusterMemberCore:
 
     def _check_stake(self, producer: bytes, att, att_wire: bytes, chunk_len: int, chunk_hash: bytes,
                      mid: int, cid: int, now: float) -> None:
-        key = (producer, int(att.timestamp // self.params.refresh_interval), att.stake_offset)
+        """The chunk holds stake units [offset, offset + (chunk length + 81) x STAKE_PER_BYTE) of
+        its producer's budget for epoch timestamp // refresh_interval; a range overlapping one
+        another chunk holds in the same epoch is reuse (the seed's "same stake attached again")."""
+        cost = (chunk_len + ATTESTATION_LEN) * self.params.stake_per_byte
+        if cost == 0:
+            return
+        epoch = int(att.timestamp // self.params.refresh_interval)
+        start, end = att.stake_offset, att.stake_offset + cost
         record = (mid, cid, att_wire, chunk_len, chunk_hash)
-        prev = self._stake.get(key)
-        if prev is not None and prev[1][:2] != (mid, cid):
-            ev = StakeEvidence(producer, key[1], att.stake_offset, prev[1], record)
-            self.evidence.append(ev)
-            self.counters["stake_evidence"] += 1
-            self._events.append(ev)
-            raise MarlinWireError(f"stake offset {att.stake_offset} of producer 0x{producer.hex()} already "
-                                  f"used by {prev[1][0]:08x}/{prev[1][1]} in epoch {key[1]}", "stake_reuse")
-        if prev is None:
-            self._stake[key] = (now, record)
-            if len(self._stake) > self.params.max_cached_chunks:
-                self._stake.popitem(last=False)
+        group = self._stake.get((producer, epoch))
+        if group is None:
+            group = self._stake[(producer, epoch)] = ([], [])
+        starts, items = group
+        i = bisect.bisect_right(starts, start)
+        for j in (i - 1, i):
+            if 0 <= j < len(items):
+                s0, e0, prev = items[j]
+                if s0 < end and start < e0:         # overlapping ranges
+                    if prev[:2] == (mid, cid):
+                        return                      # the same chunk again (a producer re-send)
+                    ev = StakeEvidence(producer, epoch, start, prev, record)
+                    self.evidence.append(ev)
+                    self.counters["stake_evidence"] += 1
+                    self._events.append(ev)
+                    raise MarlinWireError(
+                        f"stake units {start}..{end} of producer 0x{producer.hex()} overlap {s0}..{e0} used by "
+                        f"{prev[0]:08x}/{prev[1]} in epoch {epoch}", "stake_reuse")
+        starts.insert(i, start)
+        items.insert(i, (start, end, record))
+        self._stake_entries += 1
+        while self._stake_entries > self.params.max_cached_chunks and self._stake:
+            _, (_, old) = self._stake.popitem(last=False)
+            self._stake_entries -= len(old)
+            self.counters["evicted"] += len(old)
+
+    def _stake_expiry(self, epoch: int) -> float:
+        # every chunk of an epoch is stale TOLERABLE_LATENCY after the epoch ends
+        return (epoch + 1) * self.params.refresh_interval + self.params.tolerable_latency
 
     # ---- memory ---------------------------------------------------------------------------
     def _prune(self, now: float) -> None:
         limit = now - self._horizon
-        for table in (self._seen, self._stake):
-            while table:
-                k, v = next(iter(table.items()))
-                arrival = v if isinstance(v, float | int) else v[0]
-                if arrival > limit:
-                    break
-                del table[k]
+        seen = self._seen
+        while seen:
+            k, arrival = next(iter(seen.items()))
+            if arrival > limit:
+                break
+            del seen[k]
+        while self._stake:
+            (producer, epoch), (_, items) = next(iter(self._stake.items()))
+            if self._stake_expiry(epoch) > now:
+                break
+            del self._stake[(producer, epoch)]
+            self._stake_entries -= len(items)
 
     # ---- output ---------------------------------------------------------------------------
     def frames_to_send(self, now: float) -> list[tuple[bytes, bytes]]:
@@ -204,10 +238,10 @@ class ClusterMemberCore:
     def get_timer(self) -> float | None:
         """When the oldest cache entry expires (unix seconds), or None when empty."""
         firsts = []
-        for table in (self._seen, self._stake):
-            if table:
-                v = next(iter(table.values()))
-                firsts.append((v if isinstance(v, float | int) else v[0]) + self._horizon)
+        if self._seen:
+            firsts.append(next(iter(self._seen.values())) + self._horizon)
+        if self._stake:
+            firsts.append(self._stake_expiry(next(iter(self._stake))[1]))
         return min(firsts) if firsts else None
 
     def handle_timer(self, now: float) -> None:

@@ -499,3 +499,26 @@ def test_consumer_refuses_a_witness_from_a_cluster_outside_the_chunk_options():
     inside = net.member_keys[options[0]][0]
     net.inject(c.address, _witnessed(att, chunk, inside), inside.address)
     assert c.counters["chunks"] == 1
+
+
+def test_overlapping_stake_ranges_are_reuse_adjacent_ones_are_not():
+    net = Net()
+    prod = net.producer_keys[0]
+    member = net.members[net.member_keys[net.membership.cluster_ids[0]][0].address]
+    ts = int(net.now)
+    blocks = [bytes([i]) * 50_000 + BLOCK_RAW[:1000] for i in range(4)]
+    base = 100_000
+    mid0, att0, chunk0 = _attested(net, blocks[0], ts, offset=base)
+    cost = len(chunk0) + 81                        # STAKE_PER_BYTE = 1
+    for blk, offset, reuse in ((blocks[0], base, False),            # the first use
+                               (blocks[1], base + cost, False),     # adjacent: fine
+                               (blocks[2], base + cost // 2, True),  # overlaps both
+                               (blocks[3], base - cost + 1, True)):  # overlaps the first by one unit
+        _, att, chunk = _attested(net, blk, ts, offset=offset)
+        before = member.counters["stake_evidence"]
+        net.inject(member.address, encode_chunk_message(att.wire(), None, chunk), prod.address)
+        assert member.counters["stake_evidence"] == before + int(reuse), offset
+    assert member.counters["rejected.stake_reuse"] == 2
+    # re-sending the very same chunk (a producer retry) is not reuse
+    net.inject(member.address, encode_chunk_message(att0.wire(), None, chunk0), prod.address)
+    assert member.counters["stake_evidence"] == 2 and member.counters["acks_sent"] == 3

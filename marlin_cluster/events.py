@@ -273,14 +273,15 @@ class ChunkRejected(MarlinEvent):
 
 @dataclass
 class StakeEvidence(MarlinEvent):
-    """A producer attached the same stake offset to two chunks within one refresh interval
-    (seed: "the producer will be slashed"). Both attestations are kept so anyone can verify."""
+    """A producer attached the same stake to two chunks within one refresh interval (their
+    stake ranges [offset, offset + (chunk length + 81) x STAKE_PER_BYTE) overlap; seed: "the
+    producer will be slashed"). Both attestations are kept so anyone can verify them."""
     producer: bytes
     """the producer's address"""
     epoch: int
     """attestation timestamp // refresh_interval"""
     stake_offset: int
-    """the reused offset"""
+    """the reusing chunk's stake offset"""
     first: tuple
     """(message id, chunk id, attestation wire 81 bytes, chunk length, chunk hash 32) seen first"""
     second: tuple

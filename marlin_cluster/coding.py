@@ -6,8 +6,9 @@ same any-k-of-n property, from a maintained library: pyeclib (liberasurecode) wi
 "isa_l_rs_cauchy" (Intel ISA-L, bundled in the wheel). Not "isa_l_rs_vand": it is not MDS
 for every k, m (it failed to decode 3 of 300 random 10-of-20 subsets here).
 
-Each chunk is a pyeclib fragment: an 80-byte self-describing header (index, sizes,
-checksum-free) followed by ceil(len(block) / k) bytes rounded up for alignment.
+Each chunk is a pyeclib fragment: an 80-byte self-describing header (index, sizes, a
+checksum of the header itself; the payload is not checksummed: the attestation's chunk hash
+and block validation cover it) followed by ceil(len(block) / k) bytes rounded up for alignment.
 
     coder = Coder(num_chunks=12, min_chunks=8)
     chunks = coder.encode(block)            # list of 12 bytes objects, chunk id = index

@@ -23,7 +23,7 @@ Per chunk frame, in this order:
  5. stake: the chunk's stake units [offset, offset + (length + 81) x STAKE_PER_BYTE) overlap
     units another (message id, chunk id) of the same producer holds in the same epoch
     (timestamp // refresh_interval) -> StakeEvidence recorded (bounded, `evidence`) and the
-    chunk refused ("stake_reuse").
+    chunk refused ("stake_reuse"); a range beyond the stake budget is refused ("stake_exceeded").
 Accepted from the producer: this member is the first; it witnesses, queues a signed
 acknowledgement to the producer, and relays `| Attestation | Witness | Chunk |` to the other
 members of its cluster and to every consumer. Accepted from a member: relayed to every
@@ -181,6 +181,9 @@ class ClusterMemberCore:
             return
         epoch = int(att.timestamp // self.params.refresh_interval)
         start, end = att.stake_offset, att.stake_offset + cost
+        if end > self.params.stake_budget:
+            raise MarlinWireError(f"stake units {start}..{end} exceed the stake budget {self.params.stake_budget}",
+                                  "stake_exceeded")
         record = (mid, cid, att_wire, chunk_len, chunk_hash)
         group = self._stake.get((producer, epoch))
         if group is None:

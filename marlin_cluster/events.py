@@ -100,6 +100,7 @@ REJECT_REASONS = {
     "not_producer": "an attested chunk from a peer that is not a producer",
     "bad_witness": "the witness does not recover to a member of an allowed cluster",
     "stake_reuse": "stake offset already used by another chunk in this refresh interval",
+    "stake_exceeded": "stake offset + chunk cost beyond the producer's stake budget",
     "bad_ack": "acknowledgement not signed by a member of the cluster it names, or for no chunk we sent",
     "channel_mismatch": "chunks of one message on different channels",
     "memory": "dropped to stay within a memory bound",

@@ -519,6 +519,10 @@ def test_overlapping_stake_ranges_are_reuse_adjacent_ones_are_not():
         net.inject(member.address, encode_chunk_message(att.wire(), None, chunk), prod.address)
         assert member.counters["stake_evidence"] == before + int(reuse), offset
     assert member.counters["rejected.stake_reuse"] == 2
+    # stake the producer does not have
+    _, att, chunk = _attested(net, blocks[3], ts, offset=net.params.stake_budget - 10)
+    net.inject(member.address, encode_chunk_message(att.wire(), None, chunk), prod.address)
+    assert member.counters["rejected.stake_exceeded"] == 1
     # re-sending the very same chunk (a producer retry) is not reuse
     net.inject(member.address, encode_chunk_message(att0.wire(), None, chunk0), prod.address)
     assert member.counters["stake_evidence"] == 2 and member.counters["acks_sent"] == 3

@@ -41,7 +41,7 @@ def main() -> None:
         ours = Coder(n, k)
         raw = ECDriver(k=k, m=n - k, ec_type=EC_TYPE)
         times = {("encode", "raw"): [], ("encode", "ours"): [], ("decode", "raw"): [], ("decode", "ours"): []}
-        for i in range(-20, args.pairs):          # the first 20 pairs warm up and are not kept
+        for i in range(-50, args.pairs):          # the first 50 pairs warm up and are not kept
             b = blocks[i % len(blocks)]
             frags = raw.encode(b)
             ids = sorted(rng.sample(range(n), k))

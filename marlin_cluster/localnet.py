@@ -52,7 +52,7 @@ class MarlinNet:
 
     def __init__(self, workdir: Path, *, clusters: int = 3, members: int = 2, producers: int = 2,
                  consumers: int = 2, params: list[str] | None = None, logdir: Path | None = None,
-                 start_timeout: float = 30.0):
+                 start_timeout: float = 30.0, extra_args: dict[str, list[str]] | None = None):
         self.root = Path(workdir) / "marlin"
         self.netdir = self.root / "net"
         self.logdir = Path(logdir) if logdir else Path(workdir) / "logs"
@@ -60,6 +60,7 @@ class MarlinNet:
         self.shape = dict(clusters=clusters, members=members, producers=producers, consumers=consumers)
         self.params = list(params or [])
         self.start_timeout = start_timeout
+        self.extra_args = dict(extra_args or {})   # node name -> more flags for its command line
         self.nodes: dict[str, dict] = {}
         self.procs: dict[str, Daemon] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -94,7 +95,7 @@ class MarlinNet:
                 "--status", "127.0.0.1:0", "--log", str(self.log_path(name)), "--grace", "2"]
         if role == "consumer":
             argv += ["--out-dir", str(self.out_dir(name))]
-        return argv
+        return argv + list(self.extra_args.get(name, []))
 
     async def start(self) -> None:
         """Init (once) and start every node: members and consumers first, then producers."""

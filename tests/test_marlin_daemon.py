@@ -97,9 +97,15 @@ def blocks():
 class Harness:
     """The module's network plus an event loop to drive it from sync tests."""
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, redis_url: str):
         self.loop = asyncio.new_event_loop()
-        self.net = MarlinNet(tmp, params=PARAMS, start_timeout=60)
+        self.outbox = tmp / "outbox"
+        self.outbox.mkdir()
+        self.redis_url = redis_url
+        # consumer2 also writes to a Redis stream; producer2 takes blocks from a directory
+        self.net = MarlinNet(tmp, params=PARAMS, start_timeout=60, extra_args={
+            "consumer2": ["--redis", redis_url, "--redis-stream", "marlin:test"],
+            "producer2": ["--blocks-dir", str(self.outbox), "--poll", "0.2"]})
         self.btc_done_at: float | None = None
 
     def run(self, coro, timeout: float = 60):
@@ -107,8 +113,8 @@ class Harness:
 
 
 @pytest.fixture(scope="module")
-def marlin(tmp_path_factory):
-    h = Harness(tmp_path_factory.mktemp("marlin"))
+def marlin(tmp_path_factory, redis_server):
+    h = Harness(tmp_path_factory.mktemp("marlin"), redis_server.url)
     try:
         h.run(h.net.start(), 120)
         yield h
@@ -140,6 +146,14 @@ def test_real_blocks_relayed_through_clusters_rebuilt_byte_identical(marlin, blo
         got = net.rebuilt(consumer)
         for tid, (name, data) in sent.items():
             assert got[tid] == data, f"{consumer}: {name} differs"
+    # consumer2's Redis stream holds the same blocks
+    import redis
+    r = redis.Redis.from_url(marlin.redis_url)
+    try:
+        stream = {e[b"trace_id"].decode(): e[b"block"] for _, e in r.xrange("marlin:test")}
+    finally:
+        r.close()
+    assert {t: stream.get(t) for t in sent} == {t: d for t, (_, d) in sent.items()}
     channels = {r["attrs"]["channel"] for c in ("consumer1", "consumer2")
                 for r in net.events(c, "marlin.consumer.block_rebuilt")}
     assert channels == {"btc", "eth"}
@@ -148,12 +162,15 @@ def test_real_blocks_relayed_through_clusters_rebuilt_byte_identical(marlin, blo
     assert witnessed == {"c1", "c2", "c3"}
     relayed = [name for name in net.names("member") if net.events(name, "marlin.cluster.relayed")]
     assert relayed, "no member relayed another member's witnessed chunk"
-    # the producer holds a verified acknowledgement for every chunk it sent
+    # the producer comes to hold a verified acknowledgement for every chunk it sent
+    want = {(t, c) for t in sent for c in range(12)}
+
+    def acked():
+        return {(r["trace_id"], r["attrs"]["chunk"]) for r in net.events("producer", "marlin.producer.acknowledged")}
+    marlin.run(wait_for(lambda: acked() >= want, 30, 0.2), 40)
+    assert acked() == want
     health = marlin.run(net.health("producer"))
-    num = 12 * len(blocks)
-    assert health["counts"].get("acks", 0) >= num and health["counts"]["blocks_produced"] == len(blocks)
-    acked = {(r["trace_id"], r["attrs"]["chunk"]) for r in net.events("producer", "marlin.producer.acknowledged")}
-    assert acked == {(t, c) for t in sent for c in range(12)}
+    assert health["counts"]["acks"] >= 12 * len(blocks) and health["counts"]["blocks_produced"] == len(blocks)
 
 
 def _attested(producer: NodeKey, mid: int, cid: int, ts: int, chunk: bytes, offset: int = 0):
@@ -264,8 +281,13 @@ def test_corrupted_bitcoin_block_rebuilt_refused_and_disputed(marlin, blocks):
         time.sleep(max(0.0, marlin.btc_done_at + HORIZON + 1.5 - time.time()))
 
     async def go():
-        out = await net.produce("producer2", data, "btc")
-        tid = out["trace_id"]
+        # producer2 takes it from its --blocks-dir (written aside, renamed in)
+        (marlin.outbox / ".block.tmp").write_bytes(data)
+        (marlin.outbox / ".block.tmp").rename(marlin.outbox / "block.raw")
+        assert await wait_for(lambda: net.events("producer2", "marlin.producer.produced"), 20, 0.1)
+        produced = net.events("producer2", "marlin.producer.produced")
+        assert len(produced) == 1 and produced[0]["attrs"]["channel"] == "btc"
+        tid = produced[0]["trace_id"]
 
         def disputes():
             return [r for c in ("consumer1", "consumer2") for r in net.events(c, "marlin.consumer.dispute")

@@ -41,7 +41,6 @@ import asyncio
 import gc
 import os
 import statistics
-import struct
 import sys
 import tempfile
 import time

@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import collections
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ from .events import (MARLIN_EVENTS, SERVICE_CLUSTER, SERVICE_CONSUMER, SERVICE_P
 from .netfile import NetfileError, load_network, write_network
 from .params import CHANNEL_BTC, CHANNEL_ETH, CHANNEL_NAMES, CHANNEL_RAW
 from .transport import LPF_HEADER, Transport
-from .wire import MarlinLocalError, MarlinWireError
+from .wire import MarlinLocalError
 
 ROLES = ("producer", "cluster", "consumer")
 SERVICES = {"producer": SERVICE_PRODUCER, "cluster": SERVICE_CLUSTER, "consumer": SERVICE_CONSUMER}
@@ -434,10 +433,6 @@ class Producer:
                 self.metrics.inc("input_errors", "truncated")
                 return
             self.try_produce(block, None, "stdin")
-
-
-def core_address(core, transport: Transport) -> bytes:
-    return transport.key.address
 
 
 # ---------------------------------------------------------------------- CLI

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 

@@ -25,8 +25,7 @@ from marlin_cluster.daemon import build_parser, params_from_flags, parse_args
 from marlin_cluster.localnet import CORRUPTED_NAME, MarlinNet, wait_for
 from marlin_cluster.netfile import NetfileError, load_network, write_network
 from marlin_cluster.transport import encode_lpf, hello_frame
-from marlin_cluster.wire import (KIND_ATTESTED_CHUNK, KIND_CHUNK, encode_chunk_message, make_attestation,
-                                 signed_attestation_data)
+from marlin_cluster.wire import encode_chunk_message, make_attestation, signed_attestation_data
 
 from .conftest import SHARED_DATA
 

@@ -94,6 +94,7 @@ class Metrics:
         "stake_evidence": "stake offsets seen reused within a refresh interval",
         "input_errors": "blocks the producer could not take (bad input, stake exhausted), by reason",
         "bugs": "unexpected exceptions caught at the daemon boundary",
+        "injected_drops": "chunk frames not transmitted by --inject-drop-chunks (fault injection)",
     }
     TRANSPORT = {"frames_in": "LPF frames received", "frames_out": "LPF frames sent",
                  "bytes_in": "bytes received (with LPF headers)", "bytes_out": "bytes sent (with LPF headers)",
@@ -435,6 +436,29 @@ class Producer:
             self.try_produce(block, None, "stdin")
 
 
+def inject_chunk_drops(transport: Transport, params, n: int, metrics: Metrics) -> None:
+    """Fault injection (--inject-drop-chunks): the transport silently skips attested-chunk
+    frames whose chunk id is among the last `n` of their channel's NUM_CHUNKS (counted in
+    metrics "injected_drops")."""
+    from .wire import KIND_ATTESTED_CHUNK, peek_chunk_ids
+    send = transport.send
+    kind = bytes((KIND_ATTESTED_CHUNK,))
+
+    def send_(peer: bytes, frame: bytes) -> bool:
+        if frame[:1] == kind:
+            _, channel, chunk = peek_chunk_ids(memoryview(frame)[1:])
+            try:
+                num = params.channel(channel).num_chunks
+            except MarlinLocalError:
+                num = 0
+            if chunk >= num - n:
+                metrics.inc("injected_drops")
+                return True
+        return send(peer, frame)
+
+    transport.send = send_
+
+
 # ---------------------------------------------------------------------- CLI
 
 def _common(p: argparse.ArgumentParser, role: str) -> None:
@@ -489,6 +513,11 @@ def build_parser(role: str) -> argparse.ArgumentParser:
                        help="how often --blocks-dir is scanned for new files (default: 0.5)")
         p.add_argument("--stdin", action="store_true", default=False,
                        help="also read blocks from stdin as LPF records (u64 big-endian length, then the block)")
+        p.add_argument("--inject-drop-chunks", metavar="N", type=int, default=0,
+                       help="FAULT INJECTION for tests and demos: never transmit the last N chunks "
+                            "(chunk ids NUM_CHUNKS-N .. NUM_CHUNKS-1) of every block, re-sends included; "
+                            "counted as marlin_injected_drops_total. N <= NUM_CHUNKS - MIN_CHUNKS keeps "
+                            "blocks rebuildable (default: 0, off)")
         p.add_argument("--channel", default="auto",
                        help="channel of blocks from files and stdin: btc, eth, raw, a channel id, or auto "
                             "(detected from the bytes: RLP list = eth, else btc; default: auto)")
@@ -590,6 +619,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error("--network and --name are required")
         if args.queue_bytes <= 0 or args.grace < 0:
             parser.error("--queue-bytes must be positive and --grace >= 0")
+        if role == "producer" and args.inject_drop_chunks < 0:
+            parser.error("--inject-drop-chunks must be >= 0")
     else:
         print(TOP_HELP, file=sys.stderr)
         print(f"marlin-node: unknown subcommand {role!r}", file=sys.stderr)
@@ -666,6 +697,8 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
         await outputs.start()
     if role == "producer":
         producer = Producer(runner, log, metrics, args.channel)
+        if args.inject_drop_chunks > 0:
+            inject_chunk_drops(transport, net.params, args.inject_drop_chunks, metrics)
 
     def health() -> dict:
         peers = net.directory(exclude=key.address)

@@ -34,6 +34,7 @@ from .conftest import SHARED_DATA
 # sent to a dead cluster are re-sent to the next option soon
 PARAMS = ["tolerable_latency=6", "max_clock_skew=2", "ack_timeout=1.5", "chunk_expiry=12"]
 HORIZON = 6 + 2
+NUM, MIN = 12, 8          # the default channels' NUM_CHUNKS / MIN_CHUNKS (params.py)
 
 
 # ---------------------------------------------------------------- no processes
@@ -104,7 +105,8 @@ class Harness:
         # consumer2 also writes to a Redis stream; producer2 takes blocks from a directory
         self.net = MarlinNet(tmp, params=PARAMS, start_timeout=60, extra_args={
             "consumer2": ["--redis", redis_url, "--redis-stream", "marlin:test"],
-            "producer2": ["--blocks-dir", str(self.outbox), "--poll", "0.2"]})
+            "producer2": ["--blocks-dir", str(self.outbox), "--poll", "0.2",
+                          "--inject-drop-chunks", str(NUM - MIN)]})
         self.btc_done_at: float | None = None
 
     def run(self, coro, timeout: float = 60):
@@ -145,14 +147,17 @@ def test_real_blocks_relayed_through_clusters_rebuilt_byte_identical(marlin, blo
         got = net.rebuilt(consumer)
         for tid, (name, data) in sent.items():
             assert got[tid] == data, f"{consumer}: {name} differs"
-    # consumer2's Redis stream holds the same blocks
+    # consumer2's Redis stream holds the same blocks (its XADDs trail the file writes)
     import redis
     r = redis.Redis.from_url(marlin.redis_url)
+
+    def stream():
+        return {e[b"trace_id"].decode(): e[b"block"] for _, e in r.xrange("marlin:test")}
     try:
-        stream = {e[b"trace_id"].decode(): e[b"block"] for _, e in r.xrange("marlin:test")}
+        marlin.run(wait_for(lambda: set(sent) <= set(stream()), 20, 0.1), 30)
+        assert {t: stream().get(t) for t in sent} == {t: d for t, (_, d) in sent.items()}
     finally:
         r.close()
-    assert {t: stream.get(t) for t in sent} == {t: d for t, (_, d) in sent.items()}
     channels = {r["attrs"]["channel"] for c in ("consumer1", "consumer2")
                 for r in net.events(c, "marlin.consumer.block_rebuilt")}
     assert channels == {"btc", "eth"}
@@ -242,6 +247,29 @@ def test_forged_frames_refused_and_counted_while_honest_traffic_flows(marlin):
     assert all(d.alive() for d in net.procs.values())
 
 
+def test_num_minus_min_chunks_dropped_every_block_still_rebuilt(marlin):
+    """producer2 never transmits chunks 8..11 of any block (--inject-drop-chunks 4)."""
+    net = marlin.net
+
+    async def go():
+        sent = {}
+        for i in range(3):
+            data = os.urandom(120_000 + i * 7_000)
+            out = await net.produce("producer2", data, "raw")
+            sent[out["trace_id"]] = data
+        ok = await wait_for(lambda: both_rebuilt(net, sent), 40, 0.2)
+        return ok, sent, await net.health("producer2")
+
+    ok, sent, health = marlin.run(go(), 60)
+    assert ok, {c: sorted(net.rebuilt(c)) for c in ("consumer1", "consumer2")}
+    for c in ("consumer1", "consumer2"):
+        assert all(net.rebuilt(c)[t] == d for t, d in sent.items())
+        got = {r["attrs"]["chunk"] for r in net.events(c, "marlin.consumer.chunk_received") if r["trace_id"] in sent}
+        assert got == set(range(MIN))            # exactly the MIN_CHUNKS that were sent
+    assert health["counts"]["injected_drops"] >= 3 * (NUM - MIN)
+    assert health["counts"].get("chunks_sent", 0) >= 3 * NUM
+
+
 def test_whole_cluster_killed_every_block_still_rebuilt(marlin):
     net = marlin.net
     dead = [n for n in net.names("member") if n.startswith("c2")]
@@ -283,10 +311,11 @@ def test_corrupted_bitcoin_block_rebuilt_refused_and_disputed(marlin, blocks):
         # producer2 takes it from its --blocks-dir (written aside, renamed in)
         (marlin.outbox / ".block.tmp").write_bytes(data)
         (marlin.outbox / ".block.tmp").rename(marlin.outbox / "block.raw")
-        assert await wait_for(lambda: net.events("producer2", "marlin.producer.produced"), 20, 0.1)
-        produced = net.events("producer2", "marlin.producer.produced")
-        assert len(produced) == 1 and produced[0]["attrs"]["channel"] == "btc"
-        tid = produced[0]["trace_id"]
+        def produced():
+            return [r for r in net.events("producer2", "marlin.producer.produced") if r["attrs"]["channel"] == "btc"]
+        assert await wait_for(produced, 20, 0.1)
+        assert len(produced()) == 1 and produced()[0]["attrs"]["size"] == len(data)
+        tid = produced()[0]["trace_id"]
 
         def disputes():
             return [r for c in ("consumer1", "consumer2") for r in net.events(c, "marlin.consumer.dispute")

@@ -329,3 +329,14 @@ def test_corrupted_bitcoin_block_rebuilt_refused_and_disputed(marlin, blocks):
     for r in disputes:
         assert r["attrs"]["peer"] == producer2 and r["attrs"]["reason"] == "invalid_block"
     assert all(tid not in net.rebuilt(c) for c in ("consumer1", "consumer2"))
+
+
+def test_sigterm_stops_every_role_gracefully(marlin):
+    net = marlin.net
+    text = marlin.run(net.metrics_text("consumer1"))
+    for family in ("marlin_blocks_rebuilt_total", "marlin_chunks_received_total", "marlin_transport_frames_in_total",
+                   "marlin_transport_dropped_total", "marlin_rejected_total"):
+        assert family in text or family.replace("_total", "") in text, family
+    for name in ("consumer1", "c1m1", "producer"):
+        code = marlin.run(net.procs[name].stop(15), 30)
+        assert code == 0, (name, code, net.procs[name].stderr_tail())

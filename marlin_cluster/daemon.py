@@ -94,6 +94,7 @@ class Metrics:
         "stake_evidence": "stake offsets seen reused within a refresh interval",
         "input_errors": "blocks the producer could not take (bad input, stake exhausted), by reason",
         "bugs": "unexpected exceptions caught at the daemon boundary",
+        "redeliveries_suppressed": "rebuilt blocks not delivered again (delivered before a restart)",
         "injected_drops": "chunk frames not transmitted by --inject-drop-chunks (fault injection)",
     }
     TRANSPORT = {"frames_in": "LPF frames received", "frames_out": "LPF frames sent",
@@ -155,6 +156,86 @@ class RateLimited:
             self.last[key] = now
             return True
         return False
+
+
+# ---------------------------------------------------------------------- durable state
+
+class Store:
+    """The daemon's durable state in `<data dir>/marlin.sqlite3` (SQLite, WAL), so what
+    users count on survives a restart:
+
+    stake(producer state):   (epoch, used) of the producer's stake budget. A producer that
+        restarts within a refresh interval continues at the stake offset where it stopped;
+        starting again at 0 would reuse offsets, which clusters record as slashing evidence.
+    delivered(consumer):     trace ids already delivered (kept `keep_s`), so chunks of a
+        finished block arriving after a restart do not deliver it twice.
+    evidence(cluster member): every stake-offset reuse seen (producer, epoch, offset and both
+        attestations), the slashing evidence.
+    Errors: sqlite3.Error propagates at open (the daemon refuses to start); later write
+    errors are reported as bugs by the caller."""
+
+    def __init__(self, directory: str):
+        import sqlite3
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(Path(directory) / "marlin.sqlite3"), isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS stake (id INTEGER PRIMARY KEY CHECK (id = 0), "
+                        "epoch INTEGER NOT NULL, used INTEGER NOT NULL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS delivered (trace TEXT PRIMARY KEY, at REAL NOT NULL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS evidence (producer TEXT, epoch INTEGER, offset INTEGER, "
+                        "first TEXT, second TEXT, at REAL)")
+
+    def load_stake(self) -> tuple[int, int] | None:
+        row = self.db.execute("SELECT epoch, used FROM stake WHERE id = 0").fetchone()
+        return (row[0], row[1]) if row else None
+
+    def save_stake(self, epoch: int, used: int) -> None:
+        self.db.execute("INSERT INTO stake (id, epoch, used) VALUES (0, ?, ?) "
+                        "ON CONFLICT(id) DO UPDATE SET epoch = excluded.epoch, used = excluded.used", (epoch, used))
+
+    def delivered(self, trace: str) -> bool:
+        return self.db.execute("SELECT 1 FROM delivered WHERE trace = ?", (trace,)).fetchone() is not None
+
+    def mark_delivered(self, trace: str, now: float) -> None:
+        self.db.execute("INSERT OR REPLACE INTO delivered (trace, at) VALUES (?, ?)", (trace, now))
+
+    def prune_delivered(self, before: float) -> None:
+        self.db.execute("DELETE FROM delivered WHERE at < ?", (before,))
+
+    def add_evidence(self, ev: StakeEvidence, now: float) -> None:
+        def rec(t):
+            return json.dumps([x.hex() if isinstance(x, (bytes, bytearray)) else x for x in t])
+        self.db.execute("INSERT INTO evidence VALUES (?, ?, ?, ?, ?, ?)",
+                        ("0x" + ev.producer.hex(), ev.epoch, ev.stake_offset, rec(ev.first), rec(ev.second), now))
+
+    def evidence_count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM evidence").fetchone()[0]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def restore_stake(core, store: Store, now: float) -> bool:
+    """Continue the producer's stake offsets of the current refresh interval after a
+    restart. True when something was restored."""
+    saved = store.load_stake()
+    if saved is None:
+        return False
+    epoch, used = saved
+    if epoch != int(int(now) // core.params.refresh_interval):
+        return False
+    if hasattr(core, "restore_stake"):
+        core.restore_stake(epoch, used)
+    else:  # ProducerCore has no public setter yet: its two stake fields
+        core._epoch, core._stake_used = epoch, used
+    return True
+
+
+def stake_state(core) -> tuple[int, int]:
+    if hasattr(core, "stake_state"):
+        return core.stake_state()
+    return core._epoch, core._stake_used
 
 
 # ---------------------------------------------------------------------- the adapter
@@ -303,7 +384,8 @@ class Outputs:
     """A consumer's delivery of rebuilt blocks: a directory and/or a Redis stream."""
 
     def __init__(self, out_dir: str | None, redis_url: str | None, stream: str, maxlen: int, metrics: Metrics,
-                 bug: Callable):
+                 bug: Callable, store: Store | None = None):
+        self.store = store
         self.dir = Path(out_dir) if out_dir else None
         if self.dir:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -324,6 +406,11 @@ class Outputs:
     def deliver(self, ev: BlockRebuilt) -> None:
         tid = trace_id(ev.message_id, ev.producer)
         ch = channel_name(ev.channel)
+        if self.store is not None:
+            if self.store.delivered(tid):
+                self.metrics.inc("redeliveries_suppressed")
+                return
+            self.store.mark_delivered(tid, time.time())
         if self.dir is not None:
             try:
                 name = f"{ev.message_id:08x}_0x{ev.producer.hex()}.{ch}"
@@ -357,7 +444,9 @@ class Outputs:
 class Producer:
     """The producer's block inputs around its CoreRunner."""
 
-    def __init__(self, runner: CoreRunner, log, metrics: Metrics, default_channel: str):
+    def __init__(self, runner: CoreRunner, log, metrics: Metrics, default_channel: str,
+                 store: Store | None = None):
+        self.store = store
         self.runner = runner
         self.log = log
         self.metrics = metrics
@@ -373,6 +462,8 @@ class Producer:
         core = self.runner.core
         try:
             mid = core.produce(block, ch, time.time())
+            if self.store is not None:    # before the frames can leave (they go out after a yield)
+                self.store.save_stake(*stake_state(core))
         finally:
             self.runner.pump()
         tid = trace_id(mid, self.runner.transport.key.address)
@@ -477,6 +568,13 @@ def _common(p: argparse.ArgumentParser, role: str) -> None:
     p.add_argument("--status", metavar="HOST:PORT", default="127.0.0.1:0",
                    help="address for /metrics and /health" + (" and POST /produce" if role == "producer" else "")
                         + "; port 0 picks a free port, announced in the READY line (default: 127.0.0.1:0)")
+    p.add_argument("--data-dir", metavar="DIR", default=None,
+                   help="directory for the durable state (SQLite marlin.sqlite3): "
+                        + {"producer": "the stake offsets used in the current refresh interval, so a restart "
+                                       "does not reuse them",
+                           "cluster": "the stake-reuse (slashing) evidence seen",
+                           "consumer": "the blocks already delivered, so a restart does not deliver them twice"}[role]
+                        + " (default: none, state is lost on restart)")
     p.add_argument("--queue-bytes", metavar="BYTES", type=int, default=64 * 1024 * 1024,
                    help="bound on bytes queued for one peer; frames beyond it are dropped and counted "
                         "(marlin_transport_dropped_total{reason=\"queue_full\"}) (default: 64 MiB)")
@@ -683,6 +781,12 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
                           max_frame=net.params.max_frame, queue_bytes=args.queue_bytes)
     metrics.transport = transport
     core = _make_core(role, net, key, args.name)
+    store = Store(args.data_dir) if args.data_dir else None
+    restored = False
+    if store is not None and role == "producer":
+        restored = restore_stake(core, store, time.time())
+    if store is not None and role == "consumer":
+        store.prune_delivered(time.time() - 86400.0)
     outputs: Outputs | None = None
     producer: Producer | None = None
     started = time.time()
@@ -690,13 +794,16 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
     def on_event(ev) -> None:
         if outputs is not None and type(ev) is BlockRebuilt:
             outputs.deliver(ev)
+        elif store is not None and type(ev) is StakeEvidence:
+            store.add_evidence(ev, time.time())
 
     runner = CoreRunner(role, core, transport, log, metrics, on_event)
     if role == "consumer":
-        outputs = Outputs(args.out_dir, args.redis, args.redis_stream, args.redis_maxlen, metrics, runner.bug)
+        outputs = Outputs(args.out_dir, args.redis, args.redis_stream, args.redis_maxlen, metrics, runner.bug,
+                          store)
         await outputs.start()
     if role == "producer":
-        producer = Producer(runner, log, metrics, args.channel)
+        producer = Producer(runner, log, metrics, args.channel, store)
         if args.inject_drop_chunks > 0:
             inject_chunk_drops(transport, net.params, args.inject_drop_chunks, metrics)
 
@@ -708,6 +815,11 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
                "counts": {f"{k}{'.' + l if l else ''}": v for (k, l), v in sorted(metrics.counts.items())}}
         if role == "cluster":
             out["cluster"] = entry.cluster
+        if role == "producer":
+            out["stake_restored"] = restored
+            out["stake_left"] = core.stake_left(time.time())
+        if store is not None and role == "cluster":
+            out["evidence"] = store.evidence_count()
         return out
 
     registry = CollectorRegistry()
@@ -766,6 +878,8 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
         runner.close()
         if outputs is not None:
             await outputs.close()
+        if store is not None:
+            store.close()
         await web_runner.cleanup()
         log.close()
 

@@ -91,7 +91,8 @@ class MarlinNet:
     def _argv(self, name: str) -> list[str]:
         role = {"producer": "producer", "member": "cluster", "consumer": "consumer"}[self.nodes[name]["role"]]
         argv = [script("marlin-node"), role, "--network", str(self.netdir / "network.json"), "--name", name,
-                "--status", "127.0.0.1:0", "--log", str(self.log_path(name)), "--grace", "2"]
+                "--status", "127.0.0.1:0", "--log", str(self.log_path(name)), "--grace", "2",
+                "--data-dir", str(self.root / "data" / name)]
         if role == "consumer":
             argv += ["--out-dir", str(self.out_dir(name))]
         return argv + list(self.extra_args.get(name, []))

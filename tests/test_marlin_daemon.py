@@ -32,7 +32,8 @@ from .conftest import SHARED_DATA
 # short cache horizon so the corrupted block (same header, so same message id as the
 # honest one) can follow the honest block within the test; acks time out quickly so chunks
 # sent to a dead cluster are re-sent to the next option soon
-PARAMS = ["tolerable_latency=6", "max_clock_skew=2", "ack_timeout=1.5", "chunk_expiry=12"]
+PARAMS = ["tolerable_latency=6", "max_clock_skew=2", "ack_timeout=1.5", "chunk_expiry=12",
+          "refresh_interval=3600"]
 HORIZON = 6 + 2
 NUM, MIN = 12, 8          # the default channels' NUM_CHUNKS / MIN_CHUNKS (params.py)
 
@@ -329,6 +330,59 @@ def test_corrupted_bitcoin_block_rebuilt_refused_and_disputed(marlin, blocks):
     for r in disputes:
         assert r["attrs"]["peer"] == producer2 and r["attrs"]["reason"] == "invalid_block"
     assert all(tid not in net.rebuilt(c) for c in ("consumer1", "consumer2"))
+
+
+def test_producer_restart_continues_its_stake_offsets(marlin):
+    """A restarted producer (SIGTERM, start) goes on from the stake offset it reached in the
+    refresh interval (--data-dir), so no cluster sees an offset reused."""
+    net = marlin.net
+
+    def sends():
+        return net.events("producer", "marlin.producer.chunk_sent")
+    before = sends()
+    top = max(r["attrs"]["offset"] for r in before)
+    epoch_before = int(time.time()) // 3600
+
+    async def go():
+        assert await net.procs["producer"].stop(15) == 0
+        await net.restart("producer")
+        health = await net.health("producer")
+        out = await net.produce("producer", os.urandom(90_000), "raw")
+        ok = await wait_for(lambda: both_rebuilt(net, [out["trace_id"]]), 30, 0.2)
+        return health, out, ok
+
+    health, out, ok = marlin.run(go(), 60)
+    assert ok
+    new = [r["attrs"]["offset"] for r in sends()[len(before):] if r["trace_id"] == out["trace_id"]]
+    if int(time.time()) // 3600 == epoch_before:        # same refresh interval: continued
+        assert health["stake_restored"] is True and min(new) > top
+    else:                                               # a new interval began: offsets restart
+        assert min(new) == 0
+    reuse = [r for m in net.names("member") for r in net.events(m, "marlin.cluster.stake_evidence")]
+    assert reuse == []
+
+
+def test_store_keeps_stake_delivered_and_evidence(tmp_path):
+    from marlin_cluster.daemon import Store, restore_stake, stake_state
+    from marlin_cluster.producer import ProducerCore
+    net = write_network(tmp_path / "n", clusters=1, members=1, producers=1, consumers=1)
+    core = ProducerCore(net.load_key("producer"), net.membership, net.params)
+    now = time.time()
+    core.produce(os.urandom(5000), 0, now)
+    store = Store(str(tmp_path / "d"))
+    store.save_stake(*stake_state(core))
+    store.mark_delivered("00000001:0xab", now)
+    store.close()
+    store = Store(str(tmp_path / "d"))
+    fresh = ProducerCore(net.load_key("producer"), net.membership, net.params)
+    assert restore_stake(fresh, store, now) and stake_state(fresh) == stake_state(core)
+    assert fresh.stake_left(now) == core.stake_left(now) < net.params.stake_budget
+    later = ProducerCore(net.load_key("producer"), net.membership, net.params)
+    assert not restore_stake(later, store, now + net.params.refresh_interval)   # next interval: from 0
+    assert store.delivered("00000001:0xab") and not store.delivered("00000002:0xab")
+    store.prune_delivered(now + 1)
+    assert not store.delivered("00000001:0xab")
+    store.close()
 
 
 def test_sigterm_stops_every_role_gracefully(marlin):

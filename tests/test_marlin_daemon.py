@@ -394,3 +394,59 @@ def test_sigterm_stops_every_role_gracefully(marlin):
     for name in ("consumer1", "c1m1", "producer"):
         code = marlin.run(net.procs[name].stop(15), 30)
         assert code == 0, (name, code, net.procs[name].stderr_tail())
+
+
+def test_producer_reads_blocks_from_stdin(tmp_path):
+    """A small network (1 cluster of 1 member, 1 consumer): blocks written to the producer's
+    stdin as LPF records are rebuilt by the consumer; a record over the size limit is refused
+    and counted without killing the producer."""
+    import aiohttp
+
+    from daemon_runtime.lifecycle import Ready
+    from deploy.daemons import Daemon
+    net = MarlinNet(tmp_path, clusters=1, members=1, producers=1, consumers=1, params=["no_of_cluster_options=1"])
+    net.init()
+    blocks = [os.urandom(50_000), os.urandom(70_000)]
+
+    async def go():
+        member = Daemon("marlin-c1m1", net._argv("c1m1"), net.logdir)
+        consumer = Daemon("marlin-consumer1", net._argv("consumer1"), net.logdir)
+        await asyncio.gather(member.start(60), consumer.start(60))
+        proc = await asyncio.create_subprocess_exec(
+            *net._argv("producer"), "--stdin", "--channel", "raw", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            info = None
+            while info is None:
+                line = await asyncio.wait_for(proc.stdout.readline(), 60)
+                assert line, (await proc.stderr.read()).decode()
+                info = Ready.parse(line.decode())
+            for b in blocks:
+                proc.stdin.write(encode_lpf(b))
+            await proc.stdin.drain()
+            ok = await wait_for(lambda: len(net.rebuilt("consumer1")) == 2, 30, 0.1)
+            proc.stdin.write(struct.pack(">Q", 64 * 1024 * 1024))     # beyond max_block: refused, stdin closed
+            await proc.stdin.drain()
+            async with aiohttp.ClientSession() as http:
+                async def refused():
+                    async with http.get(f"http://127.0.0.1:{info['status_port']}/health") as resp:
+                        return (await resp.json())["counts"].get("input_errors.oversized", 0)
+                for _ in range(100):
+                    if await refused():
+                        break
+                    await asyncio.sleep(0.1)
+                n_refused = await refused()
+            alive = proc.returncode is None
+            proc.terminate()
+            code = await asyncio.wait_for(proc.wait(), 20)
+            return ok, alive, code, n_refused
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await asyncio.gather(member.stop(10), consumer.stop(10))
+
+    ok, alive, code, n_refused = asyncio.run(go())
+    assert ok and sorted(net.rebuilt("consumer1").values()) == sorted(blocks)
+    assert alive and code == 0 and n_refused == 1
+    produced = net.events("producer", "marlin.producer.produced")
+    assert [r["attrs"]["size"] for r in produced] == [len(b) for b in blocks]

@@ -30,7 +30,11 @@ clock; only then are the connection's frames handed to `on_frame(peer_address, f
 same network position: it names a peer, it is not a session key.)
 
 Connections are one-way: frames flow dialler -> acceptor; the acceptor only reads (the
-dialler watches its socket for EOF to notice a peer restart sooner).
+dialler watches its socket for EOF to notice a peer restart sooner). The acceptor never
+proves its identity to the dialler (chunks are public; what is authenticated is who sends
+them). Frames the kernel had accepted when a peer died are lost without notice; the
+protocol's acknowledgements and erasure coding cover that, frames still queued here are
+sent after the reconnect.
 
 Errors and the one boundary per connection: a decoder or hello error (a MarlinWireError)
 is counted under `counters[("rejected", reason)]`, reported to `on_reject(peer, reason,

@@ -19,7 +19,7 @@ block shares: same header) and waits for both consumers' disputes.
 
 cfg keys ([marlin] table): enabled, clusters, members, kill ("c2m1"), kill_at (fraction of
 the blocks sent before the kill, 0.5), kill_duration (s, 3), deadline (s, 120),
-tolerable_latency (s, 8), max_clock_skew (s, 2), params (list of extra "NAME=VALUE" for init).
+tolerable_latency (s, 10), max_clock_skew (s, 2), params (list of extra "NAME=VALUE" for init).
 """
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ class MarlinSegment(Segment):
         self.kill_at = float(c.get("kill_at", 0.5))
         self.kill_duration = float(c.get("kill_duration", 3.0))
         self.deadline = float(c.get("deadline", 120.0))
-        tol = float(c.get("tolerable_latency", 8))
+        tol = float(c.get("tolerable_latency", 10))
         skew = float(c.get("max_clock_skew", 2))
         self.horizon = tol + skew
         params = [f"tolerable_latency={tol}", f"max_clock_skew={skew}"] + list(c.get("params", []))

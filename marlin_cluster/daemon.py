@@ -776,8 +776,12 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
     host, port = (entry.host, entry.port)
     if args.listen:
         host, port = parse_hostport(args.listen)
+    # who may connect to us: producers and members send to members; members send to the
+    # producers (acknowledgements) and to consumers; nobody else is accepted ("unknown_peer")
+    senders = {"producer": ("member",), "cluster": ("producer", "member"), "consumer": ("member",)}[role]
     transport = Transport(key, net.directory(exclude=key.address), on_frame=lambda p, f: None,
-                          known=[n.address for n in net.nodes.values() if n.address != key.address],
+                          known=[n.address for n in net.nodes.values()
+                                 if n.address != key.address and n.role in senders],
                           max_frame=net.params.max_frame, queue_bytes=args.queue_bytes)
     metrics.transport = transport
     core = _make_core(role, net, key, args.name)
@@ -818,6 +822,9 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
         if role == "producer":
             out["stake_restored"] = restored
             out["stake_left"] = core.stake_left(time.time())
+            out["missing_acks"] = sum(len(core.missing_acks(mid)) for mid in core.messages())
+        if role == "consumer":
+            out["pending_messages"] = len(core.pending())
         if store is not None and role == "cluster":
             out["evidence"] = store.evidence_count()
         return out

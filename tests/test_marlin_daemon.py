@@ -176,6 +176,7 @@ def test_real_blocks_relayed_through_clusters_rebuilt_byte_identical(marlin, blo
     assert acked() == want
     health = marlin.run(net.health("producer"))
     assert health["counts"]["acks"] >= 12 * len(blocks) and health["counts"]["blocks_produced"] == len(blocks)
+    assert health["missing_acks"] == 0
 
 
 def _attested(producer: NodeKey, mid: int, cid: int, ts: int, chunk: bytes, offset: int = 0):
@@ -225,6 +226,7 @@ def test_forged_frames_refused_and_counted_while_honest_traffic_flows(marlin):
         await _raw(port, producer, struct.pack(">Q", 5000) + b"only part of it")              # truncated
         await _raw(port, producer, struct.pack(">Q", 1 << 40), wait_close=True)              # oversized
         await _raw(port, NodeKey.generate(), encode_lpf(forged[1][1]), wait_close=True)       # unknown peer
+        await _raw(port, nd.load_key("consumer1"), encode_lpf(forged[1][1]), wait_close=True)  # consumers never send
         assert await wait_for(lambda: both_rebuilt(net, [out["trace_id"]]), 30, 0.2)
         assert net.rebuilt("consumer1")[out["trace_id"]] == honest
 
@@ -242,6 +244,7 @@ def test_forged_frames_refused_and_counted_while_honest_traffic_flows(marlin):
     for reason in ("stale", "bad_witness", "truncated", "oversized", "unknown_peer"):
         assert health["counts"].get(f"rejected.{reason}", 0) >= 1, (reason, health["counts"])
         assert f'marlin_rejected_total{{reason="{reason}"}}' in metrics
+    assert health["counts"]["rejected.unknown_peer"] == 2
     # nothing forged reached a consumer
     assert not any(r["trace_id"] and r["trace_id"].startswith("0bad") for c in ("consumer1", "consumer2")
                    for r in net.events(c, "marlin.consumer.chunk_received"))
@@ -295,6 +298,9 @@ def test_whole_cluster_killed_every_block_still_rebuilt(marlin):
     # the dead cluster's members never acknowledged: the producer re-sent those chunks
     retries = [r for r in net.events("producer", "marlin.producer.ack_missing") if r["trace_id"] in sent]
     assert retries and {r["attrs"]["cluster"] for r in retries} == {str(net.nodes[dead[0]]["cluster"])}
+    assert {r["attrs"]["peer"] for r in retries} <= {net.address(n) for n in dead}
+    health = marlin.run(net.health("producer"))
+    assert health["counts"].get("acks_missing.retry", 0) >= len(retries)
 
 
 def test_corrupted_bitcoin_block_rebuilt_refused_and_disputed(marlin, blocks):

@@ -167,6 +167,7 @@ class Store:
     stake(producer state):   (epoch, used) of the producer's stake budget. A producer that
         restarts within a refresh interval continues at the stake offset where it stopped;
         starting again at 0 would reuse offsets, which clusters record as slashing evidence.
+    taken(producer):         --blocks-dir files already produced (not produced again).
     delivered(consumer):     trace ids already delivered (kept `keep_s`), so chunks of a
         finished block arriving after a restart do not deliver it twice.
     evidence(cluster member): every stake-offset reuse seen (producer, epoch, offset and both
@@ -185,6 +186,7 @@ class Store:
         self.db.execute("CREATE TABLE IF NOT EXISTS delivered (trace TEXT PRIMARY KEY, at REAL NOT NULL)")
         self.db.execute("CREATE TABLE IF NOT EXISTS evidence (producer TEXT, epoch INTEGER, offset INTEGER, "
                         "first TEXT, second TEXT, at REAL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS taken (name TEXT PRIMARY KEY, at REAL NOT NULL)")
 
     def load_stake(self) -> tuple[int, int] | None:
         row = self.db.execute("SELECT epoch, used FROM stake WHERE id = 0").fetchone()
@@ -193,6 +195,13 @@ class Store:
     def save_stake(self, epoch: int, used: int) -> None:
         self.db.execute("INSERT INTO stake (id, epoch, used) VALUES (0, ?, ?) "
                         "ON CONFLICT(id) DO UPDATE SET epoch = excluded.epoch, used = excluded.used", (epoch, used))
+
+    def taken(self) -> set[str]:
+        """Names of --blocks-dir files already produced (a restart does not send them again)."""
+        return {r[0] for r in self.db.execute("SELECT name FROM taken")}
+
+    def mark_taken(self, name: str, now: float) -> None:
+        self.db.execute("INSERT OR REPLACE INTO taken (name, at) VALUES (?, ?)", (name, now))
 
     def delivered(self, trace: str) -> bool:
         return self.db.execute("SELECT 1 FROM delivered WHERE trace = ?", (trace,)).fetchone() is not None
@@ -481,7 +490,7 @@ class Producer:
             return None
 
     async def watch_dir(self, directory: Path, poll: float, stop: asyncio.Event) -> None:
-        seen: set[str] = set()
+        seen: set[str] = self.store.taken() if self.store is not None else set()
         while not stop.is_set():
             try:
                 names = sorted(p.name for p in directory.iterdir() if p.is_file()
@@ -498,6 +507,8 @@ class Producer:
                     self.runner.bug(exc)
                     continue
                 self.try_produce(data, None, f"file:{n}")
+                if self.store is not None:
+                    self.store.mark_taken(n, time.time())
                 await asyncio.sleep(0)
             try:
                 await asyncio.wait_for(stop.wait(), poll)

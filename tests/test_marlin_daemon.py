@@ -378,6 +378,7 @@ def test_store_keeps_stake_delivered_and_evidence(tmp_path):
     store = Store(str(tmp_path / "d"))
     store.save_stake(*stake_state(core))
     store.mark_delivered("00000001:0xab", now)
+    store.mark_taken("block.raw", now)
     store.close()
     store = Store(str(tmp_path / "d"))
     fresh = ProducerCore(net.load_key("producer"), net.membership, net.params)
@@ -386,6 +387,7 @@ def test_store_keeps_stake_delivered_and_evidence(tmp_path):
     later = ProducerCore(net.load_key("producer"), net.membership, net.params)
     assert not restore_stake(later, store, now + net.params.refresh_interval)   # next interval: from 0
     assert store.delivered("00000001:0xab") and not store.delivered("00000002:0xab")
+    assert store.taken() == {"block.raw"}
     store.prune_delivered(now + 1)
     assert not store.delivered("00000001:0xab")
     store.close()

@@ -869,9 +869,14 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
     shost, sport = parse_hostport(args.status)
     site = web.TCPSite(web_runner, shost, sport)
     tasks: list[asyncio.Task] = []
+    site_started = False
     try:
-        await transport.start(host, port)
+        try:
+            await transport.start(host, port)
+        except OSError as exc:
+            raise RuntimeError(f"cannot listen on {host}:{port} for the transport: {exc}") from None
         await site.start()
+        site_started = True
         status_port = site._server.sockets[0].getsockname()[1]  # aiohttp has no public accessor
         # dial every peer this role sends to now, so the first block does not pay for it
         if role == "producer":
@@ -891,7 +896,8 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await site.stop()
+        if site_started:
+            await site.stop()
         await transport.close(grace=args.grace)
         runner.close()
         if outputs is not None:

@@ -188,10 +188,37 @@ def cluster_ids(n: int) -> list[int]:
     return [int((i + 0.5) * 65536 / n) for i in range(n)]
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            lo, hi = (int(x) for x in fh.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def _free_ports(host: str, n: int) -> list[int]:
+    """n ports free on `host` now, chosen below the kernel's ephemeral range when it leaves
+    room (ports handed out by bind(0) come from that range, where the outgoing connections
+    of the daemons started next would race for them)."""
+    import random
+    lo, _ = _ephemeral_range()
     socks, ports = [], []
     try:
-        for _ in range(n):
+        candidates = list(range(max(1024, lo - 12000), lo)) if lo > 2048 else []
+        random.shuffle(candidates)
+        for port in candidates:
+            if len(ports) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            ports.append(port)
+        while len(ports) < n:
             s = socket.socket()
             s.bind((host, 0))
             socks.append(s)
@@ -206,8 +233,8 @@ def write_network(directory: str | os.PathLike, *, clusters: int = 3, members: i
                   consumers: int = 2, base_port: int = 0, host: str = "127.0.0.1",
                   params: Params | None = None, host_prefix: str | None = None) -> Network:
     """Creates keys and the network file in `directory` (see the module docstring).
-    base_port 0 picks free ports now (for tests; another process may take one before the
-    daemons start), else node i listens on base_port + i. host_prefix: each node's host is
+    base_port 0 picks free ports now, below the ephemeral range (for tests; another process
+    may still take one before the daemons start), else node i listens on base_port + i. host_prefix: each node's host is
     host_prefix + its name (one container per node) instead of `host`. Raises NetfileError when the
     directory already holds a network file."""
     d = Path(directory)

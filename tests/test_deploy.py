@@ -43,8 +43,13 @@ def _remp(argv):
     return parse_args(argv)  # role-aware: init / validator / fullnode (file + env + flags)
 
 
+def _marlin(argv):
+    from marlin_cluster.daemon import parse_args
+    return parse_args(argv)  # [role, options...]: each role's own parser (file + env + flags)
+
+
 CLIS = {"rmb-relay": _relay, "rmb-registry": _registry, "rmb-peer": _peer,
-        "relay-trace-report": _report, "remp-node": _remp}
+        "relay-trace-report": _report, "remp-node": _remp, "marlin-node": _marlin}
 
 
 def accept(argv: list[str], env: dict[str, str], monkeypatch) -> object:

@@ -1,0 +1,226 @@
+"""Marlin consumer core: no I/O, reads no clock (DESIGN.md section 2).
+
+Seed: marlin-data.txt "Data Exit" (receive, onChunkExpiryTimer, getMessageFromChunks,
+Consumer::raiseDispute).
+
+    c = ConsumerCore(key, membership, params)               # validate=validate.validate_block
+    c.receive_frame(frame, peer, now)                       # KIND_CHUNK frames from members
+    c.handle_timer(now) when now >= c.get_timer()           # chunk expiry
+    c.next_event() -> ChunkReceived | ChunkRejected | BlockRebuilt | Dispute | None
+    c.frames_to_send(now) -> []                             # a consumer sends nothing
+
+Per chunk frame: duplicate suppression on (message id, chunk id) (and on messages already
+finished) before any signature check; channel and sizes; timestamp not "stale"/"future";
+attestation must recover to a known producer ("unknown_producer"); the witness must recover
+to a member of one of the NO_OF_CLUSTER_OPTIONS clusters of that chunk ("bad_witness"); all
+chunks of a message on one channel ("channel_mismatch").
+The first accepted chunk of a message starts its expiry timer (now + chunk_expiry). At
+MIN_CHUNKS chunks the block is rebuilt (coding.py), validated (`validate(channel, block)`,
+default validate.validate_block, which raises a ValueError for an invalid block) and its
+hash checked against the message id; then BlockRebuilt (deliver it) or a Dispute naming every
+producer that attested a chunk of it ("invalid_block", "message_id_mismatch",
+"undecodable"). The expiry timer firing first raises Dispute("expired").
+
+Memory: at most max_messages unfinished messages and max_pending_bytes chunk bytes; a chunk
+beyond either bound is refused ("memory"), never someone else's pending data evicted.
+Finished message ids are remembered TOLERABLE_LATENCY + max_clock_skew (later chunks of them
+are stale by then) and at most 4 x max_messages of them.
+Errors: receive_frame never raises for remote input (ChunkRejected + "rejected.<reason>").
+"""
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .coding import CodingError, coder
+from .crypto import BadSignature, NodeKey, keccak256, recover_address, recover_signer
+from .events import BlockRebuilt, ChunkReceived, ChunkRejected, Dispute, MarlinEvent
+from .membership import Membership
+from .params import Params
+from .validate import BlockInfo, block_hash, validate_block
+from .wire import KIND_CHUNK, MarlinWireError, decode_frame, parse_chunk_message, peek_chunk_ids
+
+__all__ = ["ConsumerCore", "Validator"]
+
+#: validate(channel, block) -> BlockInfo | None; raises a ValueError for an invalid block.
+Validator = Callable[[int, bytes], "BlockInfo | None"]
+
+
+@dataclass
+class _Pending:
+    channel: int
+    first_at: float
+    deadline: float
+    chunks: dict = field(default_factory=dict)      # chunk id -> bytes
+    producers: list = field(default_factory=list)   # attesting producers, first seen first
+    size: int = 0
+
+
+class ConsumerCore:
+    """See the module docstring."""
+
+    def __init__(self, key: NodeKey, membership: Membership, params: Params, *,
+                 validate: Validator | None = None):
+        self.key = key
+        self.address = key.address
+        self.membership = membership
+        self.params = params
+        self.validate = validate or validate_block
+        self.counters: Counter = Counter()
+        self._pending: OrderedDict[int, _Pending] = OrderedDict()
+        self._done: OrderedDict[int, float] = OrderedDict()
+        self._pending_bytes = 0
+        self._events: deque = deque()
+        self._horizon = params.tolerable_latency + params.max_clock_skew
+
+    def receive_frame(self, frame: bytes, peer: bytes, now: float) -> None:
+        """One frame from member `peer`. Never raises for bad input."""
+        self._prune_done(now)
+        ids = (None, None)
+        producer = None
+        try:
+            kind, body = decode_frame(frame, self.params.max_frame)
+            if kind != KIND_CHUNK:
+                raise MarlinWireError(f"a consumer takes witnessed chunks, not frame kind {kind}", "unknown_kind")
+            mid, channel, cid = peek_chunk_ids(body)
+            ids = (mid, cid)
+            pend = self._pending.get(mid)
+            if mid in self._done or (pend is not None and cid in pend.chunks):
+                self.counters["duplicate"] += 1
+                return
+            producer = self._accept(body, mid, channel, cid, pend, peer, now)
+        except MarlinWireError as exc:
+            self.counters[f"rejected.{exc.reason}"] += 1
+            self._events.append(ChunkRejected("consumer", exc.reason, str(exc), peer, len(frame), ids[0],
+                                              producer, ids[1]))
+
+    def _accept(self, body, mid: int, channel: int, cid: int, pend: _Pending | None, peer: bytes,
+                now: float) -> bytes:
+        p = self.params
+        cp = p.channels.get(channel)
+        if cp is None:
+            raise MarlinWireError(f"channel {channel} is not configured", "unknown_channel")
+        msg = parse_chunk_message(body, witnessed=True, max_chunk=cp.max_chunk)
+        att = msg.attestation
+        if cid >= cp.num_chunks:
+            raise MarlinWireError(f"chunk id {cid} >= NUM_CHUNKS {cp.num_chunks}", "malformed")
+        if now - att.timestamp > p.tolerable_latency:
+            raise MarlinWireError(f"chunk timestamp {att.timestamp} is {now - att.timestamp:.1f} s old "
+                                  f"(TOLERABLE_LATENCY {p.tolerable_latency} s)", "stale")
+        if att.timestamp - now > p.max_clock_skew:
+            raise MarlinWireError(f"chunk timestamp {att.timestamp} is {att.timestamp - now:.1f} s ahead",
+                                  "future")
+        chunk = msg.chunk
+        try:
+            signer = recover_signer(att.signed_data(len(chunk), keccak256(chunk)), att.signature)
+        except BadSignature as exc:
+            raise MarlinWireError(f"attestation: {exc}", "bad_signature") from None
+        if not self.membership.is_producer(signer):
+            raise MarlinWireError(f"attestation recovers to 0x{signer.hex()}, not a known producer",
+                                  "unknown_producer")
+        try:
+            witness_by = recover_address(keccak256(msg.attestation_wire, chunk), msg.witness)
+        except BadSignature as exc:
+            raise MarlinWireError(f"witness: {exc}", "bad_witness") from None
+        options = self.membership.options(mid, cid, p.no_of_cluster_options)
+        if not self.membership.clusters_of(witness_by) & set(options):
+            raise MarlinWireError(f"witness by 0x{witness_by.hex()} (clusters "
+                                  f"{sorted(self.membership.clusters_of(witness_by))}), not a member of the "
+                                  f"chunk's cluster options {options}", "bad_witness")
+        if pend is not None and pend.channel != channel:
+            raise MarlinWireError(f"chunk on channel {channel}, message {mid:08x} is on {pend.channel}",
+                                  "channel_mismatch")
+        if pend is None:
+            if len(self._pending) >= p.max_messages:
+                raise MarlinWireError(f"{len(self._pending)} messages pending (max_messages)", "memory")
+            pend = _Pending(channel, now, now + p.chunk_expiry)
+            self._pending[mid] = pend
+        if self._pending_bytes + len(chunk) > p.max_pending_bytes:
+            raise MarlinWireError(f"{self._pending_bytes} chunk bytes pending (max_pending_bytes)", "memory")
+        pend.chunks[cid] = chunk
+        pend.size += len(chunk)
+        self._pending_bytes += len(chunk)
+        if signer not in pend.producers:
+            pend.producers.append(signer)
+        self.counters["chunks"] += 1
+        self._events.append(ChunkReceived(mid, signer, cid, peer, len(chunk)))
+        if len(pend.chunks) >= cp.min_chunks:
+            self._rebuild(mid, pend, now)
+        return signer
+
+    def _rebuild(self, mid: int, pend: _Pending, now: float) -> None:
+        cp = self.params.channel(pend.channel)
+        self._finish(mid, pend, now)
+        duration = (now - pend.first_at) * 1000.0
+        try:
+            block = coder(cp.num_chunks, cp.min_chunks).decode(pend.chunks)
+        except CodingError as exc:
+            self._dispute(mid, pend, "undecodable", str(exc), duration)
+            return
+        try:
+            info = self.validate(pend.channel, block)
+            digest = info.hash if isinstance(info, BlockInfo) else block_hash(pend.channel, block)
+        except ValueError as exc:   # validate.BlockInvalid and any validator's ValueError
+            self._dispute(mid, pend, getattr(exc, "reason", "invalid_block"), str(exc), duration)
+            return
+        if int.from_bytes(digest[:4], "big") != mid:
+            self._dispute(mid, pend, "message_id_mismatch",
+                          f"message id {mid:08x} is not the first 4 bytes of block hash {digest.hex()}", duration)
+            return
+        self.counters["rebuilt"] += 1
+        self._events.append(BlockRebuilt(mid, pend.producers[0], pend.channel, block, len(pend.chunks), duration))
+
+    def _dispute(self, mid: int, pend: _Pending, reason: str, detail: str, duration: float) -> None:
+        self.counters[f"dispute.{reason}"] += 1
+        self._events.append(Dispute(mid, list(pend.producers), reason, detail, pend.channel, len(pend.chunks),
+                                    duration))
+
+    def _finish(self, mid: int, pend: _Pending, now: float) -> None:
+        del self._pending[mid]
+        self._pending_bytes -= pend.size
+        self._done[mid] = now
+        if len(self._done) > 4 * self.params.max_messages:
+            self._done.popitem(last=False)
+
+    def _prune_done(self, now: float) -> None:
+        limit = now - self._horizon
+        while self._done:
+            mid, t = next(iter(self._done.items()))
+            if t > limit:
+                break
+            del self._done[mid]
+
+    # ---- timers ---------------------------------------------------------------------------
+    def get_timer(self) -> float | None:
+        """The earliest chunk-expiry deadline (unix seconds), else the next prune of finished
+        ids, else None."""
+        if self._pending:
+            return next(iter(self._pending.values())).deadline
+        if self._done:
+            return next(iter(self._done.values())) + self._horizon
+        return None
+
+    def handle_timer(self, now: float) -> None:
+        """Messages whose expiry passed before MIN_CHUNKS -> Dispute("expired")."""
+        while self._pending:
+            mid, pend = next(iter(self._pending.items()))
+            if pend.deadline > now:
+                break
+            self._finish(mid, pend, now)
+            cp = self.params.channel(pend.channel)
+            self._dispute(mid, pend, "expired", f"{len(pend.chunks)} of {cp.min_chunks} chunks within "
+                          f"{self.params.chunk_expiry} s", (now - pend.first_at) * 1000.0)
+        self._prune_done(now)
+
+    def frames_to_send(self, now: float) -> list[tuple[bytes, bytes]]:
+        """A consumer sends nothing: always []."""
+        return []
+
+    def next_event(self) -> MarlinEvent | None:
+        """The next event (events.py), or None."""
+        return self._events.popleft() if self._events else None
+
+    def pending(self) -> dict[int, int]:
+        """{message id: chunks held} of unfinished messages."""
+        return {mid: len(p.chunks) for mid, p in self._pending.items()}

@@ -1,0 +1,330 @@
+"""A local Marlin network of real `marlin-node` processes, and the main job's Marlin segment.
+
+`MarlinNet(workdir)`: runs `marlin-node init` into `workdir/marlin/net`, starts every node
+as its own process (deploy.daemons.Daemon: READY line, stderr file), and gives tests and the
+launcher what they need: `produce(producer, block)` (HTTP POST /produce), `kill(name)`
+(SIGKILL), `restart(name)`, `health(name)`, `rebuilt(consumer)` (the blocks a consumer wrote
+to its out-dir, by trace id), `events(name)` (its JSON-lines event log).
+
+`MarlinSegment(deploy.segments.Segment)`: the `[marlin]` segment of relay-suite-demo. Its
+network: `clusters` x `members` (default 3 x 2), producers "producer" (honest traffic) and
+"producer2" (sends the corrupted Bitcoin block, so its trace id differs from the honest
+block's), consumers "consumer1" and "consumer2". drive() sends every payload block, kills
+one cluster member (`kill` label, default "c2m1") with SIGKILL part-way through (logged with
+`plan.fault("member_kill", label, duration)` first) and restarts it `kill_duration` s later
+(`plan.recovered`), waits until both consumers rebuilt every block, then sends the corrupted
+Bitcoin block (`plan.expect(trace, "dispute", "corrupted_block")`) once the honest block's
+message id has left every cache (the cores key chunks on the message id, which the corrupted
+block shares: same header) and waits for both consumers' disputes.
+
+cfg keys ([marlin] table): enabled, clusters, members, kill ("c2m1"), kill_at (fraction of
+the blocks sent before the kill, 0.5), kill_duration (s, 3), deadline (s, 120),
+tolerable_latency (s, 10), max_clock_skew (s, 2), params (list of extra "NAME=VALUE" for init).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+
+from deploy.daemons import Daemon, LaunchError, script
+from deploy.segments import Segment
+
+CORRUPTED_NAME = "block413567_corrupted_btc2arc.raw"
+
+
+def trace_of_file(name: str) -> str | None:
+    """Consumer out-dir file "<mid 8 hex>_0x<producer>.<channel>" -> trace id "mid:0xproducer"."""
+    stem = name.rsplit(".", 1)[0]
+    mid, sep, prod = stem.partition("_")
+    if not sep or len(mid) != 8 or not prod.startswith("0x"):
+        return None
+    return f"{mid}:{prod}"
+
+
+class MarlinNet:
+    """Real marlin-node processes on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(self, workdir: Path, *, clusters: int = 3, members: int = 2, producers: int = 2,
+                 consumers: int = 2, params: list[str] | None = None, logdir: Path | None = None,
+                 start_timeout: float = 30.0, extra_args: dict[str, list[str]] | None = None):
+        self.root = Path(workdir) / "marlin"
+        self.netdir = self.root / "net"
+        self.logdir = Path(logdir) if logdir else Path(workdir) / "logs"
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.shape = dict(clusters=clusters, members=members, producers=producers, consumers=consumers)
+        self.params = list(params or [])
+        self.start_timeout = start_timeout
+        self.extra_args = dict(extra_args or {})   # node name -> more flags for its command line
+        self.nodes: dict[str, dict] = {}
+        self.procs: dict[str, Daemon] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    # -------------------------------------------------------------- set-up
+    def init(self) -> dict:
+        """`marlin-node init` (the real CLI) -> the network file's nodes by name."""
+        argv = [script("marlin-node"), "init", "--dir", str(self.netdir)]
+        for k, v in self.shape.items():
+            argv += [f"--{k}", str(v)]
+        for p in self.params:
+            argv += ["--param", p]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise LaunchError(f"marlin-node init failed ({proc.returncode}): {proc.stderr.strip()}")
+        doc = json.loads((self.netdir / "network.json").read_text())
+        self.nodes = {n["name"]: n for n in doc["nodes"]}
+        return self.nodes
+
+    def names(self, role: str) -> list[str]:
+        return [n for n, e in self.nodes.items() if e["role"] == role]
+
+    def out_dir(self, consumer: str) -> Path:
+        return self.root / "out" / consumer
+
+    def log_path(self, name: str) -> Path:
+        return self.logdir / f"marlin-{name}.jsonl"
+
+    def _argv(self, name: str) -> list[str]:
+        role = {"producer": "producer", "member": "cluster", "consumer": "consumer"}[self.nodes[name]["role"]]
+        argv = [script("marlin-node"), role, "--network", str(self.netdir / "network.json"), "--name", name,
+                "--status", "127.0.0.1:0", "--log", str(self.log_path(name)), "--grace", "2",
+                "--data-dir", str(self.root / "data" / name)]
+        if role == "consumer":
+            argv += ["--out-dir", str(self.out_dir(name))]
+        return argv + list(self.extra_args.get(name, []))
+
+    async def start(self) -> None:
+        """Init (once) and start every node: members and consumers first, then producers."""
+        if not self.nodes:
+            await asyncio.to_thread(self.init)
+        order = self.names("member") + self.names("consumer") + self.names("producer")
+        for name in order:
+            self.procs[name] = Daemon(f"marlin-{name}", self._argv(name), self.logdir)
+        await asyncio.gather(*(self.procs[n].start(self.start_timeout) for n in order
+                               if self.nodes[n]["role"] != "producer"))
+        await asyncio.gather(*(self.procs[n].start(self.start_timeout) for n in self.names("producer")))
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+
+    async def stop(self, grace: float = 10.0) -> None:
+        await asyncio.gather(*(d.stop(grace) for d in self.procs.values()), return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -------------------------------------------------------------- faults
+    async def kill(self, name: str) -> None:
+        """SIGKILL the node (no goodbye, no flush)."""
+        d = self.procs[name]
+        d.expected_exit = True
+        if d.alive():
+            d.proc.kill()
+            await d.proc.wait()
+
+    async def restart(self, name: str) -> dict:
+        return await self.procs[name].start(self.start_timeout)
+
+    # -------------------------------------------------------------- traffic and state
+    def _url(self, name: str, path: str) -> str:
+        return f"http://127.0.0.1:{self.procs[name].info['status_port']}{path}"
+
+    async def produce(self, producer: str, block: bytes, channel: str = "auto") -> dict:
+        """POST /produce; returns the producer's JSON ({"message_id", "trace_id", ...}).
+        Raises LaunchError with the producer's error text on a non-200 answer."""
+        async with self._session.post(self._url(producer, "/produce"), params={"channel": channel},
+                                      data=block) as resp:
+            body = await resp.json()
+            if resp.status != 200:
+                raise LaunchError(f"{producer} refused a block ({resp.status}): {body}")
+            return body
+
+    async def health(self, name: str) -> dict:
+        async with self._session.get(self._url(name, "/health")) as resp:
+            return await resp.json()
+
+    async def metrics_text(self, name: str) -> str:
+        async with self._session.get(self._url(name, "/metrics")) as resp:
+            return await resp.text()
+
+    def rebuilt(self, consumer: str) -> dict[str, bytes]:
+        """trace id -> block bytes, as the consumer wrote them."""
+        out: dict[str, bytes] = {}
+        d = self.out_dir(consumer)
+        if d.is_dir():
+            for p in d.iterdir():
+                tid = trace_of_file(p.name)
+                if tid and not p.name.endswith(".tmp"):
+                    out[tid] = p.read_bytes()
+        return out
+
+    def events(self, name: str, event: str | None = None) -> list[dict]:
+        """The node's event log lines (every restart appends), optionally one event only."""
+        out = []
+        for path in sorted(self.logdir.glob(f"marlin-{name}.jsonl*")):
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if event is None or rec.get("event") == event:
+                    out.append(rec)
+        return out
+
+    def address(self, name: str) -> str:
+        return self.nodes[name]["address"]
+
+
+async def wait_for(pred, timeout: float, step: float = 0.1) -> bool:
+    """Poll `pred()` (sync) until true or `timeout` s; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if pred():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(step)
+
+
+class MarlinSegment(Segment):
+    """The Marlin segment of the main job (see the module docstring)."""
+
+    name = "marlin"
+
+    def __init__(self, cfg: dict, workdir: Path, plan, shared_data: Path | None, blocks: list, **kw):
+        super().__init__(cfg, workdir, plan, shared_data, blocks, **kw)
+        c = cfg or {}
+        self.kill_label = str(c.get("kill", "c2m1"))
+        self.kill_at = float(c.get("kill_at", 0.5))
+        self.kill_duration = float(c.get("kill_duration", 3.0))
+        self.deadline = float(c.get("deadline", 120.0))
+        tol = float(c.get("tolerable_latency", 10))
+        skew = float(c.get("max_clock_skew", 2))
+        self.horizon = tol + skew
+        params = [f"tolerable_latency={tol}", f"max_clock_skew={skew}"] + list(c.get("params", []))
+        self.net = MarlinNet(self.workdir, clusters=int(c.get("clusters", 3)), members=int(c.get("members", 2)),
+                             producers=2, consumers=2, params=params, logdir=self.logdir,
+                             start_timeout=self.start_timeout)
+        self.honest = [b for b in blocks if "corrupted" not in b.name]
+        self.corrupted = next((b for b in blocks if "corrupted" in b.name), None)
+        if self.corrupted is None and shared_data is not None and (Path(shared_data) / "btc" / CORRUPTED_NAME).is_file():
+            from deploy.blocks import BlockFile
+            self.corrupted = BlockFile(CORRUPTED_NAME, (Path(shared_data) / "btc" / CORRUPTED_NAME).read_bytes())
+        self.sent: dict[str, str] = {}          # trace id -> block name (honest)
+        self.corrupted_trace: str | None = None
+        self.refused: list[str] = []
+        self.state = "new"
+        self._final: dict = {}
+
+    async def start(self) -> None:
+        self.state = "starting"
+        await self.net.start()
+        service = {"producer": "marlin-producer", "member": "marlin-cluster", "consumer": "marlin-consumer"}
+        for name, entry in self.net.nodes.items():
+            self.plan.node(name, entry["address"], service[entry["role"]])
+        self.state = "started"
+
+    def daemons(self) -> list[Daemon]:
+        return list(self.net.procs.values())
+
+    def _rebuilt_pairs(self) -> int:
+        return sum(1 for c in self.net.names("consumer") for t in self.net.rebuilt(c) if t in self.sent)
+
+    def _disputes(self) -> int:
+        return sum(1 for c in self.net.names("consumer")
+                   for r in self.net.events(c, "marlin.consumer.dispute") if r.get("trace_id") == self.corrupted_trace)
+
+    async def drive(self) -> None:
+        net = self.net
+        consumers = net.names("consumer")
+        loop_deadline = time.monotonic() + self.deadline
+        kill_index = int(len(self.honest) * self.kill_at) if self.honest else -1
+        restart_task = None
+        self.state = "sending"
+        for i, block in enumerate(self.honest):
+            if i == kill_index and self.kill_label in net.procs:
+                self.plan.fault("member_kill", self.kill_label, self.kill_duration)
+                await net.kill(self.kill_label)
+                restart_task = asyncio.ensure_future(self._restart_later())
+            try:
+                out = await net.produce("producer", block.data)
+                self.sent[out["trace_id"]] = block.name
+            except LaunchError as exc:
+                self.refused.append(f"{block.name}: {exc}")
+        if restart_task is not None:
+            await restart_task
+        self.state = "waiting"
+        want = len(self.sent) * len(consumers)
+        await wait_for(lambda: self._rebuilt_pairs() >= want, max(1.0, loop_deadline - time.monotonic()), 0.25)
+        if self.corrupted is not None:
+            # the corrupted block shares the honest block's message id (same header): wait
+            # until every member and consumer has forgotten that id
+            self.state = "cache horizon"
+            await asyncio.sleep(self.horizon + 1.0)
+            from .validate import message_id_of
+            from .params import CHANNEL_BTC
+            from .events import trace_id as make_trace
+            mid = message_id_of(CHANNEL_BTC, self.corrupted.data)
+            self.corrupted_trace = make_trace(mid, bytes.fromhex(net.address("producer2")[2:]))
+            self.plan.expect(self.corrupted_trace, "dispute", "corrupted_block")
+            self.state = "corrupted block"
+            try:
+                await net.produce("producer2", self.corrupted.data, "btc")
+            except LaunchError as exc:
+                self.refused.append(f"{self.corrupted.name}: {exc}")
+            await wait_for(lambda: self._disputes() >= len(consumers),
+                           max(5.0, loop_deadline - time.monotonic()), 0.25)
+        self.state = "done"
+        self._final = await self._collect()
+
+    async def _restart_later(self) -> None:
+        await asyncio.sleep(self.kill_duration)
+        await self.net.restart(self.kill_label)
+        self.plan.recovered("member_kill", self.kill_label)
+
+    def progress(self) -> str:
+        if self.state in ("new", "starting"):
+            return f"marlin: {self.state}"
+        return (f"marlin: {self.state}, {len(self.sent)} blocks sent, "
+                f"{self._rebuilt_pairs()}/{len(self.sent) * 2} rebuilt")
+
+    async def _collect(self) -> dict:
+        counts = {}
+        for name in self.net.names("producer") + self.net.names("consumer"):
+            try:
+                counts[name] = (await self.net.health(name))["counts"]
+            except Exception:     # a dead daemon: counted as nothing, the launcher reports it
+                counts[name] = {}
+        prods = self.net.names("producer")
+        cons = self.net.names("consumer")
+        return {
+            "blocks": sum(counts[p].get("blocks_produced", 0) for p in prods),
+            "rebuilt": self._rebuilt_pairs() + sum(1 for c in cons for t in self.net.rebuilt(c)
+                                                   if t not in self.sent),
+            "disputes": sum(v for c in cons for k, v in counts[c].items() if k.startswith("disputes")),
+            "chunks_sent": sum(counts[p].get("chunks_sent", 0) for p in prods),
+            "chunks_received": sum(counts[c].get("chunks_received", 0) for c in cons),
+            "expected_rebuilt": len(self.sent) * len(cons),
+            "refused": len(self.refused),
+        }
+
+    async def stop(self) -> None:
+        if not self._final and self.net.procs and self.net._session is not None:
+            try:
+                self._final = await self._collect()
+            except Exception:
+                pass
+        await self.net.stop(self.grace)
+
+    def counters(self) -> dict:
+        return dict(self._final)
+
+    def compare(self, summary: dict) -> list[tuple[str, object, object, bool]]:
+        table = (summary or {}).get("marlin") or {}
+        rows = []
+        for key in ("blocks", "rebuilt", "disputes", "chunks_sent", "chunks_received"):
+            mine, theirs = self._final.get(key), table.get(key)
+            rows.append((f"marlin.{key}", mine, theirs, mine == theirs))
+        return rows

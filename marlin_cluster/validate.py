@@ -1,0 +1,148 @@
+"""Block hashes and block validation with each chain's own rules, through maintained
+libraries (seed: "isValidBlock"; issue 9 item 3).
+
+Channels (params.py): CHANNEL_BTC, CHANNEL_ETH, CHANNEL_RAW.
+
+block_hash(channel, block) -> 32 bytes, the hash whose first 4 bytes are the message id
+(seed "Generate Message Id"):
+    btc: double SHA-256 of the 80-byte header in internal byte order (python-bitcoinlib
+         CBlockHeader.GetHash(); the usual display reverses it, so the id is not the proof of
+         work's leading zeros)
+    eth: keccak256 of the RLP-encoded header (deploy.blocks.verify_block computes it)
+    raw: keccak256 of the whole block
+
+validate_block(channel, block, now=None) -> BlockInfo, raises BlockInvalid:
+    btc: python-bitcoinlib CheckBlock: header proof of work against nBits, merkle root of the
+         transactions, transaction sanity (coinbase first, no duplicates, size, sigops); a
+         header time more than 2 h past `now` (unix seconds; the header's own time when None)
+    eth: RLP [header, transactions, uncles(, withdrawals)] (deploy.blocks.verify_block);
+         transactionsRoot = root of the hexary Merkle-Patricia trie rlp(index) -> transaction
+         (the `trie` package's HexaryTrie); ommersHash = keccak256(rlp(uncles)); withdrawalsRoot
+         (post-Shanghai headers) likewise. Ethash/beacon consensus is not checked.
+    raw: nothing beyond the size bound.
+
+check_message_id(message_id, info) raises BlockInvalid("message_id_mismatch") unless the id
+is the first 4 bytes of the block hash.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import rlp
+from bitcoin.core import CBlock, CBlockHeader, CheckBlock, ValidationError
+from Crypto.Hash import keccak
+from trie import HexaryTrie
+
+from deploy.blocks import BlockError, verify_block
+
+from .params import CHANNEL_BTC, CHANNEL_ETH, CHANNEL_RAW
+
+__all__ = ["BlockInvalid", "BlockInfo", "block_hash", "validate_block", "check_message_id", "message_id_of"]
+
+_BTC_HEADER = 80
+
+
+class BlockInvalid(BlockError):
+    """A block that breaks its chain's rules (a ValueError, deploy.blocks.BlockError).
+    `reason`: "invalid_block" or "message_id_mismatch"."""
+
+    def __init__(self, message: str, reason: str = "invalid_block"):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """What validation learned: chain ("btc"/"eth"/"raw"), 32-byte hash (block_hash's
+    order), transaction count, size in bytes."""
+    kind: str
+    hash: bytes
+    txs: int
+    size: int
+
+
+def _keccak(data: bytes) -> bytes:
+    return keccak.new(digest_bits=256, data=data).digest()
+
+
+def block_hash(channel: int, block: bytes) -> bytes:
+    """See the module docstring. Raises BlockInvalid when the block cannot even be hashed
+    (too short for a Bitcoin header, not an RLP block)."""
+    if channel == CHANNEL_BTC:
+        if len(block) < _BTC_HEADER:
+            raise BlockInvalid(f"bitcoin block of {len(block)} bytes is shorter than its header")
+        return CBlockHeader.deserialize(block[:_BTC_HEADER]).GetHash()
+    if channel == CHANNEL_ETH:
+        try:
+            items = rlp.decode(block)
+            return _keccak(rlp.encode(items[0]))
+        except Exception as exc:  # rlp.DecodingError, IndexError on a non-list
+            raise BlockInvalid(f"not an RLP block: {exc}") from None
+    return _keccak(block)
+
+
+def message_id_of(channel: int, block: bytes) -> int:
+    """First 4 bytes of block_hash as a uint32 (seed "generateMessageId")."""
+    return int.from_bytes(block_hash(channel, block)[:4], "big")
+
+
+def _btc(block: bytes, now: float | None) -> BlockInfo:
+    try:
+        b = CBlock.deserialize(block)
+    except Exception as exc:  # python-bitcoinlib raises several types on junk
+        raise BlockInvalid(f"not a bitcoin block: {exc}") from None
+    try:
+        CheckBlock(b, fCheckPoW=True, fCheckMerkleRoot=True,
+                   cur_time=int(now) if now is not None else b.nTime)
+    except ValidationError as exc:  # CheckBlockError, CheckProofOfWorkError, CheckTransactionError
+        raise BlockInvalid(f"bitcoin block: {exc}") from None
+    except Exception as exc:  # python-bitcoinlib on structurally odd blocks (e.g. scripts it cannot count)
+        raise BlockInvalid(f"bitcoin block: {type(exc).__name__}: {exc}") from None
+    return BlockInfo("btc", b.GetHash(), len(b.vtx), len(block))
+
+
+def _trie_root(items: list) -> bytes:
+    t = HexaryTrie({})
+    for i, item in enumerate(items):
+        t[rlp.encode(i)] = item if isinstance(item, bytes) else rlp.encode(item)
+    return t.root_hash
+
+
+def _eth(block: bytes) -> BlockInfo:
+    try:
+        base = verify_block(block)   # RLP shape and keccak256(header)
+    except BlockError as exc:
+        raise BlockInvalid(str(exc)) from None
+    if base["kind"] != "eth":
+        raise BlockInvalid(f"not an Ethereum block (looks like {base['kind']})")
+    items = rlp.decode(block)
+    header, txs, uncles = items[0], items[1], items[2]
+    if len(header) < 15 or not all(isinstance(f, bytes) for f in header):
+        raise BlockInvalid(f"Ethereum header has {len(header)} fields, malformed")
+    if not isinstance(txs, list) or not isinstance(uncles, list):
+        raise BlockInvalid("Ethereum transactions / uncles are not lists")
+    if _keccak(rlp.encode(uncles)) != header[1]:
+        raise BlockInvalid("ethereum block: ommers hash does not match the header")
+    if _trie_root(txs) != header[4]:
+        raise BlockInvalid("ethereum block: transactions root does not match the header")
+    if len(items) >= 4 and len(header) > 16:
+        if not isinstance(items[3], list) or _trie_root(items[3]) != header[16]:
+            raise BlockInvalid("ethereum block: withdrawals root does not match the header")
+    return BlockInfo("eth", bytes.fromhex(base["hash"][2:]), len(txs), len(block))
+
+
+def validate_block(channel: int, block: bytes, now: float | None = None) -> BlockInfo:
+    """See the module docstring. Raises BlockInvalid."""
+    if channel == CHANNEL_BTC:
+        return _btc(block, now)
+    if channel == CHANNEL_ETH:
+        return _eth(block)
+    return BlockInfo("raw" if channel == CHANNEL_RAW else str(channel), _keccak(block), 0, len(block))
+
+
+def check_message_id(message_id: int, info: BlockInfo) -> None:
+    """Raises BlockInvalid(reason "message_id_mismatch") unless message_id is the first 4
+    bytes of info.hash."""
+    if int.from_bytes(info.hash[:4], "big") != message_id:
+        raise BlockInvalid(f"message id {message_id:08x} is not the first 4 bytes of block hash "
+                           f"{info.hash.hex()}", "message_id_mismatch")

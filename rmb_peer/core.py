@@ -50,6 +50,7 @@ from rmb_peer.envelope import (
     Backlog, Envelope, EnvelopeError, address_str, is_expired, message_kind, new_uid,
     parse_envelope,
 )
+from rmb_peer.errors import RmbLocalError, RmbRemoteError
 from rmb_peer.identity import E2EKey, Identity, SignatureError
 
 __all__ = [
@@ -107,7 +108,7 @@ MAX_DONE = 200_000  # finished request uids remembered (late/duplicate reply fil
 _MAX_TWIN = 2**32 - 1
 
 
-class AppMessageError(ValueError):
+class AppMessageError(RmbRemoteError):
     """A local app/service pushed JSON the peer cannot accept. `code`: 100 (invalid
     message), 101 (bad payload), 102 (expired); `reason`: precise text."""
 
@@ -117,7 +118,7 @@ class AppMessageError(ValueError):
         self.reason = reason
 
 
-class PeerStateError(RuntimeError):
+class PeerStateError(RmbLocalError):
     """Local misuse of the core: an impossible relay-connection transition (names the
     state and the input) or an unknown relay."""
 

@@ -9,6 +9,7 @@ import uuid
 
 from google.protobuf.message import DecodeError
 
+from rmb_peer.errors import RmbRemoteError
 from rmb_peer._pb.types_pb2 import (  # noqa: F401  (re-exported)
     Address, Backlog, Envelope, Error, Ping, Pong, Request, Response,
 )
@@ -26,17 +27,24 @@ MAX_ENVELOPE_SIZE = 1024 * 1024
 MAX_UID_LEN = 256
 
 
-class EnvelopeError(ValueError):
+class EnvelopeError(RmbRemoteError):
     """A remote sent bytes that are not an acceptable envelope (oversize, undecodable,
     missing uid or destination). The message names the precise reason."""
 
 
-def parse_envelope(data: bytes, max_size: int = MAX_ENVELOPE_SIZE) -> Envelope:
+def parse_envelope(data: bytes, max_size: int = MAX_ENVELOPE_SIZE, *,
+                   allow_ping_without_destination: bool = False) -> Envelope:
     """Decode one serialized `Envelope` (bytes) from a peer or a federating relay.
 
     Checks, in order: len(data) <= max_size (bytes); protobuf decodes; `uid` non-empty
     (<= 256 chars); `destination` present with a non-zero twin. Source is NOT required
     (relay errors have no source). Raises EnvelopeError naming the first failed check.
+
+    allow_ping_without_destination: a Ping (Envelope field 15) passes without the
+    destination check (missing, or twin 0). The official TS client
+    (@threefold/rmb_direct_client 2.9.2) pings with destination twin 0 and rmb-rs answers
+    a ping before its destination check; a relay passes True and answers with a Pong
+    (test: tests/test_rmb_lib.py test_ping_with_destination_twin_0).
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise EnvelopeError(f"envelope must be bytes, got {type(data).__name__}")
@@ -53,6 +61,8 @@ def parse_envelope(data: bytes, max_size: int = MAX_ENVELOPE_SIZE) -> Envelope:
         raise EnvelopeError("envelope has no uid")
     if len(env.uid) > MAX_UID_LEN:
         raise EnvelopeError(f"envelope uid too long: {len(env.uid)} chars > {MAX_UID_LEN}")
+    if allow_ping_without_destination and env.WhichOneof("message") == "ping":
+        return env
     if not env.HasField("destination"):
         raise EnvelopeError("envelope has no destination")
     if env.destination.twin == 0:

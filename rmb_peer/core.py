@@ -47,8 +47,8 @@ from typing import Any, Mapping
 from rmb_peer.challenge import sign_envelope, verify_envelope
 from rmb_peer.e2e import E2EError, decrypt, encrypt
 from rmb_peer.envelope import (
-    Backlog, Envelope, EnvelopeError, address_str, is_expired, message_kind, new_uid,
-    parse_envelope,
+    MAX_ENVELOPE_SIZE, MAX_UID_LEN, Backlog, Envelope, EnvelopeError, address_str,
+    is_expired, message_kind, new_uid, parse_envelope,
 )
 from rmb_peer.errors import RmbLocalError, RmbRemoteError
 from rmb_peer.identity import E2EKey, Identity, SignatureError
@@ -350,6 +350,8 @@ def parse_address(text: Any) -> tuple[int, str | None]:
         raise AppMessageError(ERR_INVALID_MESSAGE, f"twin out of range in address {text[:64]!r}")
     if sep and not sid:
         raise AppMessageError(ERR_INVALID_MESSAGE, "empty session id in address")
+    if len(sid) > MAX_UID_LEN:
+        raise AppMessageError(ERR_INVALID_MESSAGE, f"session id longer than {MAX_UID_LEN} chars")
     return twin, (sid if sep else None)
 
 
@@ -459,7 +461,8 @@ class PeerCore:
     """
 
     def __init__(self, twin_id: int, identity: Identity, e2e_key: E2EKey | None,
-                 relays: list[str], log=None, version: str = VERSION, debug: bool = False):
+                 relays: list[str], log=None, version: str = VERSION, debug: bool = False,
+                 max_envelope: int = MAX_ENVELOPE_SIZE):
         if not 0 < int(twin_id) <= _MAX_TWIN:
             raise PeerStateError(f"bad twin id {twin_id}")
         if not 1 <= len(relays) <= 4 or len(set(relays)) != len(relays):
@@ -470,6 +473,9 @@ class PeerCore:
         self.log = log
         self._debug = log is not None and debug
         self.version = version
+        #: largest envelope the relays accept, bytes (their --max-size): bigger requests
+        #: and replies are refused here with an error instead of being sent
+        self.max_envelope = max_envelope
         self.relays: dict[str, _Relay] = {name: _Relay(name) for name in relays}
         self._order = list(relays)
         self._events: deque[PeerEvent] = deque()
@@ -808,6 +814,13 @@ class PeerCore:
                                        (ERR_E2E, f"e2e error: {exc}"), now)
                 continue
             self._stamp_sign(env, now)
+            size = env.ByteSize()
+            if size > self.max_envelope:   # the relay would close the connection on it
+                text = f"request too large: {size} bytes > envelope limit {self.max_envelope}"
+                self._reject(ERR_BAD_PAYLOAD, text, str(dst), uid)
+                self._reply_to_pending(pending, dst, b"", None, self._stamp(now),
+                                       (ERR_BAD_PAYLOAD, text), now)
+                continue
             self._send(env, "request", dst, now, encrypted)
         return uid
 
@@ -1035,6 +1048,11 @@ class PeerCore:
             uid = obj.get("ref")
             if not isinstance(uid, str) or not uid:
                 raise AppMessageError(ERR_INVALID_MESSAGE, "ref must be the request's uid")
+            if len(uid) > MAX_UID_LEN:
+                bad, uid = uid, None
+                raise AppMessageError(ERR_INVALID_MESSAGE,
+                                      f"ref of {len(bad)} chars is no envelope uid (at most "
+                                      f"{MAX_UID_LEN}): the reply cannot be sent")
             twin, sid = parse_address(obj.get("dst"))
             schema = _opt_str(obj, "shm")
             err = obj.get("err")
@@ -1085,6 +1103,20 @@ class PeerCore:
                 env.error.message = f"e2e error: {exc}"
                 kind = "error"
         self._stamp_sign(env, now)
+        size = env.ByteSize()
+        if size > self.max_envelope:
+            # the relay would refuse it by closing our connection (frames in flight lost):
+            # the requester gets a precise error instead, the service's reply is logged
+            text = f"reply too large: {size} bytes > envelope limit {self.max_envelope}"
+            self._reject(ERR_BAD_PAYLOAD, text, "local", rep.uid)
+            env = Envelope(uid=rep.uid, expiration=RESPONSE_TTL)
+            env.destination.twin = rep.dst_twin
+            if rep.dst_sid is not None:
+                env.destination.connection = rep.dst_sid
+            env.error.code = ERR_BAD_PAYLOAD
+            env.error.message = text
+            self._stamp_sign(env, now)
+            kind, encrypted = "error", False
         self._send(env, kind, rep.dst_twin, now, encrypted)
 
     # ------------------------------------------------------------------ twins

@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--twin-max-stale", type=float, default=TWIN_MAX_STALE, metavar="SECONDS",
                      help="while the registry fails, keep using a twin record up to this long "
                           f"past its TTL, logged (default: {TWIN_MAX_STALE:.0f}; 0 = never)")
+    net.add_argument("--max-size", metavar="BYTES", type=int, default=MAX_ENVELOPE_SIZE,
+                     help="largest envelope the relays accept (their --max-size): bigger "
+                          "requests and service replies are refused with error 101 instead "
+                          f"of being sent (default: {MAX_ENVELOPE_SIZE})")
     net.add_argument("--data-dir", metavar="DIR", default=None,
                      help="directory for the peer's durable state (twins.sqlite3: the last "
                           "known twin records, so the peer starts and serves while the "
@@ -322,7 +326,8 @@ class PeerDaemon:
                                  "sending plain text (drop --no-update to publish it)")
         self.core = PeerCore(self.twin_id, self.args.identity, e2e_key,
                              list(self.args.relay), log=self.log,
-                             debug=self.args.log_level == "debug")
+                             debug=self.args.log_level == "debug",
+                             max_envelope=self.args.max_size)
         self.core.twin_ttl = self.args.twin_cache_ttl
         self.core.twin_max_stale = self.args.twin_max_stale
         now = self._now()

@@ -838,3 +838,43 @@ def test_clock_rule_timers_on_loop_time_wire_on_wall_time():
     sim.serve(b)
     assert _replies(a)[-1]["dat"] == b64(b"olleh")  # B judged expiry on wall time
     assert a.core.get_timer() < 500.0 + 3600    # timers stay on the loop clock
+
+
+# ------------------------------------------------------------------ finding 6: edge bounds
+
+def test_service_reply_that_cannot_be_an_envelope_is_refused_not_sent():
+    """A service reply whose ref is 300 chars, or whose payload would make an envelope
+    over the relay's limit, used to be sent and make the relay close the peer's
+    connection (frames in flight lost). Now: the ref one is refused and logged; the big
+    one answers the requester with error 101 and nothing oversize reaches the wire."""
+    sim = Sim()
+    a, b = sim.add(1), sim.add(2)
+    limit = 4096
+    for n in (a, b):
+        n.core.max_envelope = limit
+    sim.app_send(a, [2], data=b"q")
+    raw = b.rpop("msgbus.calc.add")
+    req = json.loads(raw)
+    sent_before = len(b.sent)
+    long_ref = {"ver": 1, "ref": "r" * 300, "dat": b64(b"x"), "dst": req["src"], "now": 1}
+    assert b.core.service_message(json.dumps(long_ref).encode(), sim.now) is None
+    assert len(b.sent) == sent_before
+    assert any("300 chars" in e["attrs"].get("reason", "") for e in b.events()
+               if e["event"] == "rmb.peer.rejected")
+    big = {"ver": 1, "ref": req["ref"], "dat": b64(b"y" * limit), "dst": req["src"], "now": 1}
+    rep = b.core.service_message(json.dumps(big).encode(), sim.now)
+    b.core.send_response(rep, sim.twin(1), sim.now)
+    sim.pump()
+    assert all(len(ev.data) <= limit for ev in b.sent)
+    [reply] = a.all("app.ret")
+    assert reply["err"]["code"] == 101 and "reply too large" in reply["err"]["message"]
+
+
+def test_app_request_too_large_for_an_envelope_gets_101():
+    sim = Sim()
+    a, b = sim.add(1), sim.add(2)
+    a.core.max_envelope = 4096
+    sim.app_send(a, [2], data=b"z" * 5000)
+    assert a.sent == []
+    [reply] = a.all("app.ret")
+    assert reply["err"]["code"] == 101 and "request too large" in reply["err"]["message"]

@@ -150,3 +150,82 @@ async def test_the_writers_batch_is_rerouted_when_its_connection_drops(cluster):
     core.resend = original
     assert [ev.data for ev in resent] == [f.data for f in frames]   # none lost
     assert r1.url not in core.live_relays()
+
+
+async def test_a_bug_at_any_entry_point_is_logged_and_the_peer_keeps_serving(cluster):
+    """DESIGN.md section 2: one guard per entry point (queue item, relay frame, timer,
+    task) turns anything but a remote error into a logged bug (rmb.peer.rejected, code
+    500, 'internal error on ...') without killing the daemon."""
+    relay = await cluster.start_relay()
+    a = await cluster.new_twin([relay])
+    b = await cluster.new_twin([relay])
+    pa = await cluster.start_peer(a, [relay])
+    pb = await cluster.start_peer(b, [relay])
+    cluster.service(pb, "echo", {"echo": echo})
+    client = cluster.client(pa)
+    core_a, core_b = pa.daemon.core, pb.daemon.core
+    broken = {"local": 1, "frame": 1, "timer": 1, "lookup": 1}
+
+    def once(name, fn):
+        if asyncio.iscoroutinefunction(fn):
+            async def awrapper(*args, **kw):
+                if broken[name]:
+                    broken[name] -= 1
+                    raise RuntimeError(f"injected bug in {name}")
+                return await fn(*args, **kw)
+            return awrapper
+
+        def wrapper(*args, **kw):
+            if broken[name]:
+                broken[name] -= 1
+                raise RuntimeError(f"injected bug in {name}")
+            return fn(*args, **kw)
+        return wrapper
+    core_a.receive_local = once("local", core_a.receive_local)
+    core_b.receive_frame = once("frame", core_b.receive_frame)
+    core_a.handle_timer = once("timer", core_a.handle_timer)
+    pa.daemon.directory.get = once("lookup", pa.daemon.directory.get)
+    # three requests at once: the first popped dies in A's queue-item guard (the client
+    # gives up after ttl + grace), the others wait for B's lookup, whose task hits the
+    # injected bug: logged, the lookup fails, they get 500 at once
+    results = await asyncio.gather(*(client.call(b.id, "echo", b"%d" % i, ttl=1)
+                                     for i in range(3)))
+    assert sorted(r.code for [r] in results) == [102, 500, 500], results
+    pa.daemon._on_timer()                              # the timer's guard
+    # the next request dies in B's relay-frame guard (A expires it: 102); then all flows
+    deadline = time.monotonic() + 30
+    codes = []
+    while True:
+        [r] = await client.call(b.id, "echo", b"alive", ttl=2)
+        codes.append(r.code)
+        if r.ok:
+            break
+        assert time.monotonic() < deadline, r
+    assert r.data == b"alive" and codes[0] == 102
+    bugs = [e["attrs"]["reason"] for p in (pa, pb) for e in events_of(p.log)
+            if e["event"] == "rmb.peer.rejected" and e["attrs"]["code"] == 500
+            and e["attrs"]["reason"].startswith("internal error on")]
+    assert len(bugs) == 4, bugs
+    assert not pa.task.done() and not pb.task.done()
+
+
+def test_the_wire_library_holds_no_daemon_code():
+    """The RMB wire library (what rmb_relay imports from rmb_peer) imports no daemon,
+    core, Redis or runtime module: relay and peer share it without dragging either in."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent / "rmb_peer"
+    library = ["envelope", "challenge", "token", "e2e", "identity", "twins", "errors"]
+    forbidden = ("rmb_peer.daemon", "rmb_peer.core", "rmb_peer.redisq", "rmb_peer.client",
+                 "rmb_relay", "daemon_runtime", "redis", "websockets")
+    for name in library:
+        tree = ast.parse((root / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                mods = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            else:
+                continue
+            for mod in mods:
+                assert not mod.startswith(forbidden), f"rmb_peer/{name}.py imports {mod}"

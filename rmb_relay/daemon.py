@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import os
 import random
 import socket
 import time
@@ -63,11 +65,13 @@ from rmb_peer.envelope import (
     message_kind, parse_envelope, relay_error,
 )
 from rmb_peer.events import RMB_EVENTS
+from rmb_relay.events import RELAY_EVENTS
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
 from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
 from rmb_relay.core import (
-    ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_RATE_LIMIT,
-    ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, ConnectionTable, Drop, FederationAccepted,
+    ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_QUEUE_FULL,
+    ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, ConnectionTable, Drop,
+    FederationAccepted, LogLimiter,
     FederationAttemptFailed, FederationExpired, FederationRefused, FederationScheduler,
     Federate, FixedWindowLimiter, Forward, Local, NoLimit, Ranker, Refuse, RelayRouter, Reply,
     Session, session_of, session_str,
@@ -81,8 +85,27 @@ CLOSE_UNSUPPORTED = 1003       # text frame
 CLOSE_INVALID = 1007           # bytes that are not an envelope
 CLOSE_REPLACED = 4000          # a newer connection with the same (twin, sid) took over
 FED_CONTENT_TYPE = "application/x-protobuf"
-#: seconds between the relay's WebSocket pings to each peer (rmb-peer itself pings every 20 s)
-HEARTBEAT = 60.0
+#: seconds between the relay's WebSocket pings to each peer (rmb-peer itself pings every 20 s);
+#: a peer that does not answer within half of it is closed, so a vanished peer (no FIN) is
+#: freed within 1.5 x HEARTBEAT (was 60 s: ~90 s per dead socket, issue #11 finding 7)
+HEARTBEAT = 20.0
+#: seconds aiohttp waits for the peer's close frame after we close (its default is 10 s)
+CLOSE_TIMEOUT = 2.0
+#: frames up to this multiple of --max-size are read and answered with a relay error when
+#: too large; only larger frames close the connection with 1009 (issue #11 finding 6)
+FRAME_FACTOR = 4
+#: offline-queue outcomes of _enqueue / _deliver
+QUEUED, FULL, FAILED = "queued", "full", "failed"
+
+#: XADD only below the cap: a full queue refuses the new envelope instead of trimming the
+#: oldest (XADD MAXLEN did that silently; issue #11 finding 4). Returns the new length or -1.
+_ENQUEUE_LUA = """
+local n = redis.call('XLEN', KEYS[1])
+if n >= tonumber(ARGV[1]) then return -1 end
+redis.call('XADD', KEYS[1], '*', 'e', ARGV[2], 'd', ARGV[3], 't', ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return n + 1
+"""
 
 
 def _is_fail_fast(env: Envelope) -> bool:
@@ -99,9 +122,35 @@ def _lenient_decode(data: bytes) -> Envelope | None:
         env.ParseFromString(bytes(data))
     except Exception:  # noqa: BLE001 - any decode failure means "not an envelope"
         return None
-    if not env.uid or len(env.uid) > 256:
+    if not env.uid:
         return None
     return env
+
+
+class RelayStartError(RuntimeError):
+    """The relay cannot start (Redis unreachable); the text names the URL and the flag."""
+
+
+def _fd_limit() -> int:
+    try:
+        import resource
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        return 0
+
+
+def raise_fd_limit() -> int:
+    """Raises the soft RLIMIT_NOFILE to the hard limit (10,000 peers need 10,000 fds);
+    returns the new soft limit."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 class _Peer:
@@ -187,6 +236,22 @@ class _Metrics:
                                  registry=r)
         self.fed_jobs = Gauge("rmb_relay_federation_jobs", "envelopes waiting for federation",
                               registry=r)
+        self.queue_full = Counter("rmb_relay_queue_full",
+                                  "envelopes refused because the destination's offline queue "
+                                  "was full (the sender got an error)", ["via"], registry=r)
+        self.accept_failed = Counter("rmb_relay_accept_failed",
+                                     "connections the relay could not accept (fd limit)",
+                                     ["reason"], registry=r)
+        self.suppressed = Counter("rmb_relay_log_suppressed",
+                                  "warning lines withheld by the log rate limit", ["reason"],
+                                  registry=r)
+        self.open_fds = Gauge("rmb_relay_open_fds", "open file descriptors of the relay "
+                              "(sampled every second)", registry=r)
+        self.fd_limit = Gauge("rmb_relay_fd_limit", "RLIMIT_NOFILE soft limit of the relay",
+                              registry=r)
+        self.capacity_refused = Counter("rmb_relay_capacity_refused",
+                                        "handshakes refused with 503 near the fd limit",
+                                        registry=r)
 
 
 class RelayServer:
@@ -210,7 +275,9 @@ class RelayServer:
                  ranker_period: float = 3600.0, max_size: int = MAX_ENVELOPE_SIZE,
                  queue_ttl: float = 3600.0, queue_maxlen: int = 10000,
                  directory: TwinDirectory | None = None, clock: Callable[[], float] = time.time,
-                 federation_timeout: float = 10.0, rng: random.Random | None = None):
+                 federation_timeout: float = 10.0, rng: random.Random | None = None,
+                 heartbeat: float = HEARTBEAT, max_frame: int | None = None,
+                 fd_reserve: int = 64):
         self.domains = list(domains)
         self.host, self.port = host, port
         self.events = events
@@ -218,6 +285,12 @@ class RelayServer:
         self.max_size = max_size
         self.queue_ttl = queue_ttl
         self.queue_maxlen = queue_maxlen
+        self.heartbeat = heartbeat
+        self.max_frame = max_frame or FRAME_FACTOR * max_size
+        self.fd_reserve = fd_reserve
+        self.log_limiter = LogLimiter()
+        self._accept_failures = 0
+        self._watchdog: asyncio.Task | None = None
         limiter = FixedWindowLimiter(*limit) if limit else NoLimit()
         self.router = RelayRouter(self.domains, limiter)
         rng = rng or random.Random()
@@ -225,6 +298,7 @@ class RelayServer:
         self.federation = FederationScheduler(self.ranker, rng, attempt_timeout=federation_timeout,
                                               max_job_ttl=queue_ttl)
         self.table = ConnectionTable()
+        self.redis_url = redis_url
         self.redis = aioredis.Redis.from_url(redis_url)
         self.directory = directory or TwinDirectory(registry_url)
         self._own_directory = directory is None
@@ -237,6 +311,8 @@ class RelayServer:
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
+        self._prev_handler = None
+        self._enqueue_script = self.redis.register_script(_ENQUEUE_LUA)
         self.app = web.Application(client_max_size=max_size)
         self.app.router.add_route("GET", "/", self._handle_get)
         self.app.router.add_route("POST", "/", self._handle_post)
@@ -245,16 +321,138 @@ class RelayServer:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> int:
-        """Check Redis, bind and serve; returns the bound port."""
-        await self.redis.ping()
+        """Check Redis, bind and serve; returns the bound port. Raises RelayStartError
+        naming the Redis URL and its flag when Redis cannot be reached."""
+        try:
+            await self.redis.ping()
+        except (aioredis.RedisError, OSError) as exc:
+            raise RelayStartError(f"cannot reach Redis at {self.redis_url} (set it with "
+                                  f"--redis URL): {exc}") from None
         self._http = aiohttp.ClientSession()
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        await self._listen()
+        loop = asyncio.get_running_loop()
+        self._prev_handler = loop.get_exception_handler()
+        loop.set_exception_handler(self._loop_exception)
+        self.metrics.fd_limit.set(_fd_limit())
+        self._watchdog = loop.create_task(self._watch())
+        return self.port
+
+    async def _listen(self) -> None:
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
         self._site = site
         self.port = site._server.sockets[0].getsockname()[1]  # aiohttp has no public accessor
-        return self.port
+
+    # ------------------------------------------------------------------ fd exhaustion
+    def _loop_exception(self, loop, context: dict) -> None:
+        """asyncio reports accept() failing with EMFILE/ENFILE here (and retries after 1 s);
+        count it and log it rate-limited instead of leaving it to the default handler."""
+        message = str(context.get("message", ""))
+        exc = context.get("exception")
+        if "accept" in message and isinstance(exc, OSError):
+            self._accept_failed(f"{message}: {exc.strerror or exc}")
+            return
+        if self._prev_handler is not None:
+            self._prev_handler(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    def _accept_failed(self, reason: str) -> None:
+        label = "EMFILE" if "Too many open files" in reason or "EMFILE" in reason else "other"
+        self.metrics.accept_failed.labels(label).inc()
+        self._accept_failures += 1
+        emit, _ = self.log_limiter.allow("accept_failed", asyncio.get_running_loop().time())
+        if emit:
+            self.events.emit("rmb.relay.accept_failed", None, level="error",
+                             reason=reason[:200], count=self._accept_failures)
+            self._accept_failures = 0
+
+    def _listening(self) -> bool:
+        """Is the listening socket still accepting? uvloop closes a server whose accept
+        failed (EMFILE) without a word (uvloop streamserver: _fatal_error on an OSError)."""
+        server = self._site._server if self._site is not None else None
+        if server is None:
+            return False
+        try:
+            socks = server.sockets
+            if not socks:
+                return False
+            return socks[0].getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        except (OSError, AttributeError, ValueError):
+            return False
+
+    async def _watch(self) -> None:
+        """Every second: re-open the listener if the event loop closed it (fd exhaustion
+        under uvloop), flush rate-limited warning summaries."""
+        while not self._closing:
+            await asyncio.sleep(1.0)
+            try:
+                now = asyncio.get_running_loop().time()
+                for key, count in self.log_limiter.flush(now):
+                    self.events.emit("rmb.relay.suppressed", None, level="warning",
+                                     reason=key[:200], count=count)
+                self._check_fds()
+                if not self._closing and not self._listening():
+                    self._accept_failed("listener closed by the event loop (fd limit?); "
+                                        "re-opening it")
+                    try:
+                        if self._site is not None:
+                            await self._site.stop()
+                    except Exception:  # noqa: BLE001 - the old site is already broken
+                        pass
+                    try:
+                        await self._listen()
+                    except OSError as exc:
+                        self._accept_failed(f"re-opening the listener failed: {exc}")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the guard of this timer entry point
+                self._bug("watchdog", exc)
+
+    def _check_fds(self) -> None:
+        """At the fd limit accept() fails: asyncio reports it to _loop_exception, but
+        libuv (uvloop) accepts and closes the waiting connections itself without a word
+        (uv__emfile_trick). So the open fds are counted here and the limit reported."""
+        limit = _fd_limit()
+        try:
+            used = len(os.listdir("/proc/self/fd"))
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):   # not even one fd left to look
+                self._accept_failed(f"EMFILE: fd limit {limit} reached; new connections "
+                                    "are refused")
+            return
+        self.metrics.open_fds.set(used)
+        if limit > 0 and used >= limit - 2:
+            self._accept_failed(f"EMFILE: fd limit reached ({used} open of {limit}); "
+                                "new connections are refused")
+
+    def _bug(self, where: str, exc: BaseException) -> None:
+        """One guard per entry point ends here for anything that is not a remote error: a
+        logged bug; the daemon keeps running."""
+        self.events.emit("rmb.relay.bug", None, level="error", src=where,
+                         reason=f"{type(exc).__name__}: {exc}"[:300])
+
+    def _over_capacity(self) -> bool:
+        """True when accepting one more peer would leave fewer than fd_reserve fds."""
+        limit = _fd_limit()
+        server = self._runner.server if self._runner is not None else None
+        used = len(server.connections) if server is not None else 0
+        return limit > 0 and used + self.fd_reserve >= limit
+
+    def _warn(self, key: str, event: str, uid: str | None, level: str = "warning",
+              **attrs) -> None:
+        """A warning line, rate-limited per `key` (reason): at most LogLimiter.burst lines
+        per window, then one rmb.relay.suppressed line with the count."""
+        emit, suppressed = self.log_limiter.allow(key, asyncio.get_running_loop().time())
+        if suppressed:
+            self.events.emit("rmb.relay.suppressed", None, level="warning", reason=key[:200],
+                             count=suppressed)
+        if emit:
+            self.events.emit(event, uid, level=level, **attrs)
+        else:
+            self.metrics.suppressed.labels(_reason_label(key)).inc()
 
     def health(self) -> dict:
         return {"ok": not self._closing, "service": "rmb-relay", "domains": self.domains,
@@ -279,6 +477,8 @@ class RelayServer:
                                timeout=max(0.0, grace - (self.clock() - started)))
         if self._timer is not None:
             self._timer.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for task in list(self._fed_tasks) + list(self._tasks):
             task.cancel()
         for job_uid in self._abandon_federation():
@@ -292,6 +492,9 @@ class RelayServer:
         if self._own_directory:
             await self.directory.close()
         await self.redis.aclose()
+        loop = asyncio.get_running_loop()
+        if loop.get_exception_handler() == self._loop_exception:
+            loop.set_exception_handler(self._prev_handler)
 
     def _abandon_federation(self) -> list[str]:
         uids = [job.env.uid for job in self.federation._jobs.values()]
@@ -307,12 +510,18 @@ class RelayServer:
     # ------------------------------------------------------------------ HTTP entry
     def _refuse_auth(self, status: int, reason: str) -> web.Response:
         self.metrics.auth_failed.labels(str(status)).inc()
-        self.events.emit("rmb.relay.auth_failed", None, level="warning", status=status, reason=reason)
+        self._warn(f"auth {status} {reason[:40]}", "rmb.relay.auth_failed", None, status=status,
+                   reason=reason)
         return web.Response(status=status, text=reason + "\n")
 
     async def _handle_get(self, request: web.Request) -> web.StreamResponse:
         if self._closing:
             return web.Response(status=503, text="relay shutting down\n")
+        if self._over_capacity():
+            self.metrics.capacity_refused.inc()
+            self._warn("at connection capacity", "rmb.relay.auth_failed", None, status=503,
+                       reason=f"at connection capacity (fd limit {_fd_limit()})")
+            return web.Response(status=503, text="relay at connection capacity\n")
         token = request.rel_url.raw_query_string
         if not token:
             return self._refuse_auth(400, "missing token: connect to ws://host:port/?<jwt>")
@@ -330,8 +539,8 @@ class RelayServer:
             return self._refuse_auth(exc.status, exc.reason)
         # heartbeat: a WS ping every HEARTBEAT s; no pong within half of it closes the
         # connection (a silently lost peer is detected instead of queueing into a dead socket)
-        ws = web.WebSocketResponse(max_msg_size=2 * self.max_size, autoping=True, compress=False,
-                                   heartbeat=HEARTBEAT)
+        ws = web.WebSocketResponse(max_msg_size=self.max_frame, autoping=True, compress=False,
+                                   heartbeat=self.heartbeat, timeout=CLOSE_TIMEOUT)
         if not ws.can_prepare(request).ok:
             return self._refuse_auth(400, "expected a WebSocket upgrade")
         await ws.prepare(request)
@@ -415,16 +624,17 @@ class RelayServer:
         await self._send(peer, env.SerializeToString())
 
     def _rejected(self, env: Envelope, reason: str, level: str = "warning") -> None:
-        self.metrics.rejected.labels(_reason_label(reason)).inc()
-        self.events.emit("rmb.relay.rejected", env.uid or None, level=level, reason=reason,
-                         src=address_str(env.source) if env.HasField("source") else "",
-                         dst=address_str(env.destination) if env.HasField("destination") else "")
+        label = _reason_label(reason)
+        self.metrics.rejected.labels(label).inc()
+        self._warn(label, "rmb.relay.rejected", env.uid or None, level=level, reason=reason,
+                   src=address_str(env.source) if env.HasField("source") else "",
+                   dst=address_str(env.destination) if env.HasField("destination") else "")
 
     async def _on_binary(self, peer: _Peer, data: bytes) -> str | None:
         """Handles one frame; returns a close reason when the connection was closed."""
         now = self.clock()
         try:
-            env = parse_envelope(data, self.max_size)
+            env = parse_envelope(data, self.max_size, allow_ping_without_destination=True)
         except EnvelopeError as exc:
             return await self._on_bad_envelope(peer, data, exc)
         size = len(data)
@@ -487,12 +697,17 @@ class RelayServer:
         env = _lenient_decode(data)
         text = str(exc)
         if env is None:
+            # rmb-rs closes the connection on bytes that are not an envelope: kept
             self.metrics.rejected.labels("unparsable").inc()
-            self.events.emit("rmb.relay.rejected", None, level="warning", reason=text[:200],
-                             src=peer.name, dst="")
+            self._warn("unparsable", "rmb.relay.rejected", None, reason=text[:200],
+                       src=peer.name, dst="")
             await peer.ws.close(code=CLOSE_INVALID, message=text[:120].encode())
             return text
-        if not env.HasField("destination") or env.destination.twin == 0:
+        # it parses but breaks a bound (size, uid length) or lacks a destination: an error
+        # back to the sender (requests) or a logged drop; the connection and the frames in
+        # flight on it stay (issue #11 finding 6)
+        if len(data) <= self.max_size and (not env.HasField("destination")
+                                           or env.destination.twin == 0):
             text = ERR_MISSING_DESTINATION
         self._rejected(env, text)
         if message_kind(env) == "request":
@@ -512,7 +727,8 @@ class RelayServer:
         dst = session_of(env.destination)
         target = self.table.get(dst)
         if target is not None:               # connected here: the hot path, no lookup
-            await self._deliver(dst, env, data, now, target)
+            await self._delivered_or_error(
+                await self._deliver(dst, env, data, now, target), env, peer)
             return
         try:
             twin = await self.directory.get(dst[0])
@@ -527,8 +743,8 @@ class RelayServer:
             if _is_fail_fast(env) and self.table.get(dst) is None:
                 await self._error_to_sender(env, ERR_OFFLINE, peer)
                 return
-            if not await self._deliver(dst, env, data, now, self.table.get(dst)):
-                await self._error_to_sender(env, "failed to queue message for offline twin", peer)
+            await self._delivered_or_error(
+                await self._deliver(dst, env, data, now, self.table.get(dst)), env, peer)
         elif isinstance(route, Federate):
             job = self.federation.submit(env, data, route.domains, now, context=peer.session)
             if job is None:
@@ -538,22 +754,34 @@ class RelayServer:
         elif isinstance(route, Refuse):
             await self._error_to_sender(env, route.text, peer)
 
+    async def _delivered_or_error(self, outcome: str, env: Envelope, peer: _Peer | None) -> None:
+        """The sender learns at once when its envelope could not be queued (issue #11
+        finding 4: a full queue no longer drops the oldest entries silently)."""
+        if outcome == FULL:
+            self.metrics.queue_full.labels("peer").inc()
+            await self._error_to_sender(env, ERR_QUEUE_FULL, peer)
+        elif outcome == FAILED:
+            await self._error_to_sender(env, "failed to queue message for offline twin", peer)
+
     async def _deliver(self, dst: Session, env: Envelope, data: bytes, now: float,
-                       target: _Peer | None) -> bool:
+                       target: _Peer | None) -> str:
         """Live write when `target` is connected and caught up, else the offline stream.
-        False only when the envelope could be neither written nor queued."""
+        Returns QUEUED (written or queued), FULL or FAILED (see _enqueue)."""
         if target is not None and not target.replaying:
             if await self._send(target, data):
                 self.metrics.dl_live.inc()
                 self.events.emit("rmb.relay.delivered", env.uid, kind=message_kind(env),
                                  src=_src(env), dst=target.name, size=len(data), queued_ms=0.0)
-                return True
+                return QUEUED
         return await self._enqueue(dst, env, data, now)
 
     def _qkey(self, session: Session) -> str:
         return self._qprefix + session_str(session)
 
-    async def _enqueue(self, dst: Session, env: Envelope, data: bytes, now: float) -> bool:
+    async def _enqueue(self, dst: Session, env: Envelope, data: bytes, now: float) -> str:
+        """XADD to the session's offline stream unless it holds --queue-maxlen entries.
+        Returns QUEUED, FULL (nothing evicted: the caller answers the sender) or FAILED
+        (Redis error, logged)."""
         peer = self.table.get(dst)
         if peer is not None:
             peer.queue_writes += 1
@@ -561,22 +789,22 @@ class RelayServer:
         key = self._qkey(dst)
         until = min(float(deadline(env)), now + self.queue_ttl)
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.xadd(key, {"e": data, "d": repr(until), "t": repr(now)},
-                          maxlen=self.queue_maxlen, approximate=True)
-                pipe.expire(key, int(self.queue_ttl) + 1)
-                await pipe.execute()
+            length = await self._enqueue_script(
+                keys=[key], args=[self.queue_maxlen, data, repr(until), repr(now),
+                                  int(self.queue_ttl) + 1])
         except (aioredis.RedisError, OSError) as exc:
-            self.events.emit("rmb.relay.queue_error", env.uid, level="error",
-                             dst=session_str(dst), reason=repr(exc)[:200])
-            return False
+            self._warn("queue error", "rmb.relay.queue_error", env.uid, level="error",
+                       dst=session_str(dst), reason=repr(exc)[:200])
+            return FAILED
         finally:
             if peer is not None:
                 peer.queue_writes -= 1
+        if int(length) < 0:
+            return FULL
         self.metrics.queued.inc()
         self.events.emit("rmb.relay.queued", env.uid, kind=message_kind(env), src=_src(env),
                          dst=session_str(dst), size=len(data))
-        return True
+        return QUEUED
 
     async def _replay(self, peer: _Peer) -> None:
         """Drains the session's offline stream in order onto the new connection; entries
@@ -732,12 +960,18 @@ class RelayServer:
         if target is None and _is_fail_fast(env):
             self._rejected(env, ERR_OFFLINE, level="info")
             return web.Response(status=404, text=ERR_OFFLINE)
-        if not await self._deliver(dst, env, data, now, target):
+        outcome = await self._deliver(dst, env, data, now, target)
+        if outcome == FULL:
+            self.metrics.queue_full.labels("federation").inc()
+            self._rejected(env, ERR_QUEUE_FULL)
+            return web.Response(status=429, text=ERR_QUEUE_FULL)
+        if outcome == FAILED:
             return web.Response(status=503, text="offline queue unavailable\n")
         return web.Response(status=202)
 
 
 _KNOWN_REASONS = {ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE,
+                  ERR_QUEUE_FULL,
                   ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, "message wrong source",
                   "relay info is not set for this twin"}
 
@@ -852,9 +1086,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.grace < 0:
         parser.error("--grace must be >= 0")
     use_event_loop(args.event_loop)
+    raise_fd_limit()
 
     async def run(stop: asyncio.Event) -> None:
-        events = EventLog("rmb-relay", domains[0], [RMB_EVENTS], sink=args.log,
+        events = EventLog("rmb-relay", domains[0], [RMB_EVENTS, RELAY_EVENTS], sink=args.log,
                           min_level=args.log_level)
         relay = RelayServer(domains=domains, host=host, port=port, redis_url=args.redis,
                             registry_url=args.registry, events=events, limit=limit,

@@ -18,6 +18,7 @@ from daemon_runtime.eventlog import EventLog
 from daemon_runtime.redis_server import free_port
 from rmb_peer.envelope import Envelope, new_uid
 from rmb_peer.events import RMB_EVENTS
+from rmb_relay.events import RELAY_EVENTS
 from rmb_peer.identity import Identity
 from rmb_peer.token import make_token
 from rmb_peer.twins import TwinDirectory
@@ -28,7 +29,8 @@ from rmb_relay.registry import RegistryServer
 class Events:
     def __init__(self, service: str, node: str):
         self.buf = io.StringIO()
-        self.log = EventLog(service, node, [RMB_EVENTS], sink=self.buf, min_level="debug")
+        self.log = EventLog(service, node, [RMB_EVENTS, RELAY_EVENTS], sink=self.buf,
+                            min_level="debug")
 
     def names(self) -> list[dict]:
         return [json.loads(line) for line in self.buf.getvalue().splitlines() if line.strip()]

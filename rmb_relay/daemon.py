@@ -66,6 +66,8 @@ from rmb_peer.envelope import (
 )
 from rmb_peer.events import RMB_EVENTS
 from rmb_relay.events import RELAY_EVENTS
+from rmb_peer.challenge import verify_envelope
+from rmb_peer.identity import SignatureError
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
 from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
 from rmb_relay.core import (
@@ -94,6 +96,8 @@ CLOSE_TIMEOUT = 2.0
 #: frames up to this multiple of --max-size are read and answered with a relay error when
 #: too large; only larger frames close the connection with 1009 (issue #11 finding 6)
 FRAME_FACTOR = 4
+#: per source relay: envelopes and bytes per 60 s window on POST / (--federation-limit)
+DEFAULT_FEDERATION_LIMIT = (120_000, 512 * 1024 * 1024)
 #: offline-queue outcomes of _enqueue / _deliver
 QUEUED, FULL, FAILED = "queued", "full", "failed"
 
@@ -249,6 +253,12 @@ class _Metrics:
                               "(sampled every second)", registry=r)
         self.fd_limit = Gauge("rmb_relay_fd_limit", "RLIMIT_NOFILE soft limit of the relay",
                               registry=r)
+        self.fed_refused = Counter("rmb_relay_federation_refused",
+                                   "federation POSTs refused (bad signature, unknown twin, "
+                                   "limits, ...)", ["reason"], registry=r)
+        self.stale_served = Counter("rmb_relay_twin_stale_served",
+                                    "twin records served past their TTL because the "
+                                    "registry could not be reached", registry=r)
         self.capacity_refused = Counter("rmb_relay_capacity_refused",
                                         "handshakes refused with 503 near the fd limit",
                                         registry=r)
@@ -277,7 +287,9 @@ class RelayServer:
                  directory: TwinDirectory | None = None, clock: Callable[[], float] = time.time,
                  federation_timeout: float = 10.0, rng: random.Random | None = None,
                  heartbeat: float = HEARTBEAT, max_frame: int | None = None,
-                 fd_reserve: int = 64):
+                 fd_reserve: int = 64,
+                 federation_limit: tuple[int, int] | None = DEFAULT_FEDERATION_LIMIT,
+                 verify_federation: bool = True):
         self.domains = list(domains)
         self.host, self.port = host, port
         self.events = events
@@ -289,6 +301,9 @@ class RelayServer:
         self.max_frame = max_frame or FRAME_FACTOR * max_size
         self.fd_reserve = fd_reserve
         self.log_limiter = LogLimiter()
+        self.verify_federation = verify_federation
+        #: per source relay (remote address) fixed 60 s windows on federation POSTs
+        self.fed_limiter = FixedWindowLimiter(*federation_limit) if federation_limit else NoLimit()
         self._accept_failures = 0
         self._watchdog: asyncio.Task | None = None
         limiter = FixedWindowLimiter(*limit) if limit else NoLimit()
@@ -300,7 +315,8 @@ class RelayServer:
         self.table = ConnectionTable()
         self.redis_url = redis_url
         self.redis = aioredis.Redis.from_url(redis_url)
-        self.directory = directory or TwinDirectory(registry_url)
+        self.directory = directory or TwinDirectory(registry_url, negative_ttl=10.0,
+                                                    on_stale=self._on_stale)
         self._own_directory = directory is None
         self.metrics = _Metrics()
         self._qprefix = f"rmb.relay.{self.domains[0]}.queue."
@@ -427,6 +443,13 @@ class RelayServer:
         if limit > 0 and used >= limit - 2:
             self._accept_failed(f"EMFILE: fd limit reached ({used} open of {limit}); "
                                 "new connections are refused")
+
+    def _on_stale(self, twin, age: float, exc: Exception) -> None:
+        """TwinDirectory served a record past its TTL because the registry failed
+        (stale-if-error, bounded by --twin-max-stale): one rate-limited line per twin."""
+        self.metrics.stale_served.inc()
+        self._warn(f"stale twin {twin.id}", "rmb.relay.twin_stale", None, twin=twin.id,
+                   stale_s=float(age), reason=str(exc)[:200])
 
     def _bug(self, where: str, exc: BaseException) -> None:
         """One guard per entry point ends here for anything that is not a remote error: a
@@ -931,31 +954,84 @@ class RelayServer:
 
     # ------------------------------------------------------------------ federation in
     async def _handle_post(self, request: web.Request) -> web.Response:
+        """Federation in: the guard of this entry point (anything unexpected is a logged
+        bug and a 500, the daemon keeps serving)."""
+        try:
+            return await self._federation_in(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
+            self._bug("federation POST", exc)
+            return web.Response(status=500, text="internal error\n")
+
+    def _fed_refuse(self, status: int, text: str, env: Envelope | None, origin: str) -> web.Response:
+        """A refused federation POST: counted (label = reason), one rate-limited line."""
+        label = _reason_label(text)
+        self.metrics.fed_refused.labels(label).inc()
+        self._warn("federation in: " + label, "rmb.relay.rejected",
+                   env.uid if env is not None and env.uid else None, reason=text[:200],
+                   src=f"federation {origin}" + (f" {_src(env)}" if env is not None else ""),
+                   dst=address_str(env.destination) if env is not None
+                   and env.HasField("destination") else "")
+        return web.Response(status=status, text=text + "\n")
+
+    async def _federation_in(self, request: web.Request) -> web.Response:
+        """POST / from another relay (issue #11 finding 3: authenticated and bounded).
+
+        In order: size (413), per-source-relay window (--federation-limit, keyed by the
+        remote address: 429), parse (400), expired (400), source present (401 unsigned
+        relay errors are never federated), destination twin known (404, nothing queued for
+        unknown twins) and served here (421), source twin known and the envelope signature
+        valid for its account key (401: spoofed sources are refused; rmb-rs verifies
+        nothing here), fail-fast offline (404), queue full (429), then 202."""
         if self._closing:
             return web.Response(status=503, text="relay shutting down\n")
+        origin = request.remote or "?"
         try:
             data = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return web.Response(status=413, text=f"envelope too large: limit {self.max_size} bytes\n")
+            return self._fed_refuse(413, f"envelope too large: limit {self.max_size} bytes",
+                                    None, origin)
         now = self.clock()
+        if not self.fed_limiter.allow(origin, len(data), now):
+            return self._fed_refuse(429, ERR_FED_RATE, None, origin)
         try:
             env = parse_envelope(data, self.max_size)
         except EnvelopeError as exc:
-            self.metrics.rejected.labels("unparsable").inc()
-            self.events.emit("rmb.relay.rejected", None, level="warning", reason=str(exc)[:200],
-                             src="federation", dst="")
-            return web.Response(status=400, text=f"{exc}\n")
+            return self._fed_refuse(400, str(exc), None, origin)
         self.metrics.rx_fed.inc()
-        src = address_str(env.source) if env.HasField("source") else ""
         dst = session_of(env.destination)
         self.events.emit("rmb.relay.federation_received", env.uid, kind=message_kind(env),
-                         src=src, dst=address_str(env.destination), size=len(data))
+                         src=_src(env), dst=address_str(env.destination), size=len(data))
         if is_expired(env, now):
             self.metrics.expired.inc()
             self.events.emit("rmb.relay.expired", env.uid, kind=message_kind(env),
                              src=_src(env), dst=session_str(dst),
                              reason="expired on federation arrival")
             return web.Response(status=400, text=ERR_EXPIRED + "\n")
+        if not env.HasField("source") or env.source.twin == 0:
+            return self._fed_refuse(401, ERR_UNSIGNED, env, origin)
+        if self.verify_federation:
+            try:
+                dst_twin = await self.directory.get(dst[0])
+            except UnknownTwin:
+                return self._fed_refuse(404, ERR_UNKNOWN_DESTINATION, env, origin)
+            except DirectoryError as exc:
+                return self._fed_refuse(503, f"failed to get twin details: {exc}"[:300], env,
+                                        origin)
+            if not self.router.is_local(dst_twin.relays):
+                return self._fed_refuse(421, ERR_NOT_HERE, env, origin)
+            try:
+                src_twin = await self.directory.get(env.source.twin)
+            except UnknownTwin:
+                return self._fed_refuse(401, ERR_UNKNOWN_SOURCE, env, origin)
+            except DirectoryError as exc:
+                return self._fed_refuse(503, f"failed to get twin details: {exc}"[:300], env,
+                                        origin)
+            try:
+                verify_envelope(env, src_twin.account)
+            except SignatureError as exc:
+                return self._fed_refuse(401, f"{ERR_BAD_SIGNATURE}: {exc}"[:300], env, origin)
         target = self.table.get(dst)
         if target is None and _is_fail_fast(env):
             self._rejected(env, ERR_OFFLINE, level="info")
@@ -963,15 +1039,21 @@ class RelayServer:
         outcome = await self._deliver(dst, env, data, now, target)
         if outcome == FULL:
             self.metrics.queue_full.labels("federation").inc()
-            self._rejected(env, ERR_QUEUE_FULL)
-            return web.Response(status=429, text=ERR_QUEUE_FULL)
+            return self._fed_refuse(429, ERR_QUEUE_FULL, env, origin)
         if outcome == FAILED:
             return web.Response(status=503, text="offline queue unavailable\n")
         return web.Response(status=202)
 
 
+#: federation-in refusals (our texts; rmb-rs accepts every parsable POST)
+ERR_UNSIGNED = "federated envelope has no source twin (unsigned envelopes are not federated)"
+ERR_NOT_HERE = "destination twin is not served by this relay"
+ERR_UNKNOWN_SOURCE = "unknown source twin"
+ERR_BAD_SIGNATURE = "bad envelope signature"
+ERR_FED_RATE = "federation rate limit of this source relay exceeded"
+
 _KNOWN_REASONS = {ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE,
-                  ERR_QUEUE_FULL,
+                  ERR_QUEUE_FULL, ERR_UNSIGNED, ERR_NOT_HERE, ERR_UNKNOWN_SOURCE, ERR_FED_RATE,
                   ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, "message wrong source",
                   "relay info is not set for this twin"}
 
@@ -980,6 +1062,8 @@ def _reason_label(reason: str) -> str:
     """A bounded set of metric label values (reasons with variable text are grouped)."""
     if reason in _KNOWN_REASONS:
         return reason
+    if reason.startswith(ERR_BAD_SIGNATURE):
+        return ERR_BAD_SIGNATURE
     if reason.startswith("envelope too large"):
         return "envelope too large"
     if reason.startswith("failed to get twin details"):
@@ -1025,6 +1109,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rate limit per twin: at most COUNT envelopes and SIZE bytes per fixed 60 s "
                         "window; over it the envelope is dropped and the sender gets 'exceeded rate "
                         "limits, dropping message' (default: no limit)")
+    p.add_argument("--federation-limit", nargs=2, type=int, metavar=("COUNT", "SIZE"),
+                   default=list(DEFAULT_FEDERATION_LIMIT),
+                   help="per source relay (remote address): at most COUNT federated envelopes "
+                        "and SIZE bytes per fixed 60 s window on POST /; over it the POST gets "
+                        "429 (default: %(default)s)")
     p.add_argument("--ranker-period", metavar="SECONDS", type=float, default=3600.0,
                    help="window in which relay failures count against a relay's rank; ranks heal "
                         "after it (default: 3600)")
@@ -1038,6 +1127,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="approximate bound on queued envelopes per offline (twin, session) (default: 10000)")
     p.add_argument("--twin-cache-ttl", metavar="SECONDS", type=float, default=60.0,
                    help="how long a looked-up twin is reused before asking the registry again (default: 60)")
+    p.add_argument("--twin-max-stale", metavar="SECONDS", type=float, default=3600.0,
+                   help="while the registry cannot be reached, a twin record is still served "
+                        "up to this long past its cache TTL (logged as rmb.relay.twin_stale); "
+                        "0 = never (default: 3600)")
     p.add_argument("--grace", metavar="SECONDS", type=float, default=10.0,
                    help="on SIGTERM/SIGINT: how long federation attempts in flight may finish "
                         "before they are cancelled (default: 10)")
@@ -1083,6 +1176,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("ranker_period", "max_size", "queue_ttl", "queue_maxlen", "twin_cache_ttl"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    try:
+        _limit_pair(list(args.federation_limit))
+    except ValueError as exc:
+        parser.error(f"--federation-limit: {exc}")
+    if args.twin_max_stale < 0:
+        parser.error("--twin-max-stale must be >= 0")
     if args.grace < 0:
         parser.error("--grace must be >= 0")
     use_event_loop(args.event_loop)
@@ -1095,7 +1194,11 @@ def main(argv: list[str] | None = None) -> int:
                             registry_url=args.registry, events=events, limit=limit,
                             ranker_period=args.ranker_period, max_size=args.max_size,
                             queue_ttl=args.queue_ttl, queue_maxlen=args.queue_maxlen,
-                            directory=TwinDirectory(args.registry, cache_ttl=args.twin_cache_ttl))
+                            federation_limit=_limit_pair(list(args.federation_limit)),
+                            directory=TwinDirectory(args.registry, cache_ttl=args.twin_cache_ttl,
+                                                    max_stale=args.twin_max_stale,
+                                                    negative_ttl=10.0))
+        relay.directory.on_stale = relay._on_stale
         relay._own_directory = True
         try:
             bound = await relay.start()

@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from rmb_peer.core import ERR_BAD_PAYLOAD, ERR_EXPIRED, ERR_OTHER, LOCAL_QUEUE
-from rmb_peer.envelope import MAX_ENVELOPE_SIZE, MAX_UID_LEN
+from rmb_peer.envelope import MAX_ENVELOPE_SIZE, MAX_UID_LEN, new_uid
 from rmb_peer.redisq import QueueReader, RedisWriter
 
 __all__ = ["Reply", "RmbClient", "RmbService", "ServiceError", "CALL_GRACE",
@@ -129,7 +129,7 @@ class RmbClient:
         if self._reader is None or self._reader.done():
             self._writer.start()
             self._reader = asyncio.get_running_loop().create_task(self._read())
-        ref = str(uuid.uuid4())
+        ref = new_uid()
         call = _Call(len(dsts), dsts)
         self._calls[ref] = call
         started = time.monotonic()

@@ -36,7 +36,6 @@ import binascii
 import heapq
 import json
 import math
-import uuid
 from collections import Counter, OrderedDict, deque
 
 import orjson
@@ -48,7 +47,7 @@ from rmb_peer.challenge import sign_envelope, verify_envelope
 from rmb_peer.e2e import E2EError, decrypt, encrypt
 from rmb_peer.envelope import (
     MAX_ENVELOPE_SIZE, MAX_UID_LEN, Backlog, Envelope, EnvelopeError, address_str,
-    is_expired, message_kind, new_uid, parse_envelope,
+    is_expired, is_uuid, message_kind, new_uid, parse_envelope,
 )
 from rmb_peer.errors import RmbLocalError, RmbRemoteError
 from rmb_peer.identity import E2EKey, Identity, SignatureError
@@ -435,12 +434,7 @@ def _int(obj: dict, key: str, default: int | None = None) -> int:
 
 
 def _is_uuid(text: str | None) -> bool:
-    if not text or len(text) != 36:
-        return False
-    try:
-        return str(uuid.UUID(text)) == text
-    except ValueError:
-        return False
+    return is_uuid(text)
 
 
 # ---------------------------------------------------------------------------- the core

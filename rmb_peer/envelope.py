@@ -5,7 +5,8 @@ The wire type is `rmb.Envelope` from proto/types.proto (field numbers = rmb-rs v
 """
 from __future__ import annotations
 
-import uuid
+import os
+import re
 
 from google.protobuf.message import DecodeError
 
@@ -16,7 +17,7 @@ from rmb_peer._pb.types_pb2 import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "Address", "Backlog", "Envelope", "Error", "Ping", "Pong", "Request", "Response",
-    "MAX_ENVELOPE_SIZE", "EnvelopeError", "parse_envelope", "new_uid", "message_kind",
+    "MAX_ENVELOPE_SIZE", "EnvelopeError", "parse_envelope", "new_uid", "is_uuid", "message_kind",
     "is_expired", "relay_error", "address_str", "deadline",
 ]
 
@@ -71,8 +72,22 @@ def parse_envelope(data: bytes, max_size: int = MAX_ENVELOPE_SIZE, *,
 
 
 def new_uid() -> str:
-    """A fresh envelope uid: UUIDv4 string (36 chars), as rmb-peer uses (DESIGN.md section 3)."""
-    return str(uuid.uuid4())
+    """A fresh envelope uid: UUIDv4 string (36 chars, lowercase), as rmb-peer uses (DESIGN.md
+    section 3). Same bits as str(uuid.uuid4()) (16 random bytes, version 4, RFC 4122
+    variant) without building a UUID object: ~1 us instead of ~3 us, one per request."""
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40
+    b[8] = (b[8] & 0x3F) | 0x80
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def is_uuid(text: object) -> bool:
+    """True for a canonical (lowercase, hyphenated, 36-char) UUID string, e.g. new_uid()."""
+    return isinstance(text, str) and len(text) == 36 and _UUID_RE.fullmatch(text) is not None
 
 
 def message_kind(env: Envelope) -> str:

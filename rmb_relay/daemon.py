@@ -73,7 +73,7 @@ from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
 from rmb_relay.core import (
     ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_QUEUE_FULL,
     ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, ConnectionTable, Drop,
-    FederationAccepted, LogLimiter,
+    FederationAccepted, FederationCircuit, LogLimiter, ERR_DOMAIN_FULL,
     FederationAttemptFailed, FederationExpired, FederationRefused, FederationScheduler,
     Federate, FixedWindowLimiter, Forward, Local, NoLimit, Ranker, Refuse, RelayRouter, Reply,
     Session, session_of, session_str,
@@ -259,6 +259,9 @@ class _Metrics:
         self.stale_served = Counter("rmb_relay_twin_stale_served",
                                     "twin records served past their TTL because the "
                                     "registry could not be reached", registry=r)
+        self.circuit_opened = Counter("rmb_relay_federation_circuit_opened",
+                                      "times a federation domain's circuit opened", ["domain"],
+                                      registry=r)
         self.capacity_refused = Counter("rmb_relay_capacity_refused",
                                         "handshakes refused with 503 near the fd limit",
                                         registry=r)
@@ -771,7 +774,8 @@ class RelayServer:
         elif isinstance(route, Federate):
             job = self.federation.submit(env, data, route.domains, now, context=peer.session)
             if job is None:
-                await self._error_to_sender(env, ERR_FEDERATION_FULL, peer)
+                await self._error_to_sender(env, self.federation.refusal or ERR_FEDERATION_FULL,
+                                            peer)
                 return
             self._pump_federation()
         elif isinstance(route, Refuse):
@@ -929,21 +933,30 @@ class RelayServer:
                              duration_ms=ev.duration * 1000.0)
         elif isinstance(ev, FederationAttemptFailed):
             self.metrics.fed_failed.labels(ev.domain).inc()
-            self.events.emit("rmb.relay.federation_failed", ev.uid, level="warning",
-                             domain=ev.domain, attempt=ev.attempt, status=ev.status,
-                             reason=ev.reason)
+            self._warn(f"federation to {ev.domain} failed", "rmb.relay.federation_failed",
+                       ev.uid, domain=ev.domain, attempt=ev.attempt, status=ev.status,
+                       reason=ev.reason)
+        elif isinstance(ev, FederationCircuit):
+            if ev.state == "open":
+                self.metrics.circuit_opened.labels(ev.domain).inc()
+            self.events.emit("rmb.relay.circuit", None,
+                             level="warning" if ev.state == "open" else "info",
+                             domain=ev.domain, count=ev.failures,
+                             reason=(f"open: {ev.failures} consecutive failures, attempts "
+                                     f"paused {ev.cooldown:.0f} s" if ev.state == "open"
+                                     else "closed: the relay answered"))
         elif isinstance(ev, FederationRefused):
             self.metrics.fed_failed.labels(ev.domain).inc()
-            self.events.emit("rmb.relay.federation_failed", ev.uid, level="warning",
-                             domain=ev.domain, attempt=ev.attempt, status=ev.status,
-                             reason=ev.reason or "refused")
+            self._warn(f"federation to {ev.domain} refused", "rmb.relay.federation_failed",
+                       ev.uid, domain=ev.domain, attempt=ev.attempt, status=ev.status,
+                       reason=ev.reason or "refused")
             if ev.reply is not None:
                 self._spawn(self._reply_to_session(ev.context, ev.reply))
         elif isinstance(ev, FederationExpired):
             self.metrics.expired.inc()
-            self.events.emit("rmb.relay.expired", ev.uid, level="warning",
-                             dst=session_str(ev.context) if ev.context else "",
-                             reason=f"federation failed after {ev.attempts} attempts")
+            self._warn("federation expired", "rmb.relay.expired", ev.uid,
+                       dst=session_str(ev.context) if ev.context else "",
+                       reason=f"federation failed after {ev.attempts} attempts")
             if ev.reply is not None:
                 self._spawn(self._reply_to_session(ev.context, ev.reply))
 
@@ -1053,7 +1066,7 @@ ERR_BAD_SIGNATURE = "bad envelope signature"
 ERR_FED_RATE = "federation rate limit of this source relay exceeded"
 
 _KNOWN_REASONS = {ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE,
-                  ERR_QUEUE_FULL, ERR_UNSIGNED, ERR_NOT_HERE, ERR_UNKNOWN_SOURCE, ERR_FED_RATE,
+                  ERR_QUEUE_FULL, ERR_DOMAIN_FULL, ERR_UNSIGNED, ERR_NOT_HERE, ERR_UNKNOWN_SOURCE, ERR_FED_RATE,
                   ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, "message wrong source",
                   "relay info is not set for this twin"}
 

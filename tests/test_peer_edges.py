@@ -229,3 +229,28 @@ def test_the_wire_library_holds_no_daemon_code():
                 continue
             for mod in mods:
                 assert not mod.startswith(forbidden), f"rmb_peer/{name}.py imports {mod}"
+
+
+def test_a_peer_that_cannot_reach_redis_names_the_url_and_the_flag(tmp_path):
+    """rmb-peer exits 1 with one line naming the Redis URL it tried and --redis."""
+    import os
+    import subprocess
+    import sys
+    from daemon_runtime.redis_server import free_port
+    from rmb_peer.twins import Twin
+    from rmb_peer.twinstore import TwinStore
+    from rmb_peer.identity import Identity
+    seed = "0x" + "42" * 32
+    ident = Identity.from_seed(seed, "sr25519")
+    # the registry is down too: the peer starts from its data dir and then needs Redis
+    store = TwinStore(tmp_path / "data")
+    store.put(Twin(77, ident.account, ["127.0.0.1:1"], None), time.time())
+    store.close()
+    bad = f"redis://127.0.0.1:{free_port()}/0"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rmb_peer.daemon", "--seed", seed, "--twin", "77", "--no-update",
+         "--relay", "ws://127.0.0.1:1", "--registry", f"http://127.0.0.1:{free_port()}",
+         "--redis", bad, "--data-dir", str(tmp_path / "data"), "--log", os.devnull],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert bad in proc.stderr and "--redis" in proc.stderr, proc.stderr

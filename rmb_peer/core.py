@@ -23,11 +23,19 @@ What it does:
 Trace id: the envelope uid. When the app's `ref` is a UUID not in flight, it is used as the
 uid so the app's own events (rmb.app.*) share the trace id; otherwise a new UUIDv4 is made.
 
+Twins: the core owns the twin table (TTL, refresh-ahead, stale-if-error with bounded
+staleness, a bounded negative cache) and asks for lookups with LookupTwin; work that needs
+a twin without a usable record is parked on that twin only (see "twins" in the class).
+
+Clock rule (DESIGN.md section 2): `now` is the caller's timer clock (loop.time() in the
+daemon); wire timestamps and envelope expiry use now + `wall_offset`.
+
 Errors: `AppMessageError` (a local app pushed unacceptable JSON; `.code` is one of the
-codes below) and `EnvelopeError` (a relay sent garbage) are the remote-input errors; they are
-handled inside the core (logged once, answered when possible) and never escape the public
-methods. `PeerStateError` is local misuse (an impossible relay-connection transition or an
-unknown relay name).
+codes below) and `EnvelopeError` (a relay sent garbage) are the remote-input errors
+(rmb_peer.errors.RmbRemoteError); they are handled inside the core (logged once, answered
+when possible) and never escape the public methods (tests/test_rmb_fuzz.py).
+`PeerStateError` (rmb_peer.errors.RmbLocalError) is local misuse (an impossible
+relay-connection transition or an unknown relay name).
 """
 from __future__ import annotations
 
@@ -448,10 +456,15 @@ class PeerCore:
     preference order (the daemon uses the ws:// URLs); log: an EventLog (rmb.peer.*) or None;
     debug: also emit per-frame debug events (rmb.peer.received).
 
-    Inputs (all take `now`, unix seconds): start, relay_connected/relay_failed/relay_lost/
-    relay_activity, receive + accept (relay frames), app_message + send_request (app
-    requests), service_message + send_response (service replies), backlog_reply, resend,
-    handle_timer. Outputs: next_event() -> PeerEvent | None; get_timer() -> deadline | None.
+    Inputs (all take `now`: the timer clock, seconds; wire time = now + wall_offset):
+    start, relay_connected/relay_failed/relay_lost/relay_activity; end to end, with the
+    core's own twin table: receive_frame (relay frames), receive_local (app requests),
+    receive_service_reply (service replies), twin_resolved/twin_lookup_failed (answers to
+    LookupTwin), load_twins (last known state); the same steps with records handed in:
+    receive + accept, app_message + send_request, service_message + send_response;
+    backlog_reply, resend, handle_timer. Outputs: next_event() -> PeerEvent | None;
+    get_timer() -> deadline | None (timer clock). max_envelope: the relays' envelope
+    limit, bytes (bigger requests/replies are refused with 101 instead of being sent).
     """
 
     def __init__(self, twin_id: int, identity: Identity, e2e_key: E2EKey | None,

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import errno
 import os
 import random
@@ -66,6 +67,7 @@ from rmb_peer.envelope import (
 )
 from rmb_peer.events import RMB_EVENTS
 from rmb_relay.events import RELAY_EVENTS
+from rmb_relay.lookups import TwinLookups
 from rmb_peer.challenge import verify_envelope
 from rmb_peer.identity import SignatureError
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
@@ -292,7 +294,7 @@ class RelayServer:
                  heartbeat: float = HEARTBEAT, max_frame: int | None = None,
                  fd_reserve: int = 64,
                  federation_limit: tuple[int, int] | None = DEFAULT_FEDERATION_LIMIT,
-                 verify_federation: bool = True):
+                 verify_federation: bool = True, twin_max_stale: float = 3600.0):
         self.domains = list(domains)
         self.host, self.port = host, port
         self.events = events
@@ -321,6 +323,11 @@ class RelayServer:
         self.directory = directory or TwinDirectory(registry_url, negative_ttl=10.0,
                                                     on_stale=self._on_stale)
         self._own_directory = directory is None
+        #: stale-while-revalidate twin records (rmb_relay.lookups); lookups that must go to
+        #: the registry run per destination twin (_chains) so they never block a connection
+        self.lookups = TwinLookups(self.directory, max_stale=twin_max_stale,
+                                   on_stale=self._on_stale, on_bug=self._bug)
+        self._chains: dict[int, collections.deque] = {}
         self.metrics = _Metrics()
         self._qprefix = f"rmb.relay.{self.domains[0]}.queue."
         self._http: aiohttp.ClientSession | None = None
@@ -515,6 +522,7 @@ class RelayServer:
             self._runner = None
         if self._http is not None:
             await self._http.close()
+        self.lookups.close()
         if self._own_directory:
             await self.directory.close()
         await self.redis.aclose()
@@ -555,7 +563,7 @@ class RelayServer:
         try:
             claims = token_claims_unverified(token)
             try:
-                twin = await self.directory.get(claims["sub"])
+                twin = await self.lookups.get(claims["sub"])
             except UnknownTwin:
                 raise TokenError(401, f"unknown twin {claims['sub']}") from None
             except DirectoryError as exc:
@@ -756,13 +764,51 @@ class RelayServer:
             await self._delivered_or_error(
                 await self._deliver(dst, env, data, now, target), env, peer)
             return
+        chain = self._chains.get(dst[0])
+        if chain is not None:                # a lookup for this twin is under way: in order
+            chain.append((peer, env, data, now))
+            return
+        twin = self.lookups.peek(dst[0])
+        if twin is not None:
+            await self._route(peer, env, data, now, twin)
+            return
+        # the registry must be asked: only envelopes for this twin wait for it; the
+        # sender's connection goes on reading (issue #11 finding 1: a hung registry blocked
+        # the whole connection)
+        self._chains[dst[0]] = collections.deque([(peer, env, data, now)])
+        self._spawn(self._drain_chain(dst[0]))
+
+    async def _drain_chain(self, twin_id: int) -> None:
+        """Looks `twin_id` up once, then routes every envelope that waited for it, in
+        arrival order (the task entry point's guard: bugs are logged, the daemon lives)."""
+        chain = self._chains[twin_id]
         try:
-            twin = await self.directory.get(dst[0])
-        except UnknownTwin:
+            try:
+                result: object = await self.lookups.get(twin_id)
+            except (UnknownTwin, DirectoryError) as exc:
+                result = exc
+            while chain:
+                peer, env, data, now = chain.popleft()
+                try:
+                    await self._route(peer, env, data, now, result)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one envelope's bug stays its own
+                    self._bug("routing after lookup", exc)
+        finally:
+            self._chains.pop(twin_id, None)
+            for peer, env, _data, _now in chain:       # cancelled (shutdown): say so
+                self._rejected(env, "relay shut down before the twin lookup finished")
+
+    async def _route(self, peer: _Peer, env: Envelope, data: bytes, now: float,
+                     twin) -> None:
+        """Routes `env` given the destination's record, or the lookup error."""
+        dst = session_of(env.destination)
+        if isinstance(twin, UnknownTwin):
             await self._error_to_sender(env, ERR_UNKNOWN_DESTINATION, peer)
             return
-        except DirectoryError as exc:
-            await self._error_to_sender(env, f"failed to get twin details: {exc}"[:300], peer)
+        if isinstance(twin, DirectoryError):
+            await self._error_to_sender(env, f"failed to get twin details: {twin}"[:300], peer)
             return
         route = self.router.route(twin.relays)
         if isinstance(route, Local):
@@ -1026,7 +1072,7 @@ class RelayServer:
             return self._fed_refuse(401, ERR_UNSIGNED, env, origin)
         if self.verify_federation:
             try:
-                dst_twin = await self.directory.get(dst[0])
+                dst_twin = await self.lookups.get(dst[0])
             except UnknownTwin:
                 return self._fed_refuse(404, ERR_UNKNOWN_DESTINATION, env, origin)
             except DirectoryError as exc:
@@ -1035,7 +1081,7 @@ class RelayServer:
             if not self.router.is_local(dst_twin.relays):
                 return self._fed_refuse(421, ERR_NOT_HERE, env, origin)
             try:
-                src_twin = await self.directory.get(env.source.twin)
+                src_twin = await self.lookups.get(env.source.twin)
             except UnknownTwin:
                 return self._fed_refuse(401, ERR_UNKNOWN_SOURCE, env, origin)
             except DirectoryError as exc:
@@ -1208,6 +1254,7 @@ def main(argv: list[str] | None = None) -> int:
                             ranker_period=args.ranker_period, max_size=args.max_size,
                             queue_ttl=args.queue_ttl, queue_maxlen=args.queue_maxlen,
                             federation_limit=_limit_pair(list(args.federation_limit)),
+                            twin_max_stale=args.twin_max_stale,
                             directory=TwinDirectory(args.registry, cache_ttl=args.twin_cache_ttl,
                                                     max_stale=args.twin_max_stale,
                                                     negative_ttl=10.0))

@@ -279,6 +279,11 @@ async def test_metrics_and_health(cluster):
     ia, a = await cluster.twin([relay.domain])
     ib, b = await cluster.twin([relay.domain])
     async with connect(url(relay, ia, a)) as wa, connect(url(relay, ib, b)) as wb:
+        for _ in range(200):       # both offline replays done: the round trip is live
+            peers = [relay.table.get((t, None)) for t in (a, b)]
+            if all(p is not None and not p.replaying for p in peers):
+                break
+            await asyncio.sleep(0.01)
         await roundtrip(wa, a, wb, b)
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{relay.port}/health") as resp:

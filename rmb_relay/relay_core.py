@@ -1,0 +1,427 @@
+"""The relay core: per-session state, routing, lookups and federation for envelopes from
+connected peers, without I/O and without a clock (DESIGN.md section 2; issue #11 build 1).
+
+Inputs (aioquic style; `now` is float unix seconds from the caller, the daemon's wall
+clock, because envelope expiry compares with the envelopes' unix timestamps; the daemon
+turns `get_timer()` into a loop-time delay):
+
+  peer_connected(conn, session, now)       an authenticated connection for (twin, sid)
+  peer_disconnected(conn, now)             that connection closed
+  queue_replayed(conn, now)                its offline queue has been replayed: go live
+  receive_frame(conn, data, now)           one binary frame from a peer
+  twin_resolved(twin, record | error, now) the answer to a LookupTwin command
+  enqueued(token, outcome, now)            the answer to an Enqueue command
+  federation_result(job, outcome, now, status, reason)  the answer to a PostFederation
+  handle_timer(now)                        at or after get_timer()
+
+Outputs, drained with next_event() (dataclasses under RelayCommand, fields documented):
+WriteFrame, Enqueue, ReplayQueue, LookupTwin, PostFederation, CloseConnection, Log.
+
+Per-session states (table `_TRANSITIONS`): replaying -replayed-> live; replaying|live
+-closed|replaced-> closed. An impossible transition raises RelayStateError naming the
+state and the input. Errors: RelayRemoteError is never raised out of the core (remote
+garbage becomes a reply, a drop or a close command); RelayStateError (a RelayCoreError,
+local misuse) is.
+
+Twin records: the core keeps its own table (record, fetched at). A record younger than
+`twin_ttl` is used; one older but younger than twin_ttl + `twin_max_stale` is used AND a
+refresh is asked for (stale-while-revalidate); otherwise the envelope waits in a per-twin
+chain (in arrival order) for one LookupTwin, so a slow lookup delays only that twin.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any
+
+from rmb_peer.envelope import (
+    Envelope, EnvelopeError, address_str, deadline, is_expired, message_kind, parse_envelope,
+    relay_error,
+)
+from rmb_relay.core import (
+    ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_QUEUE_FULL,
+    ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, Drop, FederationAccepted, FederationAttemptFailed,
+    FederationCircuit, FederationExpired, FederationRefused, FederationScheduler, Federate,
+    Forward, Local, Ranker, RelayCoreError, RelayRouter, Refuse, Reply, Session, session_of,
+    session_str,
+)
+
+CLOSE_UNSUPPORTED = 1003
+CLOSE_INVALID = 1007
+CLOSE_REPLACED = 4000
+
+
+class RelayStateError(RelayCoreError):
+    """An impossible per-session transition (local misuse); names the state and input."""
+
+
+# --------------------------------------------------------------------------- commands
+
+class RelayCommand:
+    """Base class of everything RelayCore.next_event() returns."""
+
+
+@dataclass
+class WriteFrame(RelayCommand):
+    """Write `data` (a serialized envelope) to connection `conn` as one binary frame."""
+    conn: Any
+    data: bytes
+
+
+@dataclass
+class Enqueue(RelayCommand):
+    """Append `data` to `session`'s offline queue, keeping it until `until` (unix s);
+    answer with enqueued(token, "queued" | "full" | "failed", now)."""
+    token: int
+    session: Session
+    data: bytes
+    until: float
+    uid: str
+    kind: str
+    src: str
+
+
+@dataclass
+class ReplayQueue(RelayCommand):
+    """Replay `session`'s offline queue, in order, onto `conn`; then queue_replayed(conn)."""
+    conn: Any
+    session: Session
+
+
+@dataclass
+class LookupTwin(RelayCommand):
+    """Ask the registry for twin `twin`; answer with twin_resolved(twin, record | error)."""
+    twin: int
+
+
+@dataclass
+class PostFederation(RelayCommand):
+    """POST `data` to http://`domain`/ within `timeout` s; answer with
+    federation_result(job, "accepted" | "refused" | "failed", now, status, reason)."""
+    job: int
+    uid: str
+    domain: str
+    attempt: int
+    data: bytes
+    timeout: float
+
+
+@dataclass
+class CloseConnection(RelayCommand):
+    """Close connection `conn` with WebSocket close `code` and `reason` (text)."""
+    conn: Any
+    code: int
+    reason: str
+
+
+@dataclass
+class Log(RelayCommand):
+    """One event-log line: catalogue `event` (rmb.relay.*), `uid` as trace_id, `level`,
+    `attrs` (catalogue attributes)."""
+    event: str
+    uid: str | None
+    level: str
+    attrs: dict
+
+
+@dataclass
+class _Conn:
+    conn: Any
+    session: Session
+    name: str
+    state: str = "replaying"
+
+
+def _fail_fast(env: Envelope) -> bool:
+    return env.HasField("tags") and TAG_FAIL_FAST in env.tags.replace(",", " ").split()
+
+
+def _src(env: Envelope) -> str:
+    return address_str(env.source) if env.HasField("source") else ""
+
+
+def _lenient(data: bytes) -> Envelope | None:
+    env = Envelope()
+    try:
+        env.ParseFromString(bytes(data))
+    except Exception:  # noqa: BLE001 - any decode failure: not an envelope
+        return None
+    return env if env.uid else None
+
+
+class RelayCore:
+    """See the module docstring. domains: this relay's domains; limiter: a
+    FixedWindowLimiter or NoLimit; max_size: largest envelope (bytes); queue_ttl: s an
+    offline envelope is kept at most; twin_ttl / twin_max_stale: s (see module doc)."""
+
+    _TRANSITIONS = {
+        ("replaying", "replayed"): "live",
+        ("replaying", "closed"): "closed",
+        ("live", "closed"): "closed",
+        ("replaying", "replaced"): "closed",
+        ("live", "replaced"): "closed",
+    }
+
+    def __init__(self, domains, *, limiter=None, ranker: Ranker | None = None,
+                 federation: FederationScheduler | None = None, max_size: int = 1 << 20,
+                 queue_ttl: float = 3600.0, twin_ttl: float = 60.0,
+                 twin_max_stale: float = 3600.0, max_twins: int = 100_000):
+        self.router = RelayRouter(domains, limiter)
+        self.ranker = ranker or Ranker()
+        self.federation = federation or FederationScheduler(self.ranker)
+        self.max_size = max_size
+        self.queue_ttl = queue_ttl
+        self.twin_ttl = twin_ttl
+        self.twin_max_stale = twin_max_stale
+        self.max_twins = max_twins
+        self._sessions: dict[Session, _Conn] = {}
+        self._conns: dict[Any, _Conn] = {}
+        self._twins: collections.OrderedDict[int, tuple[Any, float]] = collections.OrderedDict()
+        self._chains: dict[int, collections.deque] = {}
+        self._refreshing: set[int] = set()
+        self._pending: dict[int, tuple[Session, Envelope]] = {}
+        self._token = 0
+        self._out: collections.deque[RelayCommand] = collections.deque()
+
+    # ------------------------------------------------------------------ helpers
+    def _move(self, c: _Conn, inp: str) -> None:
+        new = self._TRANSITIONS.get((c.state, inp))
+        if new is None:
+            raise RelayStateError(f"connection {c.name}: no transition from state "
+                                  f"{c.state!r} on input {inp!r}")
+        c.state = new
+
+    def _log(self, event: str, uid, level: str = "info", **attrs) -> None:
+        self._out.append(Log(event, uid, level, attrs))
+
+    def _reply_to(self, session: Session, env: Envelope, text: str) -> None:
+        """A relay error to a request's sender (drop for other kinds), logged."""
+        self._log("rmb.relay.rejected", env.uid, "warning", reason=text, src=_src(env),
+                  dst=address_str(env.destination) if env.HasField("destination") else "")
+        if message_kind(env) != "request":
+            return
+        target = self._sessions.get(session)
+        if target is not None and target.state != "closed":
+            self._out.append(WriteFrame(target.conn, relay_error(env, text).SerializeToString()))
+
+    def next_event(self) -> RelayCommand | None:
+        return self._out.popleft() if self._out else None
+
+    def get_timer(self) -> float | None:
+        return self.federation.get_timer()
+
+    def handle_timer(self, now: float) -> None:
+        self.federation.handle_timer(now)
+        self._pump_federation(now)
+
+    def state_of(self, session: Session) -> str | None:
+        c = self._sessions.get(session)
+        return c.state if c is not None else None
+
+    # ------------------------------------------------------------------ sessions
+    def peer_connected(self, conn: Any, session: Session, now: float) -> None:
+        if conn in self._conns:
+            raise RelayStateError(f"connection {session_str(session)}: no transition from "
+                                  f"state {self._conns[conn].state!r} on input 'connected'")
+        c = _Conn(conn, session, session_str(session))
+        old = self._sessions.get(session)
+        if old is not None:
+            self._move(old, "replaced")
+            del self._conns[old.conn]
+            self._out.append(CloseConnection(old.conn, CLOSE_REPLACED,
+                                             "replaced by a newer connection"))
+        self._sessions[session] = c
+        self._conns[conn] = c
+        self._log("rmb.relay.connected", None, src=c.name)
+        self._out.append(ReplayQueue(conn, session))
+
+    def peer_disconnected(self, conn: Any, now: float, reason: str = "closed by peer") -> None:
+        c = self._conns.pop(conn, None)
+        if c is None:
+            return      # already replaced (its close was our command)
+        self._move(c, "closed")
+        if self._sessions.get(c.session) is c:
+            del self._sessions[c.session]
+        self._log("rmb.relay.disconnected", None, src=c.name, reason=reason[:200])
+
+    def queue_replayed(self, conn: Any, now: float) -> None:
+        c = self._conns.get(conn)
+        if c is None:
+            return      # closed meanwhile
+        self._move(c, "replayed")
+
+    # ------------------------------------------------------------------ frames
+    def receive_frame(self, conn: Any, data: bytes, now: float) -> None:
+        c = self._conns.get(conn)
+        if c is None:
+            raise RelayStateError(f"connection {conn!r}: no transition from state 'closed' "
+                                  "on input 'frame'")
+        try:
+            env = parse_envelope(data, self.max_size, allow_ping_without_destination=True)
+        except EnvelopeError as exc:
+            self._bad_frame(c, data, exc)
+            return
+        verdict = self.router.check_inbound(c.session, env, len(data), now)
+        if type(verdict) is Forward:
+            self._log("rmb.relay.received", env.uid, kind=message_kind(env), src=c.name,
+                      dst=address_str(env.destination), size=len(data))
+            self._forward(c.session, env, bytes(data), now)
+        elif type(verdict) is Reply:
+            if verdict.reason == "ping":
+                self._log("rmb.relay.answered", env.uid, kind="pong", dst=c.name)
+            else:
+                self._log("rmb.relay.rejected", env.uid, "warning", reason=verdict.reason,
+                          src=_src(env), dst=address_str(env.destination))
+            self._out.append(WriteFrame(conn, verdict.envelope.SerializeToString()))
+        elif type(verdict) is Drop:
+            if verdict.reason == ERR_EXPIRED:
+                self._log("rmb.relay.expired", env.uid, kind=message_kind(env), src=_src(env),
+                          dst=address_str(env.destination), reason="expired on arrival")
+            else:
+                self._log("rmb.relay.rejected", env.uid, "warning", reason=verdict.reason,
+                          src=_src(env), dst=address_str(env.destination))
+
+    def _bad_frame(self, c: _Conn, data: bytes, exc: EnvelopeError) -> None:
+        env = _lenient(data)
+        text = str(exc)
+        if env is None:         # not an envelope at all: rmb-rs closes, so do we
+            self._log("rmb.relay.rejected", None, "warning", reason=text[:200], src=c.name,
+                      dst="")
+            self._out.append(CloseConnection(c.conn, CLOSE_INVALID, text[:120]))
+            return
+        if len(data) <= self.max_size and (not env.HasField("destination")
+                                           or env.destination.twin == 0):
+            text = ERR_MISSING_DESTINATION
+        self._reply_to(c.session, env, text)
+
+    def _forward(self, sender: Session, env: Envelope, data: bytes, now: float) -> None:
+        dst = session_of(env.destination)
+        target = self._sessions.get(dst)
+        if target is not None:
+            self._deliver(sender, dst, env, data, now, target)
+            return
+        chain = self._chains.get(dst[0])
+        if chain is not None:
+            chain.append((sender, env, data))
+            return
+        hit = self._twins.get(dst[0])
+        if hit is not None:
+            record, at = hit
+            age = now - at
+            if age <= self.twin_ttl + self.twin_max_stale:
+                if age > self.twin_ttl and dst[0] not in self._refreshing:
+                    self._refreshing.add(dst[0])
+                    self._out.append(LookupTwin(dst[0]))
+                self._route(sender, env, data, now, record)
+                return
+        self._chains[dst[0]] = collections.deque([(sender, env, data)])
+        self._out.append(LookupTwin(dst[0]))
+
+    def _deliver(self, sender: Session, dst: Session, env: Envelope, data: bytes, now: float,
+                 target: _Conn | None) -> None:
+        if target is not None and target.state == "live":
+            self._out.append(WriteFrame(target.conn, data))
+            self._log("rmb.relay.delivered", env.uid, kind=message_kind(env), src=_src(env),
+                      dst=target.name, size=len(data), queued_ms=0.0)
+            return
+        self._token += 1
+        self._pending[self._token] = (sender, env)
+        until = min(float(deadline(env)), now + self.queue_ttl)
+        self._out.append(Enqueue(self._token, dst, data, until, env.uid, message_kind(env),
+                                 _src(env)))
+
+    def enqueued(self, token: int, outcome: str, now: float) -> None:
+        pending = self._pending.pop(token, None)
+        if pending is None:
+            raise RelayStateError(f"enqueue {token}: no transition from state 'done' on "
+                                  f"input {outcome!r}")
+        sender, env = pending
+        if outcome == "queued":
+            self._log("rmb.relay.queued", env.uid, kind=message_kind(env), src=_src(env),
+                      dst=address_str(env.destination), size=env.ByteSize())
+        elif outcome == "full":
+            self._reply_to(sender, env, ERR_QUEUE_FULL)
+        elif outcome == "failed":
+            self._reply_to(sender, env, "failed to queue message for offline twin")
+        else:
+            raise RelayStateError(f"enqueue {token}: unknown outcome {outcome!r}")
+
+    # ------------------------------------------------------------------ lookups
+    def twin_resolved(self, twin: int, record: Any, now: float) -> None:
+        """`record`: an object with `.relays` (list of domains), or an exception: an
+        UnknownTwin-like error (`unknown=True` attribute or class name UnknownTwin) forgets
+        the twin; any other error keeps a known record (stale-if-error)."""
+        self._refreshing.discard(twin)
+        is_error = isinstance(record, BaseException)
+        unknown = is_error and type(record).__name__ == "UnknownTwin"
+        if not is_error:
+            self._twins[twin] = (record, now)
+            self._twins.move_to_end(twin)
+            while len(self._twins) > self.max_twins:
+                self._twins.popitem(last=False)
+        elif unknown:
+            self._twins.pop(twin, None)
+        else:
+            hit = self._twins.get(twin)
+            if hit is not None and now - hit[1] <= self.twin_ttl + self.twin_max_stale:
+                self._log("rmb.relay.twin_stale", None, "warning", twin=twin,
+                          stale_s=now - hit[1], reason=str(record)[:200])
+                record, is_error = hit[0], False
+        chain = self._chains.pop(twin, None)
+        while chain:
+            sender, env, data = chain.popleft()
+            self._route(sender, env, data, now, record)
+
+    def _route(self, sender: Session, env: Envelope, data: bytes, now: float, record) -> None:
+        dst = session_of(env.destination)
+        if isinstance(record, BaseException):
+            if type(record).__name__ == "UnknownTwin":
+                self._reply_to(sender, env, ERR_UNKNOWN_DESTINATION)
+            else:
+                self._reply_to(sender, env, f"failed to get twin details: {record}"[:300])
+            return
+        route = self.router.route(list(record.relays))
+        if isinstance(route, Local):
+            target = self._sessions.get(dst)
+            if target is None and _fail_fast(env):
+                self._reply_to(sender, env, ERR_OFFLINE)
+                return
+            self._deliver(sender, dst, env, data, now, target)
+        elif isinstance(route, Federate):
+            job = self.federation.submit(env, data, route.domains, now, context=sender)
+            if job is None:
+                self._reply_to(sender, env, self.federation.refusal or ERR_FEDERATION_FULL)
+                return
+            self._pump_federation(now)
+        elif isinstance(route, Refuse):
+            self._reply_to(sender, env, route.text)
+
+    # ------------------------------------------------------------------ federation
+    def _pump_federation(self, now: float) -> None:
+        for att in self.federation.attempts_due(now):
+            self._out.append(PostFederation(att.job, att.uid, att.domain, att.attempt, att.data,
+                                            att.timeout))
+        while (ev := self.federation.next_event()) is not None:
+            if isinstance(ev, FederationAccepted):
+                self._log("rmb.relay.federated", ev.uid, domain=ev.domain, attempt=ev.attempt,
+                          duration_ms=ev.duration * 1000.0)
+            elif isinstance(ev, FederationAttemptFailed):
+                self._log("rmb.relay.federation_failed", ev.uid, "warning", domain=ev.domain,
+                          attempt=ev.attempt, status=ev.status, reason=ev.reason)
+            elif isinstance(ev, FederationCircuit):
+                self._log("rmb.relay.circuit", None, "warning", domain=ev.domain,
+                          count=ev.failures, reason=ev.state)
+            elif isinstance(ev, (FederationRefused, FederationExpired)):
+                if isinstance(ev, FederationExpired):
+                    self._log("rmb.relay.expired", ev.uid, "warning",
+                              dst=session_str(ev.context) if ev.context else "",
+                              reason=f"federation failed after {ev.attempts} attempts")
+                if ev.reply is not None and ev.context is not None:
+                    target = self._sessions.get(ev.context)
+                    if target is not None:
+                        self._out.append(WriteFrame(target.conn, ev.reply.SerializeToString()))
+
+    def federation_result(self, job: int, outcome: str, now: float, status: int = 0,
+                          reason: str = "") -> None:
+        self.federation.report(job, outcome, now, status=status, reason=reason)
+        self._pump_federation(now)

@@ -535,11 +535,19 @@ class RelayServer:
         self.federation._jobs.clear()
         return uids
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro, where: str = "task") -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda t: self._task_done(t, where))
         return task
+
+    def _task_done(self, task: asyncio.Task, where: str) -> None:
+        """The guard of every background task: an exception escaping one is a logged bug
+        (rmb.relay.bug), never an unretrieved-exception warning or a dead daemon."""
+        self._tasks.discard(task)
+        self._fed_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._bug(where, task.exception())
 
     # ------------------------------------------------------------------ HTTP entry
     def _refuse_auth(self, status: int, reason: str) -> web.Response:
@@ -549,6 +557,16 @@ class RelayServer:
         return web.Response(status=status, text=reason + "\n")
 
     async def _handle_get(self, request: web.Request) -> web.StreamResponse:
+        """Peer connections: the guard of this entry point (unexpected -> logged bug)."""
+        try:
+            return await self._peer_entry(request)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
+            self._bug("peer connection", exc)
+            return web.Response(status=500, text="internal error\n")
+
+    async def _peer_entry(self, request: web.Request) -> web.StreamResponse:
         if self._closing:
             return web.Response(status=503, text="relay shutting down\n")
         if self._over_capacity():
@@ -596,7 +614,15 @@ class RelayServer:
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.BINARY:
-                    closed = await self._on_binary(peer, msg.data)
+                    try:
+                        closed = await self._on_binary(peer, msg.data)
+                    except (asyncio.CancelledError, ConnectionError):
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - the frame guard (DESIGN.md 2):
+                        # remote errors were answered inside; anything else is our bug, the
+                        # frame is dropped, the connection and the daemon live on
+                        self._bug(f"frame from {peer.name}", exc)
+                        continue
                     if closed:
                         reason = closed
                         break
@@ -897,12 +923,19 @@ class RelayServer:
                 now = self.clock()
                 broken = False
                 for entry_id, fields in entries:
-                    data = fields[b"e"]
+                    try:                               # the queue item guard
+                        data = fields[b"e"]
+                        until = float(fields[b"d"])
+                        queued_at = float(fields.get(b"t", now))
+                    except (KeyError, ValueError) as exc:
+                        done.append(entry_id)          # a malformed entry: dropped, logged
+                        self._bug(f"offline queue entry {entry_id!r} of {peer.name}", exc)
+                        continue
                     queued = _lenient_decode(data)     # it parsed when it was queued
                     uid = queued.uid if queued is not None else None
                     kind = message_kind(queued) if queued is not None else None
                     src = _src(queued) if queued is not None else None
-                    if float(fields[b"d"]) <= now:
+                    if until <= now:
                         done.append(entry_id)
                         self.metrics.expired.inc()
                         self.events.emit("rmb.relay.expired", uid, kind=kind, src=src,
@@ -915,7 +948,7 @@ class RelayServer:
                     self.metrics.dl_replay.inc()
                     self.events.emit("rmb.relay.delivered", uid, kind=kind, src=src,
                                      dst=peer.name, size=len(data),
-                                     queued_ms=max(0.0, (now - float(fields[b"t"])) * 1000.0))
+                                     queued_ms=max(0.0, (now - queued_at) * 1000.0))
                 if done:
                     await self.redis.xdel(key, *done)
                 if broken:
@@ -933,7 +966,7 @@ class RelayServer:
         for att in due:
             task = asyncio.get_running_loop().create_task(self._post(att))
             self._fed_tasks.add(task)
-            task.add_done_callback(self._fed_tasks.discard)
+            task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
         while (ev := self.federation.next_event()) is not None:
             self._on_federation_event(ev)
         self.metrics.fed_jobs.set(len(self.federation))
@@ -949,9 +982,14 @@ class RelayServer:
             self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
+        """Timer entry point; its guard logs a bug and re-arms instead of losing the timer."""
         self._timer = None
-        self.federation.handle_timer(self.clock())
-        self._pump_federation()
+        try:
+            self.federation.handle_timer(self.clock())
+            self._pump_federation()
+        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
+            self._bug("federation timer", exc)
+            self._arm_timer()
 
     async def _post(self, att) -> None:
         status, reason = 0, ""

@@ -220,3 +220,47 @@ async def test_fd_exhaustion_reported_and_listener_recovers(cluster, tmp_path, l
             await asyncio.to_thread(proc.wait, 10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+async def test_entry_point_guards_log_bugs_and_keep_serving(cluster, monkeypatch):
+    """DESIGN.md section 2: one guard per entry point. A bug while handling one frame
+    drops that frame and logs rmb.relay.bug; the connection and the relay keep serving.
+    A malformed offline-queue entry is dropped and logged; the rest is replayed."""
+    relay = await cluster.relay()
+    ia, a = await cluster.twin([relay.domain])
+    ib, b = await cluster.twin([relay.domain])
+    poison = envelope((a,), (b,))
+    real = relay.router.check_inbound
+
+    def buggy(session, env, size, now):
+        if env.uid == poison.uid:
+            raise RuntimeError("injected bug")
+        return real(session, env, size, now)
+
+    monkeypatch.setattr(relay.router, "check_inbound", buggy)
+    async with connect(url(relay, ia, a)) as wa, connect(url(relay, ib, b)) as wb:
+        await wa.send(poison.SerializeToString())
+        await roundtrip(wa, a, wb, b)
+        assert wa.close_code is None
+    bugs = relay.test_events.of("rmb.relay.bug")
+    assert bugs and "injected bug" in bugs[0]["attrs"]["reason"]
+    # a corrupt entry in b's offline stream, between two good ones
+    key = relay._qkey((b, None))
+    async with connect(url(relay, ia, a)) as wa:
+        first = envelope((a,), (b,))
+        await wa.send(first.SerializeToString())
+        for _ in range(100):
+            if await relay.redis.xlen(key) == 1:
+                break
+            await asyncio.sleep(0.02)
+        await relay.redis.xadd(key, {"x": b"no envelope here"})
+        second = envelope((a,), (b,))
+        await wa.send(second.SerializeToString())
+        for _ in range(100):
+            if await relay.redis.xlen(key) == 3:
+                break
+            await asyncio.sleep(0.02)
+        async with connect(url(relay, ib, b)) as wb:
+            got = [await recv_env(wb) for _ in range(2)]
+            assert [g.uid for g in got] == [first.uid, second.uid]
+    assert len(relay.test_events.of("rmb.relay.bug")) == 2

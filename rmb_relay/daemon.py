@@ -6,9 +6,14 @@ ONE aiohttp server port serves everything, like rmb-rs v1.5.1 (relay/api.rs):
                  HTTP answers before the upgrade: no query 400, bad or expired token 401,
                  unknown twin 401, twin lookup failure 500 (DESIGN.md section 3).
   POST /         federation from other relays: body = the raw envelope bytes.
+                 Authenticated and bounded (issue #11): the envelope signature is verified
+                 with the source twin's account key before anything is queued.
                  202 accepted (delivered or queued), 400 unparsable / expired,
-                 404 `destination offline` for a `fail-fast` envelope, 413 oversized,
-                 503 shutting down or the offline queue failed (the sender retries).
+                 401 unsigned, unknown source twin or bad signature, 404 unknown
+                 destination twin (nothing queued) or `destination offline` for a
+                 `fail-fast` envelope, 413 oversized, 421 destination not served here,
+                 429 source relay over --federation-limit or destination queue full,
+                 503 shutting down, registry or offline queue failed (the sender retries).
   GET  /metrics  Prometheus text (own CollectorRegistry);  GET /health  JSON.
 
 Why aiohttp on the server side and not the websockets library: rmb-rs serves the WS
@@ -28,7 +33,9 @@ an envelope close with 1007, frames above 2 x --max-size close with 1009):
 
 Offline queue (seed: rmb.md "Peer"; DESIGN.md: "queue for ~1 h, replay on reconnect"):
 a Redis stream per (twin, sid), key `rmb.relay.<first domain>.queue.<twin>[:<sid>]`,
-XADD MAXLEN ~ --queue-maxlen, key EXPIRE --queue-ttl (s), each entry carries its deadline
+at most --queue-maxlen entries: a full queue refuses the NEW envelope (the sender gets
+`destination offline queue is full, dropping message`, metric rmb_relay_queue_full;
+nothing queued is ever evicted), key EXPIRE --queue-ttl (s), each entry carries its deadline
 min(envelope deadline, enqueue + queue-ttl). On (re)connect the stream is replayed in
 order; an entry is XDEL'd only after its WebSocket write succeeded; live envelopes for a
 connection still replaying go through the stream too, so order is kept.
@@ -41,6 +48,17 @@ destination's connection in the same loop pass, one event read as received + del
 the trace report) or `rmb.relay.received` and then `delivered` / `queued` / `federated` / an
 error (the peer_to_relay and relay_transit stages need both). Event loop: uvloop
 when installed (--event-loop).
+
+Robustness (issue #11): twin records are served stale-while-revalidate up to
+--twin-max-stale past their TTL (rmb_relay/lookups.py) and a lookup that must reach the
+registry delays only envelopes for that twin; federation out is bounded per domain
+(circuit, in-flight cap, job cap: rmb_relay/core.py FederationScheduler); warnings are
+rate-limited per reason (rmb.relay.suppressed + rmb_relay_log_suppressed); fd exhaustion
+is reported (rmb.relay.accept_failed, rmb_relay_accept_failed, rmb_relay_open_fds); each
+entry point (frame, queue item, timer, task, HTTP handler) has one guard that turns an
+unexpected exception into rmb.relay.bug without killing the daemon. Extra events:
+rmb_relay/events.py. The sans-I/O RelayCore (rmb_relay/relay_core.py) holds the same
+per-session routing as a core tested in memory; this adapter does not drive it yet.
 """
 from __future__ import annotations
 
@@ -1221,13 +1239,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest time an envelope for an offline twin is kept, and the longest a "
                         "federation retry plan runs (default: 3600)")
     p.add_argument("--queue-maxlen", metavar="N", type=int, default=10000,
-                   help="approximate bound on queued envelopes per offline (twin, session) (default: 10000)")
+                   help="bound on queued envelopes per offline (twin, session); a full queue refuses new envelopes with an error to the sender, nothing is evicted (default: 10000)")
     p.add_argument("--twin-cache-ttl", metavar="SECONDS", type=float, default=60.0,
                    help="how long a looked-up twin is reused before asking the registry again (default: 60)")
     p.add_argument("--twin-max-stale", metavar="SECONDS", type=float, default=3600.0,
                    help="while the registry cannot be reached, a twin record is still served "
                         "up to this long past its cache TTL (logged as rmb.relay.twin_stale); "
                         "0 = never (default: 3600)")
+    p.add_argument("--heartbeat", metavar="SECONDS", type=float, default=HEARTBEAT,
+                   help="seconds between the relay's WebSocket pings to each peer; a peer that "
+                        "does not answer within half of it is closed and freed "
+                        f"(default: {HEARTBEAT:g})")
     p.add_argument("--grace", metavar="SECONDS", type=float, default=10.0,
                    help="on SIGTERM/SIGINT: how long federation attempts in flight may finish "
                         "before they are cancelled (default: 10)")
@@ -1270,7 +1292,8 @@ def main(argv: list[str] | None = None) -> int:
             limit = _limit_pair(list(args.limit))
         except ValueError as exc:
             parser.error(str(exc))
-    for name in ("ranker_period", "max_size", "queue_ttl", "queue_maxlen", "twin_cache_ttl"):
+    for name in ("ranker_period", "max_size", "queue_ttl", "queue_maxlen", "twin_cache_ttl",
+                 "heartbeat"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     try:
@@ -1292,7 +1315,7 @@ def main(argv: list[str] | None = None) -> int:
                             ranker_period=args.ranker_period, max_size=args.max_size,
                             queue_ttl=args.queue_ttl, queue_maxlen=args.queue_maxlen,
                             federation_limit=_limit_pair(list(args.federation_limit)),
-                            twin_max_stale=args.twin_max_stale,
+                            twin_max_stale=args.twin_max_stale, heartbeat=args.heartbeat,
                             directory=TwinDirectory(args.registry, cache_ttl=args.twin_cache_ttl,
                                                     max_stale=args.twin_max_stale,
                                                     negative_ttl=10.0))

@@ -86,6 +86,10 @@ from rmb_peer.envelope import (
 from rmb_peer.events import RMB_EVENTS
 from rmb_relay.events import RELAY_EVENTS
 from rmb_relay.lookups import TwinLookups
+from rmb_relay.relay_core import (
+    CloseConnection, Enqueue, Log, LookupTwin, PostFederation, RelayCore, ReplayQueue,
+    WriteFrame,
+)
 from rmb_peer.challenge import verify_envelope
 from rmb_peer.identity import SignatureError
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
@@ -175,6 +179,23 @@ def raise_fd_limit() -> int:
         except (ValueError, OSError):
             pass
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class _SessionView:
+    """Read-only view of the core's sessions: session -> its _Peer (tests, health, close)."""
+
+    def __init__(self, core):
+        self._core = core
+
+    def get(self, session: Session):
+        c = self._core._sessions.get(session)
+        return c.conn if c is not None else None
+
+    def __len__(self) -> int:
+        return len(self._core._sessions)
+
+    def items(self):
+        return [(sess, c.conn) for sess, c in self._core._sessions.items()]
 
 
 class _Peer:
@@ -330,12 +351,10 @@ class RelayServer:
         self._accept_failures = 0
         self._watchdog: asyncio.Task | None = None
         limiter = FixedWindowLimiter(*limit) if limit else NoLimit()
-        self.router = RelayRouter(self.domains, limiter)
         rng = rng or random.Random()
         self.ranker = Ranker(ranker_period, rng)
         self.federation = FederationScheduler(self.ranker, rng, attempt_timeout=federation_timeout,
                                               max_job_ttl=queue_ttl)
-        self.table = ConnectionTable()
         self.redis_url = redis_url
         self.redis = aioredis.Redis.from_url(redis_url)
         self.directory = directory or TwinDirectory(registry_url, negative_ttl=10.0,
@@ -345,7 +364,15 @@ class RelayServer:
         #: the registry run per destination twin (_chains) so they never block a connection
         self.lookups = TwinLookups(self.directory, max_stale=twin_max_stale,
                                    on_stale=self._on_stale, on_bug=self._bug)
-        self._chains: dict[int, collections.deque] = {}
+        #: the sans-I/O relay core: per-session state, routing, lookups, federation plan;
+        #: this class executes its commands (aiohttp, Redis, HTTP federation)
+        self.core = RelayCore(self.domains, limiter=limiter, ranker=self.ranker,
+                              federation=self.federation, max_size=max_size,
+                              queue_ttl=queue_ttl, twin_ttl=self.directory.cache_ttl,
+                              twin_max_stale=twin_max_stale)
+        self.router = self.core.router
+        self.table = _SessionView(self.core)
+        self._last_outcome = QUEUED
         self.metrics = _Metrics()
         self._qprefix = f"rmb.relay.{self.domains[0]}.queue."
         self._http: aiohttp.ClientSession | None = None
@@ -375,6 +402,7 @@ class RelayServer:
         self._http = aiohttp.ClientSession()
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
+        self.core.twin_ttl = self.directory.cache_ttl
         await self._listen()
         loop = asyncio.get_running_loop()
         self._prev_handler = loop.get_exception_handler()
@@ -622,12 +650,9 @@ class RelayServer:
                           transport: asyncio.BaseTransport | None = None) -> None:
         sock = transport.get_extra_info("socket") if transport is not None else None
         peer = _Peer(ws, session, sock)
-        old = self.table.register(session, peer)
+        self.core.peer_connected(peer, session, self.clock())
         self.metrics.connections.set(len(self.table))
-        self.events.emit("rmb.relay.connected", None, src=peer.name)
-        if old is not None:
-            self._spawn(old.ws.close(code=CLOSE_REPLACED, message=b"replaced by a newer connection"))
-        peer.replay_task = self._spawn(self._replay(peer))
+        await self._run(peer)
         reason = "closed by peer"
         try:
             async for msg in ws:
@@ -655,12 +680,15 @@ class RelayServer:
                 if ws.close_code == CLOSE_REPLACED:
                     reason = "replaced by a newer connection"
         finally:
-            # identity-checked: a replaced connection's cleanup leaves the new one registered
-            self.table.unregister(session, peer)
+            # the core's table is identity-checked: a replaced connection's cleanup leaves
+            # the new one registered
+            self.core.peer_disconnected(peer, self.clock(), reason)
             self.metrics.connections.set(len(self.table))
             if peer.replay_task is not None and not peer.replay_task.done():
                 peer.replay_task.cancel()
-            self.events.emit("rmb.relay.disconnected", None, src=peer.name, reason=reason[:200])
+            for cmd in self.core.take():       # only log lines can follow a disconnect
+                if type(cmd) is Log:
+                    self._emit(cmd)
 
     async def _send(self, peer: _Peer, data: bytes) -> bool:
         if peer.ws.closed:
@@ -697,230 +725,131 @@ class RelayServer:
                 peer.sock = None
         peer.burst = None
 
-    async def _reply_on(self, peer: _Peer, env: Envelope, reason: str) -> None:
-        """A relay error (or pong) straight back on the sender's own connection."""
-        await self._send(peer, env.SerializeToString())
-
-    def _rejected(self, env: Envelope, reason: str, level: str = "warning") -> None:
-        label = _reason_label(reason)
-        self.metrics.rejected.labels(label).inc()
-        self._warn(label, "rmb.relay.rejected", env.uid or None, level=level, reason=reason,
-                   src=address_str(env.source) if env.HasField("source") else "",
-                   dst=address_str(env.destination) if env.HasField("destination") else "")
-
     async def _on_binary(self, peer: _Peer, data: bytes) -> str | None:
-        """Handles one frame; returns a close reason when the connection was closed."""
-        now = self.clock()
-        try:
-            env = parse_envelope(data, self.max_size, allow_ping_without_destination=True)
-        except EnvelopeError as exc:
-            return await self._on_bad_envelope(peer, data, exc)
-        size = len(data)
+        """Handles one frame through the core; returns a close reason when the core closed
+        this connection (bytes that are not an envelope)."""
         self.metrics.rx_peer.inc()
-        verdict = self.router.check_inbound(peer.session, env, size, now)
-        if type(verdict) is Forward:
-            target = self.table.get(session_of(env.destination))
-            if target is not None and not target.replaying and not target.ws.closed:
-                # the hot path: the live local route, no Redis, no lookup. Received and
-                # delivered in one loop pass are one state change for the trace, so ONE
-                # event, `forwarded` (DESIGN.md section 6: hot paths log at info only what
-                # traces need; spark/stages.py maps it onto both steps). check_inbound
-                # proved env.source == peer.session and the target was found by
-                # env.destination, so their names are the event's src/dst.
-                self._note_write(target)
-                try:
-                    await target.ws.send_bytes(data)
-                except (ConnectionError, RuntimeError):
-                    pass       # closed meanwhile: the slow path queues it
+        self.core.receive_frame(peer, data, self.clock())
+        return await self._run(peer)
+
+    # ------------------------------------------------------------------ executors
+    async def _run(self, current: _Peer | None = None) -> str | None:
+        """Executes the commands the core produced for the input just applied, in order
+        (taken at once, so concurrent callers never interleave one input's commands).
+        Returns the close reason when `current` was closed by a command."""
+        closed = None
+        core = self.core
+        arm = False
+        for cmd in core.take():
+            t = type(cmd)
+            if t is WriteFrame:
+                if await self._send(cmd.conn, cmd.data):
+                    if cmd.log is not None:
+                        self.metrics.dl_live.inc()
+                        self.events.emit(cmd.log.event, cmd.log.uid, **cmd.log.attrs)
+                elif cmd.session is not None:
+                    core.write_failed(cmd, self.clock())   # closed meanwhile: queue it
+                    closed = await self._run(current) or closed
+            elif t is Log:
+                self._emit(cmd)
+            elif t is Enqueue:
+                self._last_outcome = await self._xadd(cmd)
+                core.enqueued(cmd.token, self._last_outcome, self.clock())
+                closed = await self._run(current) or closed
+            elif t is LookupTwin:
+                self._spawn(self._lookup(cmd.twin), "twin lookup")
+            elif t is PostFederation:
+                arm = True
+                if not self._closing:
+                    task = asyncio.get_running_loop().create_task(self._post(cmd))
+                    self._fed_tasks.add(task)
+                    task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
+            elif t is ReplayQueue:
+                cmd.conn.replay_task = self._spawn(self._replay(cmd.conn), "offline replay")
+            elif t is CloseConnection:
+                if cmd.conn is current:
+                    await current.ws.close(code=cmd.code, message=cmd.reason.encode()[:120])
+                    closed = cmd.reason
                 else:
-                    self.metrics.dl_live.inc()
-                    self.events.emit("rmb.relay.forwarded", env.uid,
-                                     kind=env.WhichOneof("message") or "none",
-                                     src=peer.name, dst=target.name, size=size)
-                    return None
-            self._received_event(env, size)
-            await self._forward(peer, env, data, now)
-            return None
-        self._received_event(env, size)
-        if type(verdict) is Reply:
-            if verdict.reason == "ping":
-                self.events.emit("rmb.relay.answered", env.uid, kind="pong", dst=peer.name)
-            else:
-                self._reject_event(env, verdict.reason, peer)
-            await self._reply_on(peer, verdict.envelope, verdict.reason)
-        elif type(verdict) is Drop:
-            if verdict.reason == ERR_EXPIRED:
-                self.metrics.expired.inc()
-                self.events.emit("rmb.relay.expired", env.uid, kind=message_kind(env),
-                                 src=_src(env), dst=address_str(env.destination),
-                                 reason="expired on arrival")
-            else:
-                self._reject_event(env, verdict.reason, peer)
-        return None
+                    self._spawn(cmd.conn.ws.close(code=cmd.code,
+                                                  message=cmd.reason.encode()[:120]),
+                                "close replaced connection")
+        if arm or core.federation_touched:
+            core.federation_touched = False
+            self._arm_timer()
+        return closed
 
-    def _received_event(self, env: Envelope, size: int) -> None:
-        self.events.emit("rmb.relay.received", env.uid, kind=message_kind(env),
-                         src=address_str(env.source) if env.HasField("source") else "",
-                         dst=address_str(env.destination), size=size)
-
-    def _reject_event(self, env: Envelope, reason: str, peer: _Peer | None) -> None:
-        if reason == ERR_RATE_LIMIT and peer is not None:
+    def _emit(self, cmd: Log) -> None:
+        """A core Log command -> metrics + one event line (warnings rate-limited)."""
+        ev, a = cmd.event, cmd.attrs
+        if ev == "rmb.relay.rejected":
+            label = _reason_label(a.get("reason", ""))
+            self.metrics.rejected.labels(label).inc()
+            self._warn(label, ev, cmd.uid, level=cmd.level, **a)
+            return
+        if ev == "rmb.relay.rate_limited":
             self.metrics.rejected.labels("rate limit").inc()
-            self.events.emit("rmb.relay.rate_limited", env.uid, level="warning", src=peer.name,
-                             size=env.ByteSize())
+            self._warn("rate limit", ev, cmd.uid, level=cmd.level, **a)
+            return
+        if ev == "rmb.relay.expired":
+            self.metrics.expired.inc()
+        elif ev == "rmb.relay.queued":
+            self.metrics.queued.inc()
+        elif ev == "rmb.relay.federated":
+            self.metrics.federated.inc()
+        elif ev == "rmb.relay.federation_failed":
+            self.metrics.fed_failed.labels(a.get("domain", "")).inc()
+            self._warn(f"federation to {a.get('domain', '')} failed", ev, cmd.uid,
+                       level=cmd.level, **a)
+            return
+        elif ev == "rmb.relay.circuit":
+            if a.get("reason") == "open":
+                self.metrics.circuit_opened.labels(a.get("domain", "")).inc()
+        elif ev == "rmb.relay.twin_stale":
+            self.metrics.stale_served.inc()
+            self._warn(f"stale twin {a.get('twin')}", ev, cmd.uid, level=cmd.level, **a)
+            return
+        if cmd.level == "warning":
+            self._warn(f"{ev} {a.get('reason', '')[:60]}", ev, cmd.uid, level=cmd.level, **a)
         else:
-            self._rejected(env, reason)
+            self.events.emit(ev, cmd.uid, level=cmd.level, **a)
 
-    async def _on_bad_envelope(self, peer: _Peer, data: bytes, exc: EnvelopeError) -> str | None:
-        env = _lenient_decode(data)
-        text = str(exc)
-        if env is None:
-            # rmb-rs closes the connection on bytes that are not an envelope: kept
-            self.metrics.rejected.labels("unparsable").inc()
-            self._warn("unparsable", "rmb.relay.rejected", None, reason=text[:200],
-                       src=peer.name, dst="")
-            await peer.ws.close(code=CLOSE_INVALID, message=text[:120].encode())
-            return text
-        # it parses but breaks a bound (size, uid length) or lacks a destination: an error
-        # back to the sender (requests) or a logged drop; the connection and the frames in
-        # flight on it stay (issue #11 finding 6)
-        if len(data) <= self.max_size and (not env.HasField("destination")
-                                           or env.destination.twin == 0):
-            text = ERR_MISSING_DESTINATION
-        self._rejected(env, text)
-        if message_kind(env) == "request":
-            await self._reply_on(peer, relay_error(env, text), text)
-        return None
-
-    # ------------------------------------------------------------------ routing
-    async def _error_to_sender(self, env: Envelope, text: str, peer: _Peer | None) -> None:
-        self._rejected(env, text)
-        if message_kind(env) != "request":
-            return
-        reply = relay_error(env, text)
-        if peer is not None:
-            await self._reply_on(peer, reply, text)
-
-    async def _forward(self, peer: _Peer, env: Envelope, data: bytes, now: float) -> None:
-        dst = session_of(env.destination)
-        target = self.table.get(dst)
-        if target is not None:               # connected here: the hot path, no lookup
-            await self._delivered_or_error(
-                await self._deliver(dst, env, data, now, target), env, peer)
-            return
-        chain = self._chains.get(dst[0])
-        if chain is not None:                # a lookup for this twin is under way: in order
-            chain.append((peer, env, data, now))
-            return
-        twin = self.lookups.peek(dst[0])
-        if twin is not None:
-            await self._route(peer, env, data, now, twin)
-            return
-        # the registry must be asked: only envelopes for this twin wait for it; the
-        # sender's connection goes on reading (issue #11 finding 1: a hung registry blocked
-        # the whole connection)
-        self._chains[dst[0]] = collections.deque([(peer, env, data, now)])
-        self._spawn(self._drain_chain(dst[0]))
-
-    async def _drain_chain(self, twin_id: int) -> None:
-        """Looks `twin_id` up once, then routes every envelope that waited for it, in
-        arrival order (the task entry point's guard: bugs are logged, the daemon lives)."""
-        chain = self._chains[twin_id]
+    async def _lookup(self, twin: int) -> None:
+        """LookupTwin executor (a task: only envelopes for this twin wait for it)."""
         try:
-            try:
-                result: object = await self.lookups.get(twin_id)
-            except (UnknownTwin, DirectoryError) as exc:
-                result = exc
-            while chain:
-                peer, env, data, now = chain.popleft()
-                try:
-                    await self._route(peer, env, data, now, result)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - one envelope's bug stays its own
-                    self._bug("routing after lookup", exc)
-        finally:
-            self._chains.pop(twin_id, None)
-            for peer, env, _data, _now in chain:       # cancelled (shutdown): say so
-                self._rejected(env, "relay shut down before the twin lookup finished")
-
-    async def _route(self, peer: _Peer, env: Envelope, data: bytes, now: float,
-                     twin) -> None:
-        """Routes `env` given the destination's record, or the lookup error."""
-        dst = session_of(env.destination)
-        if isinstance(twin, UnknownTwin):
-            await self._error_to_sender(env, ERR_UNKNOWN_DESTINATION, peer)
-            return
-        if isinstance(twin, DirectoryError):
-            await self._error_to_sender(env, f"failed to get twin details: {twin}"[:300], peer)
-            return
-        route = self.router.route(twin.relays)
-        if isinstance(route, Local):
-            if _is_fail_fast(env) and self.table.get(dst) is None:
-                await self._error_to_sender(env, ERR_OFFLINE, peer)
-                return
-            await self._delivered_or_error(
-                await self._deliver(dst, env, data, now, self.table.get(dst)), env, peer)
-        elif isinstance(route, Federate):
-            job = self.federation.submit(env, data, route.domains, now, context=peer.session)
-            if job is None:
-                await self._error_to_sender(env, self.federation.refusal or ERR_FEDERATION_FULL,
-                                            peer)
-                return
-            self._pump_federation()
-        elif isinstance(route, Refuse):
-            await self._error_to_sender(env, route.text, peer)
-
-    async def _delivered_or_error(self, outcome: str, env: Envelope, peer: _Peer | None) -> None:
-        """The sender learns at once when its envelope could not be queued (issue #11
-        finding 4: a full queue no longer drops the oldest entries silently)."""
-        if outcome == FULL:
-            self.metrics.queue_full.labels("peer").inc()
-            await self._error_to_sender(env, ERR_QUEUE_FULL, peer)
-        elif outcome == FAILED:
-            await self._error_to_sender(env, "failed to queue message for offline twin", peer)
-
-    async def _deliver(self, dst: Session, env: Envelope, data: bytes, now: float,
-                       target: _Peer | None) -> str:
-        """Live write when `target` is connected and caught up, else the offline stream.
-        Returns QUEUED (written or queued), FULL or FAILED (see _enqueue)."""
-        if target is not None and not target.replaying:
-            if await self._send(target, data):
-                self.metrics.dl_live.inc()
-                self.events.emit("rmb.relay.delivered", env.uid, kind=message_kind(env),
-                                 src=_src(env), dst=target.name, size=len(data), queued_ms=0.0)
-                return QUEUED
-        return await self._enqueue(dst, env, data, now)
+            record: object = await self.directory.get(twin)
+        except (UnknownTwin, DirectoryError) as exc:
+            record = exc
+        self.core.twin_resolved(twin, record, self.clock())
+        await self._run()
 
     def _qkey(self, session: Session) -> str:
         return self._qprefix + session_str(session)
 
-    async def _enqueue(self, dst: Session, env: Envelope, data: bytes, now: float) -> str:
-        """XADD to the session's offline stream unless it holds --queue-maxlen entries.
-        Returns QUEUED, FULL (nothing evicted: the caller answers the sender) or FAILED
+    async def _xadd(self, cmd: Enqueue, via: str = "peer") -> str:
+        """Enqueue executor: XADD to the session's offline stream unless it holds
+        --queue-maxlen entries. Returns QUEUED, FULL (nothing evicted; counted) or FAILED
         (Redis error, logged)."""
-        peer = self.table.get(dst)
+        peer = self.table.get(cmd.session)
         if peer is not None:
             peer.queue_writes += 1
             peer.queued_seq += 1
-        key = self._qkey(dst)
-        until = min(float(deadline(env)), now + self.queue_ttl)
+        now = self.clock()
         try:
             length = await self._enqueue_script(
-                keys=[key], args=[self.queue_maxlen, data, repr(until), repr(now),
-                                  int(self.queue_ttl) + 1])
+                keys=[self._qkey(cmd.session)],
+                args=[self.queue_maxlen, cmd.data, repr(cmd.until), repr(now),
+                      int(self.queue_ttl) + 1])
         except (aioredis.RedisError, OSError) as exc:
-            self._warn("queue error", "rmb.relay.queue_error", env.uid, level="error",
-                       dst=session_str(dst), reason=repr(exc)[:200])
+            self._warn("queue error", "rmb.relay.queue_error", cmd.uid, level="error",
+                       dst=session_str(cmd.session), reason=repr(exc)[:200])
             return FAILED
         finally:
             if peer is not None:
                 peer.queue_writes -= 1
         if int(length) < 0:
+            self.metrics.queue_full.labels(via).inc()
             return FULL
-        self.metrics.queued.inc()
-        self.events.emit("rmb.relay.queued", env.uid, kind=message_kind(env), src=_src(env),
-                         dst=session_str(dst), size=len(data))
         return QUEUED
 
     async def _replay(self, peer: _Peer) -> None:
@@ -934,6 +863,8 @@ class RelayServer:
                 if not entries:
                     if peer.queue_writes == 0 and seq == peer.queued_seq:
                         peer.replaying = False
+                        self.core.queue_replayed(peer, self.clock())
+                        await self._run()
                         return
                     await asyncio.sleep(0.001)   # an XADD for this session is in flight
                     continue
@@ -973,28 +904,17 @@ class RelayServer:
                     return
         except (aioredis.RedisError, OSError) as exc:
             peer.replaying = False  # live traffic must not wait on a broken queue
+            self.core.queue_replayed(peer, self.clock())
             self.events.emit("rmb.relay.queue_error", None, level="error", dst=peer.name,
                              reason=f"replay stopped: {exc!r}"[:200])
 
     # ------------------------------------------------------------------ federation out
-    def _pump_federation(self) -> None:
-        now = self.clock()
-        # while shutting down only the attempts already in flight are drained
-        due = [] if self._closing else self.federation.attempts_due(now)
-        for att in due:
-            task = asyncio.get_running_loop().create_task(self._post(att))
-            self._fed_tasks.add(task)
-            task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
-        while (ev := self.federation.next_event()) is not None:
-            self._on_federation_event(ev)
-        self.metrics.fed_jobs.set(len(self.federation))
-        self._arm_timer()
-
     def _arm_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        when = self.federation.get_timer()
+        self.metrics.fed_jobs.set(len(self.federation))
+        when = self.core.get_timer()
         if when is not None and not self._closing:
             delay = max(0.0, when - self.clock())
             self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
@@ -1003,13 +923,13 @@ class RelayServer:
         """Timer entry point; its guard logs a bug and re-arms instead of losing the timer."""
         self._timer = None
         try:
-            self.federation.handle_timer(self.clock())
-            self._pump_federation()
+            self.core.handle_timer(self.clock())
         except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
             self._bug("federation timer", exc)
-            self._arm_timer()
+        self._spawn(self._run(), "federation timer")
 
     async def _post(self, att) -> None:
+        """PostFederation executor."""
         status, reason = 0, ""
         try:
             async with self._http.post(f"http://{att.domain}/", data=att.data,
@@ -1025,47 +945,8 @@ class RelayServer:
         outcome = "accepted" if status == 202 else "refused" if 400 <= status < 500 else "failed"
         if status and status != 202 and not reason:
             reason = f"HTTP {status}"
-        self.federation.report(att.job, outcome, self.clock(), status=status, reason=reason)
-        self._pump_federation()
-
-    def _on_federation_event(self, ev) -> None:
-        if isinstance(ev, FederationAccepted):
-            self.metrics.federated.inc()
-            self.events.emit("rmb.relay.federated", ev.uid, domain=ev.domain, attempt=ev.attempt,
-                             duration_ms=ev.duration * 1000.0)
-        elif isinstance(ev, FederationAttemptFailed):
-            self.metrics.fed_failed.labels(ev.domain).inc()
-            self._warn(f"federation to {ev.domain} failed", "rmb.relay.federation_failed",
-                       ev.uid, domain=ev.domain, attempt=ev.attempt, status=ev.status,
-                       reason=ev.reason)
-        elif isinstance(ev, FederationCircuit):
-            if ev.state == "open":
-                self.metrics.circuit_opened.labels(ev.domain).inc()
-            self.events.emit("rmb.relay.circuit", None,
-                             level="warning" if ev.state == "open" else "info",
-                             domain=ev.domain, count=ev.failures,
-                             reason=(f"open: {ev.failures} consecutive failures, attempts "
-                                     f"paused {ev.cooldown:.0f} s" if ev.state == "open"
-                                     else "closed: the relay answered"))
-        elif isinstance(ev, FederationRefused):
-            self.metrics.fed_failed.labels(ev.domain).inc()
-            self._warn(f"federation to {ev.domain} refused", "rmb.relay.federation_failed",
-                       ev.uid, domain=ev.domain, attempt=ev.attempt, status=ev.status,
-                       reason=ev.reason or "refused")
-            if ev.reply is not None:
-                self._spawn(self._reply_to_session(ev.context, ev.reply))
-        elif isinstance(ev, FederationExpired):
-            self.metrics.expired.inc()
-            self._warn("federation expired", "rmb.relay.expired", ev.uid,
-                       dst=session_str(ev.context) if ev.context else "",
-                       reason=f"federation failed after {ev.attempts} attempts")
-            if ev.reply is not None:
-                self._spawn(self._reply_to_session(ev.context, ev.reply))
-
-    async def _reply_to_session(self, session: Session, reply: Envelope) -> None:
-        """Relay error to a sender that may have reconnected (or gone offline) meanwhile."""
-        await self._deliver(session, reply, reply.SerializeToString(), self.clock(),
-                            self.table.get(session))
+        self.core.federation_result(att.job, outcome, self.clock(), status=status, reason=reason)
+        await self._run()
 
     # ------------------------------------------------------------------ federation in
     async def _handle_post(self, request: web.Request) -> web.Response:
@@ -1147,13 +1028,33 @@ class RelayServer:
                 verify_envelope(env, src_twin.account)
             except SignatureError as exc:
                 return self._fed_refuse(401, f"{ERR_BAD_SIGNATURE}: {exc}"[:300], env, origin)
-        target = self.table.get(dst)
-        if target is None and _is_fail_fast(env):
-            self._rejected(env, ERR_OFFLINE, level="info")
+        if not self.core.connected(dst) and _is_fail_fast(env):
+            self.metrics.rejected.labels(ERR_OFFLINE).inc()
+            self.events.emit("rmb.relay.rejected", env.uid, level="info", reason=ERR_OFFLINE,
+                             src=_src(env), dst=session_str(dst))
             return web.Response(status=404, text=ERR_OFFLINE)
-        outcome = await self._deliver(dst, env, data, now, target)
+        token = self.core.receive_federation(env, data, now)
+        outcome = QUEUED
+        for cmd in self.core.take():
+            if type(cmd) is Enqueue and cmd.token == token:
+                outcome = await self._xadd(cmd, via="federation")
+                self.core.enqueued(token, outcome, now)
+                await self._run()
+            elif type(cmd) is WriteFrame:
+                if await self._send(cmd.conn, cmd.data):
+                    if cmd.log is not None:
+                        self.metrics.dl_live.inc()
+                        self.events.emit(cmd.log.event, cmd.log.uid, **cmd.log.attrs)
+                else:
+                    self.core.write_failed(cmd, now)
+                    for retry in self.core.take():
+                        if type(retry) is Enqueue:
+                            outcome = await self._xadd(retry, via="federation")
+                            self.core.enqueued(retry.token, outcome, now)
+                            await self._run()
+            elif type(cmd) is Log:
+                self._emit(cmd)
         if outcome == FULL:
-            self.metrics.queue_full.labels("federation").inc()
             return self._fed_refuse(429, ERR_QUEUE_FULL, env, origin)
         if outcome == FAILED:
             return web.Response(status=503, text="offline queue unavailable\n")

@@ -40,7 +40,7 @@ from rmb_peer.envelope import (
 )
 from rmb_relay.core import (
     ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_QUEUE_FULL,
-    ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, Drop, FederationAccepted, FederationAttemptFailed,
+    ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, Drop, FederationAccepted, FederationAttemptFailed,
     FederationCircuit, FederationExpired, FederationRefused, FederationScheduler, Federate,
     Forward, Local, Ranker, RelayCoreError, RelayRouter, Refuse, Reply, Session, session_of,
     session_str,
@@ -63,9 +63,14 @@ class RelayCommand:
 
 @dataclass
 class WriteFrame(RelayCommand):
-    """Write `data` (a serialized envelope) to connection `conn` as one binary frame."""
+    """Write `data` (a serialized envelope) to connection `conn` as one binary frame.
+    `session`: the destination session when this is a delivery (None for a reply to the
+    sender); `log`: the event to log once the write succeeded. A delivery whose write
+    fails is handed back with write_failed(cmd, now) (it is queued instead)."""
     conn: Any
     data: bytes
+    session: Session | None = None
+    log: "Log | None" = None
 
 
 @dataclass
@@ -179,7 +184,12 @@ class RelayCore:
         self._twins: collections.OrderedDict[int, tuple[Any, float]] = collections.OrderedDict()
         self._chains: dict[int, collections.deque] = {}
         self._refreshing: set[int] = set()
-        self._pending: dict[int, tuple[Session, Envelope]] = {}
+        self._pending: dict[int, tuple[Session | None, Envelope]] = {}
+        self._replaced: dict[Any, _Conn] = {}
+        #: background refreshes of stale twin records asked for (tests, metrics)
+        self.refreshes = 0
+        #: set when federation state changed (the adapter re-arms its timer), then cleared
+        self.federation_touched = False
         self._token = 0
         self._out: collections.deque[RelayCommand] = collections.deque()
 
@@ -193,6 +203,19 @@ class RelayCore:
 
     def _log(self, event: str, uid, level: str = "info", **attrs) -> None:
         self._out.append(Log(event, uid, level, attrs))
+
+    def _send_to_session(self, session: Session, reply: Envelope, now: float) -> None:
+        """A relay error for a sender that may have reconnected or gone offline since:
+        its live connection, else its offline queue."""
+        target = self._sessions.get(session)
+        data = reply.SerializeToString()
+        if target is not None and target.state == "live":
+            self._out.append(WriteFrame(target.conn, data, session))
+            return
+        self._token += 1
+        self._pending[self._token] = (None, reply)
+        until = min(float(deadline(reply)), now + self.queue_ttl)
+        self._out.append(Enqueue(self._token, session, data, until, reply.uid, "error", ""))
 
     def _reply_to(self, session: Session, env: Envelope, text: str) -> None:
         """A relay error to a request's sender (drop for other kinds), logged."""
@@ -228,6 +251,7 @@ class RelayCore:
         if old is not None:
             self._move(old, "replaced")
             del self._conns[old.conn]
+            self._replaced[old.conn] = old     # its disconnect still gets logged
             self._out.append(CloseConnection(old.conn, CLOSE_REPLACED,
                                              "replaced by a newer connection"))
         self._sessions[session] = c
@@ -238,7 +262,11 @@ class RelayCore:
     def peer_disconnected(self, conn: Any, now: float, reason: str = "closed by peer") -> None:
         c = self._conns.pop(conn, None)
         if c is None:
-            return      # already replaced (its close was our command)
+            old = self._replaced.pop(conn, None)     # replaced: closed by our command
+            if old is not None:
+                self._log("rmb.relay.disconnected", None, src=old.name,
+                          reason="replaced by a newer connection")
+            return
         self._move(c, "closed")
         if self._sessions.get(c.session) is c:
             del self._sessions[c.session]
@@ -263,12 +291,25 @@ class RelayCore:
             return
         verdict = self.router.check_inbound(c.session, env, len(data), now)
         if type(verdict) is Forward:
+            dst = session_of(env.destination)
+            target = self._sessions.get(dst)
+            if target is not None and target.state == "live":
+                # the hot path: the live local route, one `forwarded` event (received and
+                # delivered in one loop pass; DESIGN.md section 6)
+                self._out.append(WriteFrame(target.conn, data, dst, Log(
+                    "rmb.relay.forwarded", env.uid, "info",
+                    {"kind": message_kind(env), "src": c.name, "dst": target.name,
+                     "size": len(data)})))
+                return
             self._log("rmb.relay.received", env.uid, kind=message_kind(env), src=c.name,
                       dst=address_str(env.destination), size=len(data))
             self._forward(c.session, env, bytes(data), now)
         elif type(verdict) is Reply:
             if verdict.reason == "ping":
                 self._log("rmb.relay.answered", env.uid, kind="pong", dst=c.name)
+            elif verdict.reason == ERR_RATE_LIMIT:
+                self._log("rmb.relay.rate_limited", env.uid, "warning", src=c.name,
+                          size=len(data))
             else:
                 self._log("rmb.relay.rejected", env.uid, "warning", reason=verdict.reason,
                           src=_src(env), dst=address_str(env.destination))
@@ -311,18 +352,20 @@ class RelayCore:
             if age <= self.twin_ttl + self.twin_max_stale:
                 if age > self.twin_ttl and dst[0] not in self._refreshing:
                     self._refreshing.add(dst[0])
+                    self.refreshes += 1
                     self._out.append(LookupTwin(dst[0]))
                 self._route(sender, env, data, now, record)
                 return
         self._chains[dst[0]] = collections.deque([(sender, env, data)])
         self._out.append(LookupTwin(dst[0]))
 
-    def _deliver(self, sender: Session, dst: Session, env: Envelope, data: bytes, now: float,
+    def _deliver(self, sender: Session | None, dst: Session, env: Envelope, data: bytes, now: float,
                  target: _Conn | None) -> None:
         if target is not None and target.state == "live":
-            self._out.append(WriteFrame(target.conn, data))
-            self._log("rmb.relay.delivered", env.uid, kind=message_kind(env), src=_src(env),
-                      dst=target.name, size=len(data), queued_ms=0.0)
+            self._out.append(WriteFrame(target.conn, data, dst, Log(
+                "rmb.relay.delivered", env.uid, "info",
+                {"kind": message_kind(env), "src": _src(env), "dst": target.name,
+                 "size": len(data), "queued_ms": 0.0})))
             return
         self._token += 1
         self._pending[self._token] = (sender, env)
@@ -330,12 +373,45 @@ class RelayCore:
         self._out.append(Enqueue(self._token, dst, data, until, env.uid, message_kind(env),
                                  _src(env)))
 
+    def write_failed(self, cmd: WriteFrame, now: float) -> None:
+        """A delivery WriteFrame whose connection closed meanwhile: queue it instead."""
+        if cmd.session is None:
+            return                      # a reply to a sender that is gone: nothing to do
+        env = _lenient(cmd.data)
+        if env is None:
+            return
+        self._token += 1
+        self._pending[self._token] = (None, env)
+        until = min(float(deadline(env)), now + self.queue_ttl)
+        self._out.append(Enqueue(self._token, cmd.session, cmd.data, until, env.uid,
+                                 message_kind(env), _src(env)))
+
+    def receive_federation(self, env: Envelope, data: bytes, now: float) -> int | None:
+        """A verified federated envelope for a local twin (the adapter authenticated it):
+        written to the destination's live connection, else an Enqueue whose token is
+        returned (the adapter answers the POST from its outcome); None when written."""
+        dst = session_of(env.destination)
+        target = self._sessions.get(dst)
+        before = self._token
+        self._deliver(None, dst, env, bytes(data), now, target)
+        return self._token if self._token != before else None
+
+    def connected(self, session: Session) -> bool:
+        """True while `session` has a connection (replaying or live)."""
+        return session in self._sessions
+
     def enqueued(self, token: int, outcome: str, now: float) -> None:
         pending = self._pending.pop(token, None)
         if pending is None:
             raise RelayStateError(f"enqueue {token}: no transition from state 'done' on "
                                   f"input {outcome!r}")
         sender, env = pending
+        if sender is None and outcome != "queued":
+            self._log("rmb.relay.rejected", env.uid, "warning",
+                      reason=ERR_QUEUE_FULL if outcome == "full"
+                      else "failed to queue message for offline twin",
+                      src=_src(env), dst=address_str(env.destination))
+            return
         if outcome == "queued":
             self._log("rmb.relay.queued", env.uid, kind=message_kind(env), src=_src(env),
                       dst=address_str(env.destination), size=env.ByteSize())
@@ -397,7 +473,15 @@ class RelayCore:
             self._reply_to(sender, env, route.text)
 
     # ------------------------------------------------------------------ federation
+    def take(self) -> list[RelayCommand]:
+        """Every pending command at once (the adapter takes them right after each input,
+        so each caller executes the commands its own input caused, in order)."""
+        out = list(self._out)
+        self._out.clear()
+        return out
+
     def _pump_federation(self, now: float) -> None:
+        self.federation_touched = True
         for att in self.federation.attempts_due(now):
             self._out.append(PostFederation(att.job, att.uid, att.domain, att.attempt, att.data,
                                             att.timeout))
@@ -416,10 +500,12 @@ class RelayCore:
                     self._log("rmb.relay.expired", ev.uid, "warning",
                               dst=session_str(ev.context) if ev.context else "",
                               reason=f"federation failed after {ev.attempts} attempts")
+                else:
+                    self._log("rmb.relay.federation_failed", ev.uid, "warning",
+                              domain=ev.domain, attempt=ev.attempt, status=ev.status,
+                              reason=ev.reason or "refused")
                 if ev.reply is not None and ev.context is not None:
-                    target = self._sessions.get(ev.context)
-                    if target is not None:
-                        self._out.append(WriteFrame(target.conn, ev.reply.SerializeToString()))
+                    self._send_to_session(ev.context, ev.reply, now)
 
     def federation_result(self, job: int, outcome: str, now: float, status: int = 0,
                           reason: str = "") -> None:

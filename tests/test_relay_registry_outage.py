@@ -91,7 +91,7 @@ async def test_hung_registry_delays_only_that_twin(cluster):
             assert time.monotonic() - started < 2.0
             err = await recv_env(wa, timeout=15)          # y: no record, registry hung
             assert err.uid == to_y.uid and "failed to get twin details" in err.error.message
-        assert relay.lookups.refreshes >= 1
+        assert relay.core.refreshes >= 1             # b was served stale and refreshed
 
 
 async def test_registry_down_past_ttl_known_twins_keep_working(cluster):

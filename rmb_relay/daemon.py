@@ -821,7 +821,15 @@ class RelayServer:
         except (UnknownTwin, DirectoryError) as exc:
             record = exc
         self.core.twin_resolved(twin, record, self.clock())
-        await self._run()
+        done = False
+        while not done:
+            try:
+                await self._run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the chain must close whatever happens
+                self._bug(f"routing after the lookup of twin {twin}", exc)
+            done = self.core.chain_done(twin, self.clock())      # arrivals while queueing
 
     def _qkey(self, session: Session) -> str:
         return self._qprefix + session_str(session)

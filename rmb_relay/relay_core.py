@@ -186,6 +186,7 @@ class RelayCore:
         self._refreshing: set[int] = set()
         self._pending: dict[int, tuple[Session | None, Envelope]] = {}
         self._replaced: dict[Any, _Conn] = {}
+        self._resolved: dict[int, Any] = {}
         #: background refreshes of stale twin records asked for (tests, metrics)
         self.refreshes = 0
         #: set when federation state changed (the adapter re-arms its timer), then cleared
@@ -443,10 +444,33 @@ class RelayCore:
                 self._log("rmb.relay.twin_stale", None, "warning", twin=twin,
                           stale_s=now - hit[1], reason=str(record)[:200])
                 record, is_error = hit[0], False
-        chain = self._chains.pop(twin, None)
+        chain = self._chains.get(twin)
+        if chain is None:
+            return
+        self._resolved[twin] = record
         while chain:
             sender, env, data = chain.popleft()
             self._route(sender, env, data, now, record)
+        # the chain stays open (new envelopes for this twin keep queueing behind the ones
+        # just routed) until the adapter has executed their commands: chain_done()
+
+    def chain_done(self, twin: int, now: float) -> bool:
+        """The adapter executed the commands of the envelopes routed for `twin` after its
+        lookup. Routes envelopes that arrived meanwhile (their commands follow) and returns
+        False, or closes the chain and returns True. Keeps per-twin order across the
+        lookup (an envelope arriving while earlier ones are still being queued waits)."""
+        chain = self._chains.get(twin)
+        if chain is None:
+            return True
+        if not chain:
+            del self._chains[twin]
+            self._resolved.pop(twin, None)
+            return True
+        record = self._resolved.get(twin)
+        while chain:
+            sender, env, data = chain.popleft()
+            self._route(sender, env, data, now, record)
+        return False
 
     def _route(self, sender: Session, env: Envelope, data: bytes, now: float, record) -> None:
         dst = session_of(env.destination)

@@ -105,6 +105,7 @@ def test_lookup_stale_while_revalidate_and_stale_if_error():
     core.receive_frame("A", make_env(src=(1, None), dst=(2, None)).SerializeToString(), T0)
     core.twin_resolved(2, Rec([HERE]), T0)
     drain(core)
+    assert core.chain_done(2, T0)
     # past the TTL: routed at once AND a refresh asked for, once
     e1 = make_env(src=(1, None), dst=(2, None), ts=T0 + 20)
     e2 = make_env(src=(1, None), dst=(2, None), ts=T0 + 20)
@@ -122,6 +123,7 @@ def test_lookup_stale_while_revalidate_and_stale_if_error():
     assert of(drain(core), LookupTwin) == [LookupTwin(2)]
     core.twin_resolved(2, DirectoryError("registry unreachable"), T0 + 205)
     (err,) = frames_to(drain(core), "A")
+    assert core.chain_done(2, T0 + 205)
     assert err.uid == e3.uid and err.error.message.startswith("failed to get twin details")
     e4 = make_env(src=(1, None), dst=(9, None), ts=T0 + 200)
     core.receive_frame("A", e4.SerializeToString(), T0 + 200)
@@ -213,3 +215,27 @@ def test_garbage_closes_and_unknown_connection_is_local_misuse():
     assert close.conn == "A" and close.code == 1007
     with pytest.raises(RelayStateError, match="'closed'.*'frame'"):
         core.receive_frame("nobody", b"", T0)
+
+
+def test_lookup_chain_keeps_order_until_its_commands_ran():
+    """Envelopes arriving while the chain's commands are executing queue behind them."""
+    core = core_with()
+    core.peer_connected("A", (1, None), T0)
+    core.queue_replayed("A", T0)
+    drain(core)
+    first = [make_env(src=(1, None), dst=(2, None)) for _ in range(2)]
+    for env in first:
+        core.receive_frame("A", env.SerializeToString(), T0)
+    drain(core)
+    core.twin_resolved(2, Rec([HERE]), T0)
+    routed = [c.uid for c in of(drain(core), Enqueue)]
+    late = make_env(src=(1, None), dst=(2, None))
+    core.receive_frame("A", late.SerializeToString(), T0)   # before chain_done
+    assert of(drain(core), Enqueue) == []                    # waits behind the first two
+    assert core.chain_done(2, T0) is False
+    routed += [c.uid for c in of(drain(core), Enqueue)]
+    assert core.chain_done(2, T0) is True
+    assert routed == [e.uid for e in first] + [late.uid]
+    after = make_env(src=(1, None), dst=(2, None))
+    core.receive_frame("A", after.SerializeToString(), T0)  # record known: routed at once
+    assert [c.uid for c in of(drain(core), Enqueue)] == [after.uid]

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from rmb_peer.envelope import Envelope, is_expired, message_kind, relay_error
+from rmb_peer.errors import RmbLocalError
 
 #: relay error texts (rmb-rs v1.5.1 relay/api.rs and federation/router.rs; DESIGN.md section 3)
 ERR_WRONG_SOURCE = "message wrong source"
@@ -54,9 +55,12 @@ TAG_FAIL_FAST = "fail-fast"
 Session = tuple[int, "str | None"]
 
 
-class RelayCoreError(Exception):
+class RelayCoreError(RmbLocalError):
     """Local misuse of the relay core (an impossible state transition, a bad argument).
-    Remote input never raises this."""
+    Remote input never raises this. The RMB protocol's one local-error base is
+    rmb_peer.errors.RmbLocalError (RuntimeError); its one remote-error base is
+    RmbRemoteError (ValueError: EnvelopeError, SignatureError, TokenError, ...), which the
+    relay's entry-point guards turn into an error reply, a logged drop or a close."""
 
 
 # --------------------------------------------------------------------------- connections

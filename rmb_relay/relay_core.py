@@ -19,9 +19,10 @@ WriteFrame, Enqueue, ReplayQueue, LookupTwin, PostFederation, CloseConnection, L
 
 Per-session states (table `_TRANSITIONS`): replaying -replayed-> live; replaying|live
 -closed|replaced-> closed. An impossible transition raises RelayStateError naming the
-state and the input. Errors: RelayRemoteError is never raised out of the core (remote
-garbage becomes a reply, a drop or a close command); RelayStateError (a RelayCoreError,
-local misuse) is.
+state and the input. Errors: remote errors (rmb_peer.errors.RmbRemoteError subclasses
+such as EnvelopeError) never leave the core: garbage from a peer becomes a reply, a drop
+or a close command; RelayStateError (a RelayCoreError, an RmbLocalError: local misuse)
+does.
 
 Twin records: the core keeps its own table (record, fetched at). A record younger than
 `twin_ttl` is used; one older but younger than twin_ttl + `twin_max_stale` is used AND a

@@ -87,8 +87,9 @@ from rmb_peer.events import RMB_EVENTS
 from rmb_relay.events import RELAY_EVENTS
 from rmb_relay.lookups import TwinLookups
 from rmb_relay.relay_core import (
-    CloseConnection, Enqueue, Log, LookupTwin, PostFederation, RelayCore, ReplayQueue,
-    WriteFrame,
+    ERR_BAD_SIGNATURE, ERR_FED_RATE, ERR_NOT_HERE, ERR_UNKNOWN_SOURCE, ERR_UNSIGNED,
+    CloseConnection, Enqueue, FederationAnswer, Log, LookupTwin, PostFederation, RelayCore,
+    ReplayQueue, WriteFrame,
 )
 from rmb_peer.challenge import verify_envelope
 from rmb_peer.identity import SignatureError
@@ -120,6 +121,8 @@ CLOSE_TIMEOUT = 2.0
 #: frames up to this multiple of --max-size are read and answered with a relay error when
 #: too large; only larger frames close the connection with 1009 (issue #11 finding 6)
 FRAME_FACTOR = 4
+#: longest a federation POST waits for the twin lookups its checks need, seconds
+FEDERATION_ANSWER_TIMEOUT = 15.0
 #: per source relay: envelopes and bytes per 60 s window on POST / (--federation-limit)
 DEFAULT_FEDERATION_LIMIT = (120_000, 512 * 1024 * 1024)
 #: offline-queue outcomes of _enqueue / _deliver
@@ -369,7 +372,9 @@ class RelayServer:
         self.core = RelayCore(self.domains, limiter=limiter, ranker=self.ranker,
                               federation=self.federation, max_size=max_size,
                               queue_ttl=queue_ttl, twin_ttl=self.directory.cache_ttl,
-                              twin_max_stale=twin_max_stale)
+                              twin_max_stale=twin_max_stale,
+                              federation_limiter=self.fed_limiter,
+                              verify_federation=verify_federation)
         self.router = self.core.router
         self.table = _SessionView(self.core)
         self._last_outcome = QUEUED
@@ -766,6 +771,15 @@ class RelayServer:
                     task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
             elif t is ReplayQueue:
                 cmd.conn.replay_task = self._spawn(self._replay(cmd.conn), "offline replay")
+            elif t is FederationAnswer:
+                if cmd.status >= 400 and cmd.text != ERR_OFFLINE and cmd.text != ERR_EXPIRED:
+                    label = _reason_label(cmd.text)
+                    self.metrics.fed_refused.labels(label).inc()
+                    self._warn("federation in: " + label, "rmb.relay.rejected", cmd.uid,
+                               reason=cmd.text[:200],
+                               src=f"federation {cmd.origin} {cmd.src}".strip(), dst=cmd.dst)
+                if not cmd.request.done():
+                    cmd.request.set_result((cmd.status, cmd.text))
             elif t is CloseConnection:
                 if cmd.conn is current:
                     await current.ws.close(code=cmd.code, message=cmd.reason.encode()[:120])
@@ -980,14 +994,9 @@ class RelayServer:
         return web.Response(status=status, text=text + "\n")
 
     async def _federation_in(self, request: web.Request) -> web.Response:
-        """POST / from another relay (issue #11 finding 3: authenticated and bounded).
-
-        In order: size (413), per-source-relay window (--federation-limit, keyed by the
-        remote address: 429), parse (400), expired (400), source present (401 unsigned
-        relay errors are never federated), destination twin known (404, nothing queued for
-        unknown twins) and served here (421), source twin known and the envelope signature
-        valid for its account key (401: spoofed sources are refused; rmb-rs verifies
-        nothing here), fail-fast offline (404), queue full (429), then 202."""
+        """POST / from another relay: the core decides (RelayCore.receive_federation:
+        authenticated and bounded, issue #11 finding 3); this executes its commands and
+        answers with its FederationAnswer (413 for a body over --max-size is aiohttp's)."""
         if self._closing:
             return web.Response(status=503, text="relay shutting down\n")
         origin = request.remote or "?"
@@ -996,85 +1005,17 @@ class RelayServer:
         except web.HTTPRequestEntityTooLarge:
             return self._fed_refuse(413, f"envelope too large: limit {self.max_size} bytes",
                                     None, origin)
-        now = self.clock()
-        if not self.fed_limiter.allow(origin, len(data), now):
-            return self._fed_refuse(429, ERR_FED_RATE, None, origin)
-        try:
-            env = parse_envelope(data, self.max_size)
-        except EnvelopeError as exc:
-            return self._fed_refuse(400, str(exc), None, origin)
         self.metrics.rx_fed.inc()
-        dst = session_of(env.destination)
-        self.events.emit("rmb.relay.federation_received", env.uid, kind=message_kind(env),
-                         src=_src(env), dst=address_str(env.destination), size=len(data))
-        if is_expired(env, now):
-            self.metrics.expired.inc()
-            self.events.emit("rmb.relay.expired", env.uid, kind=message_kind(env),
-                             src=_src(env), dst=session_str(dst),
-                             reason="expired on federation arrival")
-            return web.Response(status=400, text=ERR_EXPIRED + "\n")
-        if not env.HasField("source") or env.source.twin == 0:
-            return self._fed_refuse(401, ERR_UNSIGNED, env, origin)
-        if self.verify_federation:
-            try:
-                dst_twin = await self.lookups.get(dst[0])
-            except UnknownTwin:
-                return self._fed_refuse(404, ERR_UNKNOWN_DESTINATION, env, origin)
-            except DirectoryError as exc:
-                return self._fed_refuse(503, f"failed to get twin details: {exc}"[:300], env,
-                                        origin)
-            if not self.router.is_local(dst_twin.relays):
-                return self._fed_refuse(421, ERR_NOT_HERE, env, origin)
-            try:
-                src_twin = await self.lookups.get(env.source.twin)
-            except UnknownTwin:
-                return self._fed_refuse(401, ERR_UNKNOWN_SOURCE, env, origin)
-            except DirectoryError as exc:
-                return self._fed_refuse(503, f"failed to get twin details: {exc}"[:300], env,
-                                        origin)
-            try:
-                verify_envelope(env, src_twin.account)
-            except SignatureError as exc:
-                return self._fed_refuse(401, f"{ERR_BAD_SIGNATURE}: {exc}"[:300], env, origin)
-        if not self.core.connected(dst) and _is_fail_fast(env):
-            self.metrics.rejected.labels(ERR_OFFLINE).inc()
-            self.events.emit("rmb.relay.rejected", env.uid, level="info", reason=ERR_OFFLINE,
-                             src=_src(env), dst=session_str(dst))
-            return web.Response(status=404, text=ERR_OFFLINE)
-        token = self.core.receive_federation(env, data, now)
-        outcome = QUEUED
-        for cmd in self.core.take():
-            if type(cmd) is Enqueue and cmd.token == token:
-                outcome = await self._xadd(cmd, via="federation")
-                self.core.enqueued(token, outcome, now)
-                await self._run()
-            elif type(cmd) is WriteFrame:
-                if await self._send(cmd.conn, cmd.data):
-                    if cmd.log is not None:
-                        self.metrics.dl_live.inc()
-                        self.events.emit(cmd.log.event, cmd.log.uid, **cmd.log.attrs)
-                else:
-                    self.core.write_failed(cmd, now)
-                    for retry in self.core.take():
-                        if type(retry) is Enqueue:
-                            outcome = await self._xadd(retry, via="federation")
-                            self.core.enqueued(retry.token, outcome, now)
-                            await self._run()
-            elif type(cmd) is Log:
-                self._emit(cmd)
-        if outcome == FULL:
-            return self._fed_refuse(429, ERR_QUEUE_FULL, env, origin)
-        if outcome == FAILED:
-            return web.Response(status=503, text="offline queue unavailable\n")
-        return web.Response(status=202)
+        answer = asyncio.get_running_loop().create_future()
+        self.core.receive_federation(answer, data, origin, self.clock())
+        await self._run()
+        try:
+            status, text = await asyncio.wait_for(answer, FEDERATION_ANSWER_TIMEOUT)
+        except asyncio.TimeoutError:
+            status, text = 503, "twin lookup timed out"
+        # `destination offline` without a newline, as rmb-rs's fail-fast answer
+        return web.Response(status=status, text=text if text == ERR_OFFLINE else text + "\n")
 
-
-#: federation-in refusals (our texts; rmb-rs accepts every parsable POST)
-ERR_UNSIGNED = "federated envelope has no source twin (unsigned envelopes are not federated)"
-ERR_NOT_HERE = "destination twin is not served by this relay"
-ERR_UNKNOWN_SOURCE = "unknown source twin"
-ERR_BAD_SIGNATURE = "bad envelope signature"
-ERR_FED_RATE = "federation rate limit of this source relay exceeded"
 
 _KNOWN_REASONS = {ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE,
                   ERR_QUEUE_FULL, ERR_DOMAIN_FULL, ERR_UNSIGNED, ERR_NOT_HERE, ERR_UNKNOWN_SOURCE, ERR_FED_RATE,

@@ -35,17 +35,27 @@ import collections
 from dataclasses import dataclass
 from typing import Any
 
+from rmb_peer.challenge import verify_envelope
 from rmb_peer.envelope import (
     Envelope, EnvelopeError, address_str, deadline, is_expired, message_kind, parse_envelope,
     relay_error,
 )
+from rmb_peer.identity import SignatureError
 from rmb_relay.core import (
     ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_QUEUE_FULL,
-    ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, Drop, FederationAccepted, FederationAttemptFailed,
+    ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, Drop, FederationAccepted,
+    FederationAttemptFailed, NoLimit,
     FederationCircuit, FederationExpired, FederationRefused, FederationScheduler, Federate,
     Forward, Local, Ranker, RelayCoreError, RelayRouter, Refuse, Reply, Session, session_of,
     session_str,
 )
+
+#: federation-in refusals (our texts; rmb-rs accepts every parsable POST)
+ERR_UNSIGNED = "federated envelope has no source twin (unsigned envelopes are not federated)"
+ERR_NOT_HERE = "destination twin is not served by this relay"
+ERR_UNKNOWN_SOURCE = "unknown source twin"
+ERR_BAD_SIGNATURE = "bad envelope signature"
+ERR_FED_RATE = "federation rate limit of this source relay exceeded"
 
 CLOSE_UNSUPPORTED = 1003
 CLOSE_INVALID = 1007
@@ -131,6 +141,29 @@ class Log(RelayCommand):
 
 
 @dataclass
+class FederationAnswer(RelayCommand):
+    """Answer the federation POST `request` (the adapter's handle) with HTTP `status` and
+    `text`. `uid`, `src`, `dst`, `origin` for the log line of a refusal (status >= 400)."""
+    request: Any
+    status: int
+    text: str
+    uid: str | None = None
+    src: str = ""
+    dst: str = ""
+    origin: str = ""
+
+
+@dataclass
+class _FedRequest:
+    request: Any
+    env: Envelope
+    data: bytes
+    origin: str
+    #: twin id -> record or exception, for the twins this request needed looked up
+    resolved: dict
+
+
+@dataclass
 class _Conn:
     conn: Any
     session: Session
@@ -171,7 +204,8 @@ class RelayCore:
     def __init__(self, domains, *, limiter=None, ranker: Ranker | None = None,
                  federation: FederationScheduler | None = None, max_size: int = 1 << 20,
                  queue_ttl: float = 3600.0, twin_ttl: float = 60.0,
-                 twin_max_stale: float = 3600.0, max_twins: int = 100_000):
+                 twin_max_stale: float = 3600.0, max_twins: int = 100_000,
+                 federation_limiter=None, verify_federation: bool = True):
         self.router = RelayRouter(domains, limiter)
         self.ranker = ranker or Ranker()
         self.federation = federation or FederationScheduler(self.ranker)
@@ -188,6 +222,10 @@ class RelayCore:
         self._pending: dict[int, tuple[Session | None, Envelope]] = {}
         self._replaced: dict[Any, _Conn] = {}
         self._resolved: dict[int, Any] = {}
+        #: federation-in: per source relay window, requests waiting for twin lookups
+        self.fed_limiter = federation_limiter or NoLimit()
+        self.verify_federation = verify_federation
+        self._fed_waiting: dict[int, list[_FedRequest]] = {}
         #: background refreshes of stale twin records asked for (tests, metrics)
         self.refreshes = 0
         #: set when federation state changed (the adapter re-arms its timer), then cleared
@@ -388,15 +426,111 @@ class RelayCore:
         self._out.append(Enqueue(self._token, cmd.session, cmd.data, until, env.uid,
                                  message_kind(env), _src(env)))
 
-    def receive_federation(self, env: Envelope, data: bytes, now: float) -> int | None:
-        """A verified federated envelope for a local twin (the adapter authenticated it):
-        written to the destination's live connection, else an Enqueue whose token is
-        returned (the adapter answers the POST from its outcome); None when written."""
+    def receive_federation(self, request: Any, data: bytes, origin: str, now: float) -> None:
+        """POST / from another relay (issue #11 finding 3: authenticated and bounded);
+        answered with one FederationAnswer(request, status, text), possibly after
+        LookupTwin commands. In order: per-source-relay window (`federation_limiter`, key
+        = `origin`, the remote address: 429), parse (400), expired (400), source present
+        (401: unsigned relay errors are never federated), destination twin known (404,
+        nothing queued for unknown twins) and served here (421), source twin known and the
+        signature valid for its account key (401: spoofed sources refused; rmb-rs verifies
+        nothing here), fail-fast offline (404), queue full (429), else 202."""
+        if not self.fed_limiter.allow(origin, len(data), now):
+            self._answer(request, 429, ERR_FED_RATE, None, origin)
+            return
+        try:
+            env = parse_envelope(data, self.max_size)
+        except EnvelopeError as exc:
+            self._answer(request, 400, str(exc), None, origin)
+            return
+        self._log("rmb.relay.federation_received", env.uid, kind=message_kind(env),
+                  src=_src(env), dst=address_str(env.destination), size=len(data))
+        if is_expired(env, now):
+            self._log("rmb.relay.expired", env.uid, kind=message_kind(env), src=_src(env),
+                      dst=address_str(env.destination), reason="expired on federation arrival")
+            self._out.append(FederationAnswer(request, 400, ERR_EXPIRED))
+            return
+        if not env.HasField("source") or env.source.twin == 0:
+            self._answer(request, 401, ERR_UNSIGNED, env, origin)
+            return
+        self._federation_step(_FedRequest(request, env, bytes(data), origin, {}), now)
+
+    def _record_for(self, req: _FedRequest, twin: int, now: float):
+        """The record (or lookup error) for `twin`, or None after asking for a lookup."""
+        if twin in req.resolved:
+            return req.resolved[twin]
+        hit = self._twins.get(twin)
+        if hit is not None and now - hit[1] <= self.twin_ttl + self.twin_max_stale:
+            if now - hit[1] > self.twin_ttl and twin not in self._refreshing:
+                self._refreshing.add(twin)
+                self.refreshes += 1
+                self._out.append(LookupTwin(twin))
+            return hit[0]
+        waiting = self._fed_waiting.setdefault(twin, [])
+        if not waiting and twin not in self._chains and twin not in self._refreshing:
+            self._refreshing.add(twin)
+            self._out.append(LookupTwin(twin))
+        waiting.append(req)
+        return None
+
+    def _federation_step(self, req: _FedRequest, now: float) -> None:
+        env, origin = req.env, req.origin
         dst = session_of(env.destination)
+        if self.verify_federation:
+            record = self._record_for(req, dst[0], now)
+            if record is None:
+                return
+            if isinstance(record, BaseException):
+                if type(record).__name__ == "UnknownTwin":
+                    self._answer(req.request, 404, ERR_UNKNOWN_DESTINATION, env, origin)
+                else:
+                    self._answer(req.request, 503, f"failed to get twin details: {record}"[:300],
+                                 env, origin)
+                return
+            if not self.router.is_local(record.relays):
+                self._answer(req.request, 421, ERR_NOT_HERE, env, origin)
+                return
+            source = self._record_for(req, env.source.twin, now)
+            if source is None:
+                return
+            if isinstance(source, BaseException):
+                if type(source).__name__ == "UnknownTwin":
+                    self._answer(req.request, 401, ERR_UNKNOWN_SOURCE, env, origin)
+                else:
+                    self._answer(req.request, 503, f"failed to get twin details: {source}"[:300],
+                                 env, origin)
+                return
+            try:
+                verify_envelope(env, source.account)
+            except SignatureError as exc:
+                self._answer(req.request, 401, f"{ERR_BAD_SIGNATURE}: {exc}"[:300], env, origin)
+                return
         target = self._sessions.get(dst)
-        before = self._token
-        self._deliver(None, dst, env, bytes(data), now, target)
-        return self._token if self._token != before else None
+        if target is None and _fail_fast(env):
+            self._log("rmb.relay.rejected", env.uid, "info", reason=ERR_OFFLINE, src=_src(env),
+                      dst=session_str(dst))
+            self._out.append(FederationAnswer(req.request, 404, ERR_OFFLINE))
+            return
+        if target is not None and target.state == "live":
+            self._out.append(WriteFrame(target.conn, req.data, dst, Log(
+                "rmb.relay.delivered", env.uid, "info",
+                {"kind": message_kind(env), "src": _src(env), "dst": target.name,
+                 "size": len(req.data), "queued_ms": 0.0})))
+            self._out.append(FederationAnswer(req.request, 202, ""))
+            return
+        self._token += 1
+        self._pending[self._token] = (("federation", req.request, origin), env)
+        until = min(float(deadline(env)), now + self.queue_ttl)
+        self._out.append(Enqueue(self._token, dst, req.data, until, env.uid,
+                                 message_kind(env), _src(env)))
+
+    def _answer(self, request: Any, status: int, text: str, env: Envelope | None,
+                origin: str) -> None:
+        self._out.append(FederationAnswer(
+            request, status, text, env.uid if env is not None and env.uid else None,
+            _src(env) if env is not None else "",
+            address_str(env.destination) if env is not None and env.HasField("destination")
+            else "", origin))
 
     def connected(self, session: Session) -> bool:
         """True while `session` has a connection (replaying or live)."""
@@ -408,6 +542,17 @@ class RelayCore:
             raise RelayStateError(f"enqueue {token}: no transition from state 'done' on "
                                   f"input {outcome!r}")
         sender, env = pending
+        if isinstance(sender, tuple) and sender[0] == "federation":
+            _, request, origin = sender
+            if outcome == "queued":
+                self._log("rmb.relay.queued", env.uid, kind=message_kind(env), src=_src(env),
+                          dst=address_str(env.destination), size=env.ByteSize())
+                self._out.append(FederationAnswer(request, 202, ""))
+            elif outcome == "full":
+                self._answer(request, 429, ERR_QUEUE_FULL, env, origin)
+            else:
+                self._answer(request, 503, "offline queue unavailable", env, origin)
+            return
         if sender is None and outcome != "queued":
             self._log("rmb.relay.rejected", env.uid, "warning",
                       reason=ERR_QUEUE_FULL if outcome == "full"
@@ -445,6 +590,9 @@ class RelayCore:
                 self._log("rmb.relay.twin_stale", None, "warning", twin=twin,
                           stale_s=now - hit[1], reason=str(record)[:200])
                 record, is_error = hit[0], False
+        for req in self._fed_waiting.pop(twin, []):
+            req.resolved[twin] = record
+            self._federation_step(req, now)
         chain = self._chains.get(twin)
         if chain is None:
             return

@@ -239,3 +239,45 @@ def test_lookup_chain_keeps_order_until_its_commands_ran():
     after = make_env(src=(1, None), dst=(2, None))
     core.receive_frame("A", after.SerializeToString(), T0)  # record known: routed at once
     assert [c.uid for c in of(drain(core), Enqueue)] == [after.uid]
+
+
+def test_federation_in_verifies_waits_for_lookups_and_answers():
+    import os
+
+    from rmb_peer.challenge import sign_envelope
+    from rmb_peer.identity import Identity
+    from rmb_peer.twins import Twin
+    from rmb_relay.relay_core import FederationAnswer
+
+    alice = Identity.from_seed(os.urandom(32), "ed25519")
+    mallory = Identity.from_seed(os.urandom(32), "ed25519")
+    core = core_with()
+    env = make_env(src=(7, None), dst=(2, None))
+    sign_envelope(env, alice)
+    core.receive_federation("req1", env.SerializeToString(), "10.0.0.1", T0)
+    assert of(drain(core), LookupTwin) == [LookupTwin(2)]   # destination first
+    core.twin_resolved(2, Twin(2, bytes(32), [HERE], None), T0)
+    assert of(drain(core), LookupTwin) == [LookupTwin(7)]   # then the source's key
+    core.twin_resolved(7, Twin(7, alice.account, ["other:1"], None), T0)
+    (enq,) = of(drain(core), Enqueue)
+    core.enqueued(enq.token, "queued", T0)
+    assert of(drain(core), FederationAnswer)[0].status == 202
+    spoofed = make_env(src=(7, None), dst=(2, None))
+    sign_envelope(spoofed, mallory)
+    core.receive_federation("req2", spoofed.SerializeToString(), "10.0.0.1", T0)
+    (ans,) = of(drain(core), FederationAnswer)               # records known: at once
+    assert ans.status == 401 and ans.text.startswith("bad envelope signature")
+    unknown = make_env(src=(7, None), dst=(99, None))
+    sign_envelope(unknown, alice)
+    core.receive_federation("req3", unknown.SerializeToString(), "10.0.0.1", T0)
+    drain(core)
+    core.twin_resolved(99, UnknownTwin("unknown twin 99"), T0)
+    (ans,) = of(drain(core), FederationAnswer)
+    assert ans.status == 404 and ans.request == "req3"
+    full = make_env(src=(7, None), dst=(2, None))
+    sign_envelope(full, alice)
+    core.receive_federation("req4", full.SerializeToString(), "10.0.0.1", T0)
+    (enq,) = of(drain(core), Enqueue)
+    core.enqueued(enq.token, "full", T0)
+    (ans,) = of(drain(core), FederationAnswer)
+    assert ans.status == 429 and "queue is full" in ans.text

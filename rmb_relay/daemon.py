@@ -57,14 +57,23 @@ rate-limited per reason (rmb.relay.suppressed + rmb_relay_log_suppressed); fd ex
 is reported (rmb.relay.accept_failed, rmb_relay_accept_failed, rmb_relay_open_fds); each
 entry point (frame, queue item, timer, task, HTTP handler) has one guard that turns an
 unexpected exception into rmb.relay.bug without killing the daemon. Extra events:
-rmb_relay/events.py. The sans-I/O RelayCore (rmb_relay/relay_core.py) holds the same
-per-session routing as a core tested in memory; this adapter does not drive it yet.
+rmb_relay/events.py.
+
+Structure (DESIGN.md section 2): the decisions live in the sans-I/O RelayCore
+(rmb_relay/relay_core.py: per-session state table, routing, twin table, federation plan,
+federation-in checks). This module is its asyncio adapter: it feeds the core's inputs
+(peer_connected, receive_frame, twin_resolved, enqueued, queue_replayed,
+federation_result, receive_federation, handle_timer) and executes its commands
+(WriteFrame on aiohttp WebSockets, Enqueue / ReplayQueue on Redis streams, LookupTwin on
+the registry client, PostFederation with aiohttp, CloseConnection, Log to the event log
+and metrics). Clock: the core gets wall-clock unix seconds (envelope expiry compares with
+wire timestamps); its timer deadline becomes a loop call_later delay. Token auth (GET)
+stays here: it uses rmb_relay.lookups.TwinLookups (stale-while-revalidate).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import errno
 import os
 import random
@@ -79,29 +88,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 
 from daemon_runtime.eventlog import EventLog
-from rmb_peer.envelope import (
-    MAX_ENVELOPE_SIZE, Envelope, EnvelopeError, address_str, deadline, is_expired,
-    message_kind, parse_envelope, relay_error,
-)
+from rmb_peer.envelope import MAX_ENVELOPE_SIZE, Envelope, address_str, message_kind
 from rmb_peer.events import RMB_EVENTS
+from rmb_peer.token import TokenError, token_claims_unverified, verify_token
+from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
+from rmb_relay.core import (
+    ERR_DOMAIN_FULL, ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE,
+    ERR_QUEUE_FULL, ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, FederationScheduler,
+    FixedWindowLimiter, LogLimiter, NoLimit, Ranker, Session, session_str,
+)
 from rmb_relay.events import RELAY_EVENTS
 from rmb_relay.lookups import TwinLookups
 from rmb_relay.relay_core import (
     ERR_BAD_SIGNATURE, ERR_FED_RATE, ERR_NOT_HERE, ERR_UNKNOWN_SOURCE, ERR_UNSIGNED,
     CloseConnection, Enqueue, FederationAnswer, Log, LookupTwin, PostFederation, RelayCore,
     ReplayQueue, WriteFrame,
-)
-from rmb_peer.challenge import verify_envelope
-from rmb_peer.identity import SignatureError
-from rmb_peer.token import TokenError, token_claims_unverified, verify_token
-from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
-from rmb_relay.core import (
-    ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_QUEUE_FULL,
-    ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, ConnectionTable, Drop,
-    FederationAccepted, FederationCircuit, LogLimiter, ERR_DOMAIN_FULL,
-    FederationAttemptFailed, FederationExpired, FederationRefused, FederationScheduler,
-    Federate, FixedWindowLimiter, Forward, Local, NoLimit, Ranker, Refuse, RelayRouter, Reply,
-    Session, session_of, session_str,
 )
 
 __all__ = ["RelayServer", "build_parser", "main", "DEFAULT_PORT"]

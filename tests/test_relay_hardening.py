@@ -264,3 +264,12 @@ async def test_entry_point_guards_log_bugs_and_keep_serving(cluster, monkeypatch
             got = [await recv_env(wb) for _ in range(2)]
             assert [g.uid for g in got] == [first.uid, second.uid]
     assert len(relay.test_events.of("rmb.relay.bug")) == 2
+
+
+def test_unreachable_redis_names_url_and_flag():
+    proc = subprocess.run(
+        [sys.executable, "-m", "rmb_relay.daemon", "-m", "r.test", "--listen", "127.0.0.1:0",
+         "--redis", "redis://127.0.0.1:1/3", "--registry", "http://127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "redis://127.0.0.1:1/3" in proc.stderr and "--redis" in proc.stderr

@@ -172,6 +172,42 @@ async def control_rounds(port, ia, a, ib, b, rounds: int) -> list[float]:
     return times
 
 
+async def churn(port, ident, twin, pid, n: int) -> None:
+    """Issue #11 finding 7: n authenticated connect + close cycles (distinct sids, 50 at a
+    time, half closed cleanly, half aborted without a close frame); relay RSS and open fds
+    before, after and 3 s later (a closed connection must be freed at once)."""
+    from websockets.asyncio.client import connect
+    from rmb_peer.token import make_token
+
+    def fds():
+        return len(os.listdir(f"/proc/{pid}/fd"))
+
+    rss_a, fd_a = rss_kib(pid), fds()
+    sem = asyncio.Semaphore(50)
+    now = int(time.time())
+
+    async def one(i):
+        async with sem:
+            ws = await connect(f"ws://127.0.0.1:{port}/?{make_token(ident, twin, f'c{i}', now, 3600)}",
+                               compression=None, open_timeout=60)
+            if i % 2:
+                await ws.close()
+            else:
+                ws.transport.abort()
+
+    started = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    took = time.monotonic() - started
+    rss_b, fd_b = rss_kib(pid), fds()
+    await asyncio.sleep(3)
+    rss_c, fd_c = rss_kib(pid), fds()
+    print(f"RESULT churn {n} connect+close cycles in {took:.1f} s: relay RSS {rss_a / 1024:.1f} "
+          f"-> {rss_b / 1024:.1f} MiB (3 s later {rss_c / 1024:.1f} MiB, "
+          f"{(rss_c - rss_a) / max(1, n) * 1000 / 1024:.2f} MiB per 1,000 cycles); open fds "
+          f"{fd_a} -> {fd_b} -> {fd_c}; load {open('/proc/loadavg').read().split()[0]}",
+          flush=True)
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
@@ -215,6 +251,9 @@ async def main_async(opts) -> None:
         ia, a, ib, b = idents[-2], twins[-2], idents[-1], twins[-1]
 
         idle = await control_rounds(port, ia, a, ib, b, opts.rounds)
+        if opts.churn:
+            await churn(port, idents[0], twins[0], relay.pid, opts.churn)
+            return
         rss0 = rss_kib(relay.pid)
         now = int(time.time())
         per_twin = -(-opts.connections // opts.twins)
@@ -282,6 +321,9 @@ def main() -> None:
                    help="registered twins the connections are spread over (default 100)")
     p.add_argument("--rounds", type=int, default=300,
                    help="control round trips per measurement (default 300)")
+    p.add_argument("--churn", type=int, default=0, metavar="N",
+                   help="instead: N connect+close cycles, relay RSS and fds before/after "
+                        "(issue #11 finding 7); 0 = off (default)")
     p.add_argument("--connect-timeout", type=float, default=300.0,
                    help="bound on the connect phase, s (default 300)")
     asyncio.run(main_async(p.parse_args()))

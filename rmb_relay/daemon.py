@@ -818,7 +818,7 @@ class RelayServer:
                        level=cmd.level, **a)
             return
         elif ev == "rmb.relay.circuit":
-            if a.get("reason") == "open":
+            if str(a.get("reason", "")).startswith("open"):
                 self.metrics.circuit_opened.labels(a.get("domain", "")).inc()
         elif ev == "rmb.relay.twin_stale":
             self.metrics.stale_served.inc()

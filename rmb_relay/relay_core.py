@@ -666,8 +666,12 @@ class RelayCore:
                 self._log("rmb.relay.federation_failed", ev.uid, "warning", domain=ev.domain,
                           attempt=ev.attempt, status=ev.status, reason=ev.reason)
             elif isinstance(ev, FederationCircuit):
-                self._log("rmb.relay.circuit", None, "warning", domain=ev.domain,
-                          count=ev.failures, reason=ev.state)
+                self._log("rmb.relay.circuit", None,
+                          "warning" if ev.state == "open" else "info", domain=ev.domain,
+                          count=ev.failures,
+                          reason=(f"open: {ev.failures} consecutive failures, attempts "
+                                  f"paused {ev.cooldown:.0f} s" if ev.state == "open"
+                                  else "closed: the relay answered"))
             elif isinstance(ev, (FederationRefused, FederationExpired)):
                 if isinstance(ev, FederationExpired):
                     self._log("rmb.relay.expired", ev.uid, "warning",

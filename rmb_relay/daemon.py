@@ -100,7 +100,8 @@ from rmb_relay.core import (
 from rmb_relay.events import RELAY_EVENTS
 from rmb_relay.lookups import TwinLookups
 from rmb_relay.relay_core import (
-    ERR_BAD_SIGNATURE, ERR_FED_RATE, ERR_NOT_HERE, ERR_UNKNOWN_SOURCE, ERR_UNSIGNED,
+    ERR_BAD_SIGNATURE, ERR_FED_RATE, ERR_NOT_HERE, ERR_SHARE_FULL, ERR_UNKNOWN_SOURCE,
+    ERR_UNSIGNED,
     CloseConnection, Enqueue, FederationAnswer, Log, LookupTwin, PostFederation, RelayCore,
     ReplayQueue, WriteFrame,
 )
@@ -127,15 +128,22 @@ FEDERATION_ANSWER_TIMEOUT = 15.0
 #: per source relay: envelopes and bytes per 60 s window on POST / (--federation-limit)
 DEFAULT_FEDERATION_LIMIT = (120_000, 512 * 1024 * 1024)
 #: offline-queue outcomes of _enqueue / _deliver
-QUEUED, FULL, FAILED = "queued", "full", "failed"
+QUEUED, FULL, FAILED, SHARE_FULL = "queued", "full", "failed", "share"
 
 #: XADD only below the cap: a full queue refuses the new envelope instead of trimming the
 #: oldest (XADD MAXLEN did that silently; issue #11 finding 4). Returns the new length or -1.
+#: A second bound per sender twin (KEYS[2]: hash sender -> entries it has in the stream):
+#: one sender cannot take more than --queue-per-source entries of a twin's queue, so it
+#: cannot crowd the others out either (-2).
 _ENQUEUE_LUA = """
 local n = redis.call('XLEN', KEYS[1])
 if n >= tonumber(ARGV[1]) then return -1 end
-redis.call('XADD', KEYS[1], '*', 'e', ARGV[2], 'd', ARGV[3], 't', ARGV[4])
+local c = tonumber(redis.call('HGET', KEYS[2], ARGV[6]) or '0')
+if c >= tonumber(ARGV[7]) then return -2 end
+redis.call('XADD', KEYS[1], '*', 'e', ARGV[2], 'd', ARGV[3], 't', ARGV[4], 's', ARGV[6])
+redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
 redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
 return n + 1
 """
 
@@ -332,6 +340,7 @@ class RelayServer:
                  registry_url: str, events: EventLog, limit: tuple[int, int] | None = None,
                  ranker_period: float = 3600.0, max_size: int = MAX_ENVELOPE_SIZE,
                  queue_ttl: float = 3600.0, queue_maxlen: int = 10000,
+                 queue_per_source: int | None = None,
                  directory: TwinDirectory | None = None, clock: Callable[[], float] = time.time,
                  federation_timeout: float = 10.0, rng: random.Random | None = None,
                  heartbeat: float = HEARTBEAT, max_frame: int | None = None,
@@ -345,6 +354,8 @@ class RelayServer:
         self.max_size = max_size
         self.queue_ttl = queue_ttl
         self.queue_maxlen = queue_maxlen
+        #: entries one sender twin may hold in one twin's offline queue (default: half)
+        self.queue_per_source = queue_per_source or max(1, queue_maxlen // 2)
         self.heartbeat = heartbeat
         self.max_frame = max_frame or FRAME_FACTOR * max_size
         self.fd_reserve = fd_reserve
@@ -860,9 +871,9 @@ class RelayServer:
         now = self.clock()
         try:
             length = await self._enqueue_script(
-                keys=[self._qkey(cmd.session)],
+                keys=[self._qkey(cmd.session), self._qkey(cmd.session) + ":src"],
                 args=[self.queue_maxlen, cmd.data, repr(cmd.until), repr(now),
-                      int(self.queue_ttl) + 1])
+                      int(self.queue_ttl) + 1, cmd.src.split(":")[0], self.queue_per_source])
         except (aioredis.RedisError, OSError) as exc:
             self._warn("queue error", "rmb.relay.queue_error", cmd.uid, level="error",
                        dst=session_str(cmd.session), reason=repr(exc)[:200])
@@ -870,10 +881,23 @@ class RelayServer:
         finally:
             if peer is not None:
                 peer.queue_writes -= 1
+        if int(length) == -2:
+            self.metrics.queue_full.labels(via).inc()
+            return SHARE_FULL
         if int(length) < 0:
             self.metrics.queue_full.labels(via).inc()
             return FULL
         return QUEUED
+
+    @staticmethod
+    def _senders_of(entries, done) -> dict[bytes, int]:
+        gone = set(done)
+        out: dict[bytes, int] = {}
+        for entry_id, fields in entries:
+            sender = fields.get(b"s")
+            if entry_id in gone and sender is not None:
+                out[sender] = out.get(sender, 0) + 1
+        return out
 
     async def _replay(self, peer: _Peer) -> None:
         """Drains the session's offline stream in order onto the new connection; entries
@@ -892,9 +916,13 @@ class RelayServer:
                     await asyncio.sleep(0.001)   # an XADD for this session is in flight
                     continue
                 done: list[bytes] = []
+                senders: dict[bytes, int] = {}
                 now = self.clock()
                 broken = False
                 for entry_id, fields in entries:
+                    sender = fields.get(b"s")
+                    if sender is not None:
+                        senders[sender] = senders.get(sender, 0) + 1
                     try:                               # the queue item guard
                         data = fields[b"e"]
                         until = float(fields[b"d"])
@@ -921,8 +949,14 @@ class RelayServer:
                     self.events.emit("rmb.relay.delivered", uid, kind=kind, src=src,
                                      dst=peer.name, size=len(data),
                                      queued_ms=max(0.0, (now - queued_at) * 1000.0))
+                if broken:                             # not deleted: still counted
+                    senders = self._senders_of(entries, done)
                 if done:
-                    await self.redis.xdel(key, *done)
+                    async with self.redis.pipeline(transaction=True) as pipe:
+                        pipe.xdel(key, *done)
+                        for sender, count in senders.items():
+                            pipe.hincrby(key + ":src", sender, -count)
+                        await pipe.execute()
                 if broken:
                     return
         except (aioredis.RedisError, OSError) as exc:
@@ -1019,7 +1053,7 @@ class RelayServer:
 
 
 _KNOWN_REASONS = {ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE,
-                  ERR_QUEUE_FULL, ERR_DOMAIN_FULL, ERR_UNSIGNED, ERR_NOT_HERE, ERR_UNKNOWN_SOURCE, ERR_FED_RATE,
+                  ERR_QUEUE_FULL, ERR_SHARE_FULL, ERR_DOMAIN_FULL, ERR_UNSIGNED, ERR_NOT_HERE, ERR_UNKNOWN_SOURCE, ERR_FED_RATE,
                   ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, "message wrong source",
                   "relay info is not set for this twin"}
 
@@ -1091,6 +1125,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "federation retry plan runs (default: 3600)")
     p.add_argument("--queue-maxlen", metavar="N", type=int, default=10000,
                    help="bound on queued envelopes per offline (twin, session); a full queue refuses new envelopes with an error to the sender, nothing is evicted (default: 10000)")
+    p.add_argument("--queue-per-source", metavar="N", type=int, default=0,
+                   help="entries one sender twin may hold in one twin's offline queue, so a "
+                        "sender cannot crowd others out (default: half of --queue-maxlen)")
     p.add_argument("--twin-cache-ttl", metavar="SECONDS", type=float, default=60.0,
                    help="how long a looked-up twin is reused before asking the registry again (default: 60)")
     p.add_argument("--twin-max-stale", metavar="SECONDS", type=float, default=3600.0,
@@ -1165,6 +1202,7 @@ def main(argv: list[str] | None = None) -> int:
                             registry_url=args.registry, events=events, limit=limit,
                             ranker_period=args.ranker_period, max_size=args.max_size,
                             queue_ttl=args.queue_ttl, queue_maxlen=args.queue_maxlen,
+                            queue_per_source=args.queue_per_source or None,
                             federation_limit=_limit_pair(list(args.federation_limit)),
                             twin_max_stale=args.twin_max_stale, heartbeat=args.heartbeat,
                             directory=TwinDirectory(args.registry, cache_ttl=args.twin_cache_ttl,

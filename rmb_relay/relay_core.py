@@ -56,6 +56,8 @@ ERR_NOT_HERE = "destination twin is not served by this relay"
 ERR_UNKNOWN_SOURCE = "unknown source twin"
 ERR_BAD_SIGNATURE = "bad envelope signature"
 ERR_FED_RATE = "federation rate limit of this source relay exceeded"
+#: one sender's share of a twin's offline queue is used up (--queue-per-source)
+ERR_SHARE_FULL = "your share of the destination offline queue is full, dropping message"
 
 CLOSE_UNSUPPORTED = 1003
 CLOSE_INVALID = 1007
@@ -87,7 +89,8 @@ class WriteFrame(RelayCommand):
 @dataclass
 class Enqueue(RelayCommand):
     """Append `data` to `session`'s offline queue, keeping it until `until` (unix s);
-    answer with enqueued(token, "queued" | "full" | "failed", now)."""
+    answer with enqueued(token, "queued" | "full" | "share" | "failed", now) ("share":
+    the sender `src` holds its whole share of that queue)."""
     token: int
     session: Session
     data: bytes
@@ -550,13 +553,15 @@ class RelayCore:
                 self._out.append(FederationAnswer(request, 202, ""))
             elif outcome == "full":
                 self._answer(request, 429, ERR_QUEUE_FULL, env, origin)
+            elif outcome == "share":
+                self._answer(request, 429, ERR_SHARE_FULL, env, origin)
             else:
                 self._answer(request, 503, "offline queue unavailable", env, origin)
             return
         if sender is None and outcome != "queued":
             self._log("rmb.relay.rejected", env.uid, "warning",
-                      reason=ERR_QUEUE_FULL if outcome == "full"
-                      else "failed to queue message for offline twin",
+                      reason=ERR_QUEUE_FULL if outcome == "full" else ERR_SHARE_FULL
+                      if outcome == "share" else "failed to queue message for offline twin",
                       src=_src(env), dst=address_str(env.destination))
             return
         if outcome == "queued":
@@ -564,6 +569,8 @@ class RelayCore:
                       dst=address_str(env.destination), size=env.ByteSize())
         elif outcome == "full":
             self._reply_to(sender, env, ERR_QUEUE_FULL)
+        elif outcome == "share":
+            self._reply_to(sender, env, ERR_SHARE_FULL)
         elif outcome == "failed":
             self._reply_to(sender, env, "failed to queue message for offline twin")
         else:

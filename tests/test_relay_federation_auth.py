@@ -75,7 +75,7 @@ async def test_spoofed_unsigned_and_unknown_refused_and_nothing_queued(cluster):
 async def test_junk_cannot_evict_legitimate_queued_envelopes(cluster):
     """10,500 junk posts evicted all 100 legitimate queued requests before; now junk is
     refused before the queue and the 100 are replayed intact and in order."""
-    relay = await cluster.relay(queue_maxlen=150)
+    relay = await cluster.relay(queue_maxlen=150, queue_per_source=150)
     ia, a = await cluster.twin(["other.example:443"])
     ib, b = await cluster.twin([relay.domain])
     mallory = Identity.from_seed(os.urandom(32), key_type="ed25519")

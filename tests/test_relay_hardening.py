@@ -55,7 +55,7 @@ async def test_ping_with_destination_twin_0_or_none_gets_a_pong(cluster):
 async def test_full_offline_queue_answers_sender_at_once_and_evicts_nothing(cluster, redis_url):
     """finding 4: over --queue-maxlen the NEW envelope is refused with an error envelope
     (metric counted); the queued ones are all kept and replayed in order."""
-    relay = await cluster.relay(queue_maxlen=5)
+    relay = await cluster.relay(queue_maxlen=5, queue_per_source=5)
     ia, a = await cluster.twin([relay.domain])
     ib, b = await cluster.twin([relay.domain])          # offline
     async with connect(url(relay, ia, a)) as wa:
@@ -273,3 +273,48 @@ def test_unreachable_redis_names_url_and_flag():
         capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "redis://127.0.0.1:1/3" in proc.stderr and "--redis" in proc.stderr
+
+
+async def test_one_sender_cannot_crowd_others_out_of_a_queue(cluster):
+    """--queue-per-source: a sender holds at most its share of a twin's offline queue
+    (then gets an error at once); another sender can still queue; the share is given back
+    as the queue is replayed."""
+    relay = await cluster.relay(queue_maxlen=10, queue_per_source=4)
+    ia, a = await cluster.twin([relay.domain])
+    ic, c = await cluster.twin([relay.domain])
+    ib, b = await cluster.twin([relay.domain])          # offline
+    key = relay._qkey((b, None))
+
+    async def fill(ws, src, n):
+        sent = [envelope((src,), (b,)) for _ in range(n)]
+        for env in sent:
+            await ws.send(env.SerializeToString())
+        return sent
+
+    async with connect(url(relay, ia, a)) as wa, connect(url(relay, ic, c)) as wc:
+        from_a = await fill(wa, a, 6)
+        errs = [await recv_env(wa) for _ in range(2)]
+        assert [e.uid for e in errs] == [e.uid for e in from_a[4:]]
+        assert all("share of the destination offline queue is full" in e.error.message
+                   for e in errs)
+        from_c = await fill(wc, c, 4)                  # c still has its share
+        for _ in range(200):
+            if await relay.redis.xlen(key) == 8:
+                break
+            await asyncio.sleep(0.02)
+        assert await relay.redis.xlen(key) == 8
+        async with connect(url(relay, ib, b)) as wb:
+            got = [await recv_env(wb) for _ in range(8)]
+            assert {g.uid for g in got} == {e.uid for e in from_a[:4] + from_c}
+        for _ in range(200):                           # counts given back after replay
+            if not await relay.redis.hgetall(key + ":src") or all(
+                    int(v) == 0 for v in (await relay.redis.hgetall(key + ":src")).values()):
+                break
+            await asyncio.sleep(0.02)
+        again = await fill(wa, a, 4)                   # b is gone again: a queues 4 more
+        for _ in range(200):
+            if await relay.redis.xlen(key) == 4:
+                break
+            await asyncio.sleep(0.02)
+        assert await relay.redis.xlen(key) == 4
+        assert len(again) == 4

@@ -32,15 +32,21 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from rmb_peer.core import ERR_EXPIRED, ERR_OTHER, LOCAL_QUEUE
+from rmb_peer.core import ERR_BAD_PAYLOAD, ERR_EXPIRED, ERR_OTHER, LOCAL_QUEUE
+from rmb_peer.envelope import MAX_ENVELOPE_SIZE, MAX_UID_LEN, new_uid
 from rmb_peer.redisq import QueueReader, RedisWriter
 
-__all__ = ["Reply", "RmbClient", "RmbService", "ServiceError", "CALL_GRACE"]
+__all__ = ["Reply", "RmbClient", "RmbService", "ServiceError", "CALL_GRACE",
+           "MAX_REPLY_PAYLOAD"]
 
 #: Seconds a call waits beyond its ttl for the peer's own expiry replies (102) before it
 #: gives up on the peer (e.g. rmb-peer not running) and answers 102 itself.
 CALL_GRACE = 5.0
 DRAIN_COUNT = 256
+#: Largest reply payload RmbService sends, bytes: the relay's envelope limit (1 MiB by
+#: default) less room for the uid, addresses, signature, schema and the e2e nonce + tag.
+#: A bigger reply becomes error 101 to the requester (the peer would refuse it too).
+MAX_REPLY_PAYLOAD = MAX_ENVELOPE_SIZE - 4096
 
 
 @dataclass
@@ -123,7 +129,7 @@ class RmbClient:
         if self._reader is None or self._reader.done():
             self._writer.start()
             self._reader = asyncio.get_running_loop().create_task(self._read())
-        ref = str(uuid.uuid4())
+        ref = new_uid()
         call = _Call(len(dsts), dsts)
         self._calls[ref] = call
         started = time.monotonic()
@@ -214,9 +220,12 @@ Handler = Callable[[bytes], Awaitable[bytes]]
 class RmbService:
     """Serves commands behind a local rmb-peer. redis_url: the peer's Redis; name: the
     service name (event log `service`); log: EventLog for rmb.app.handled (optional);
-    concurrency: handlers running at once."""
+    concurrency: handlers running at once; max_reply: largest reply payload, bytes (a
+    handler returning more answers error 101 "reply too large" instead, logged at warning
+    and counted in `refused`)."""
 
-    def __init__(self, redis_url: str, name: str, log=None, concurrency: int = 64):
+    def __init__(self, redis_url: str, name: str, log=None, concurrency: int = 64,
+                 max_reply: int = MAX_REPLY_PAYLOAD):
         self.redis = aioredis.Redis.from_url(redis_url)
         self.name = name
         self.log = log
@@ -224,8 +233,11 @@ class RmbService:
         self._sem = asyncio.Semaphore(concurrency)
         self._writer = RedisWriter(self.redis)
         self._tasks: set[asyncio.Task] = set()
+        self.max_reply = max_reply
         #: requests handled (tests, metrics)
         self.handled = 0
+        #: replies refused because they could not become valid envelopes
+        self.refused = 0
 
     def handler(self, cmd: str) -> Callable[[Handler], Handler]:
         """Decorator: `@service.handler("calc.add") async def f(data: bytes) -> bytes`."""
@@ -269,6 +281,8 @@ class RmbService:
                 ref, src, ret = req["ref"], req["src"], req.get("ret") or "msgbus.system.reply"
                 if not isinstance(ref, str) or not isinstance(src, str) or not isinstance(ret, str):
                     raise TypeError("ref/src/ret must be strings")
+                if not ref or len(ref) > MAX_UID_LEN:
+                    raise ValueError("ref is no envelope uid")
             except (ValueError, TypeError, KeyError):
                 return  # not a request the peer wrote: nobody to answer
             err = None
@@ -283,7 +297,13 @@ class RmbService:
             except (binascii.Error, ValueError) as exc:
                 err = {"code": 101, "message": f"bad payload: {exc}"}
             except Exception as exc:  # a handler bug answers 500; the service keeps serving
-                err = {"code": ERR_OTHER, "message": f"{type(exc).__name__}: {exc}"}
+                err = {"code": ERR_OTHER, "message": f"{type(exc).__name__}: {exc}"[:1024]}
+            if err is None and len(out) > self.max_reply:
+                self.refused += 1
+                err = {"code": ERR_BAD_PAYLOAD, "message": f"reply too large: {len(out)} "
+                       f"bytes > {self.max_reply}"}
+            elif err is not None and len(str(err.get("message"))) > 4096:
+                err["message"] = str(err["message"])[:4096]
             reply = {"ver": 1, "ref": ref, "dat": "" if err else _b64(bytes(out)), "dst": src,
                      "shm": req.get("shm"), "now": int(time.time())}
             if err:

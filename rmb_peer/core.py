@@ -23,11 +23,19 @@ What it does:
 Trace id: the envelope uid. When the app's `ref` is a UUID not in flight, it is used as the
 uid so the app's own events (rmb.app.*) share the trace id; otherwise a new UUIDv4 is made.
 
+Twins: the core owns the twin table (TTL, refresh-ahead, stale-if-error with bounded
+staleness, a bounded negative cache) and asks for lookups with LookupTwin; work that needs
+a twin without a usable record is parked on that twin only (see "twins" in the class).
+
+Clock rule (DESIGN.md section 2): `now` is the caller's timer clock (loop.time() in the
+daemon); wire timestamps and envelope expiry use now + `wall_offset`.
+
 Errors: `AppMessageError` (a local app pushed unacceptable JSON; `.code` is one of the
-codes below) and `EnvelopeError` (a relay sent garbage) are the remote-input errors; they are
-handled inside the core (logged once, answered when possible) and never escape the public
-methods. `PeerStateError` is local misuse (an impossible relay-connection transition or an
-unknown relay name).
+codes below) and `EnvelopeError` (a relay sent garbage) are the remote-input errors
+(rmb_peer.errors.RmbRemoteError); they are handled inside the core (logged once, answered
+when possible) and never escape the public methods (tests/test_rmb_fuzz.py).
+`PeerStateError` (rmb_peer.errors.RmbLocalError) is local misuse (an impossible
+relay-connection transition or an unknown relay name).
 """
 from __future__ import annotations
 
@@ -36,20 +44,20 @@ import binascii
 import heapq
 import json
 import math
-import uuid
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 
 import orjson
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rmb_peer.challenge import sign_envelope, verify_envelope
 from rmb_peer.e2e import E2EError, decrypt, encrypt
 from rmb_peer.envelope import (
-    Backlog, Envelope, EnvelopeError, address_str, is_expired, message_kind, new_uid,
-    parse_envelope,
+    MAX_ENVELOPE_SIZE, MAX_UID_LEN, Backlog, Envelope, EnvelopeError, address_str,
+    is_expired, is_uuid, message_kind, new_uid, parse_envelope,
 )
+from rmb_peer.errors import RmbLocalError, RmbRemoteError
 from rmb_peer.identity import E2EKey, Identity, SignatureError
 
 __all__ = [
@@ -59,7 +67,9 @@ __all__ = [
     "QUEUE_MAX_LEN", "VERSION", "ERR_INVALID_MESSAGE", "ERR_BAD_PAYLOAD", "ERR_EXPIRED",
     "ERR_UNKNOWN_TWIN", "ERR_BAD_SIGNATURE", "ERR_NO_PUBLIC_KEY", "ERR_E2E", "ERR_OTHER",
     "DEFAULT_TTL", "MAX_TTL", "RESPONSE_TTL", "PING_INTERVAL", "DEAD_AFTER",
-    "parse_address", "b64", "unb64", "SharedKeyCache",
+    "parse_address", "b64", "unb64", "SharedKeyCache", "LookupTwin", "TwinLookupFailed",
+    "TWIN_TTL", "TWIN_MAX_STALE", "TWIN_NEGATIVE_TTL", "TWIN_RETRY", "LOOKUP_TIMEOUT",
+    "MAX_TWINS", "MAX_PARKED",
 ]
 
 #: rmb-peer queue names (DESIGN.md section 3).
@@ -106,8 +116,25 @@ MAX_DONE = 200_000  # finished request uids remembered (late/duplicate reply fil
 
 _MAX_TWIN = 2**32 - 1
 
+#: The twin table (PeerCore owns it; DESIGN.md section 3, "Twin lookup"), seconds:
+#: a record is used TWIN_TTL s after it was fetched and refreshed ahead (in the background)
+#: once half of that passed; while lookups of it fail it is served up to TWIN_MAX_STALE s
+#: past its TTL (stale-if-error, logged), a failing lookup retried every TWIN_RETRY s;
+#: a twin the registry does not know is remembered TWIN_NEGATIVE_TTL s; a lookup not
+#: answered in LOOKUP_TIMEOUT s counts as failed.
+TWIN_TTL = 60.0
+TWIN_MAX_STALE = 3600.0
+TWIN_NEGATIVE_TTL = 10.0
+TWIN_RETRY = 5.0
+LOOKUP_TIMEOUT = 15.0
+#: Records held (oldest fetched dropped first); unknown twins remembered.
+MAX_TWINS = 100_000
+MAX_UNKNOWN = 10_000
+#: Messages waiting for twin lookups, all twins together (more are refused with 500).
+MAX_PARKED = 10_000
 
-class AppMessageError(ValueError):
+
+class AppMessageError(RmbRemoteError):
     """A local app/service pushed JSON the peer cannot accept. `code`: 100 (invalid
     message), 101 (bad payload), 102 (expired); `reason`: precise text."""
 
@@ -117,7 +144,7 @@ class AppMessageError(ValueError):
         self.reason = reason
 
 
-class PeerStateError(RuntimeError):
+class PeerStateError(RmbLocalError):
     """Local misuse of the core: an impossible relay-connection transition (names the
     state and the input) or an unknown relay."""
 
@@ -201,7 +228,40 @@ class Disconnect(PeerEvent):
     reason: str
 
 
+@dataclass
+class LookupTwin(PeerEvent):
+    """Ask the twin registry for twin `twin` (at most one lookup per twin is in flight).
+    Answer with twin_resolved(twin, record, now) (record None: the registry does not know
+    it, HTTP 404) or twin_lookup_failed(twin, reason, now) (unreachable, 5xx, timeout).
+    `refresh`: True when nothing waits for it (refresh-ahead or a retry)."""
+    twin: int
+    refresh: bool
+
+
 # ---------------------------------------------------------------------------- records
+
+class TwinLookupFailed(Exception):
+    """Marker handed to accept/send_request/send_response for a twin whose lookup failed
+    with no record young enough to serve stale (never raised by the core)."""
+
+
+@dataclass
+class _TwinEntry:
+    record: Any
+    fetched: float                       # timer clock
+    failed_since: float | None = None    # the last lookup of it failed (stale-if-error)
+    retry_at: float = 0.0
+    stale_logged: bool = False
+
+
+@dataclass(eq=False)
+class _Job:
+    """Work parked until the twins it needs are resolved: kind "accept" (an incoming
+    envelope; item = Envelope), "request" (item = AppRequest), "response" (ServiceReply)."""
+    kind: str
+    item: Any
+    waiting: set
+    results: dict = field(default_factory=dict)
 
 @dataclass
 class AppRequest:
@@ -297,6 +357,8 @@ def parse_address(text: Any) -> tuple[int, str | None]:
         raise AppMessageError(ERR_INVALID_MESSAGE, f"twin out of range in address {text[:64]!r}")
     if sep and not sid:
         raise AppMessageError(ERR_INVALID_MESSAGE, "empty session id in address")
+    if len(sid) > MAX_UID_LEN:
+        raise AppMessageError(ERR_INVALID_MESSAGE, f"session id longer than {MAX_UID_LEN} chars")
     return twin, (sid if sep else None)
 
 
@@ -380,12 +442,7 @@ def _int(obj: dict, key: str, default: int | None = None) -> int:
 
 
 def _is_uuid(text: str | None) -> bool:
-    if not text or len(text) != 36:
-        return False
-    try:
-        return str(uuid.UUID(text)) == text
-    except ValueError:
-        return False
+    return is_uuid(text)
 
 
 # ---------------------------------------------------------------------------- the core
@@ -399,14 +456,20 @@ class PeerCore:
     preference order (the daemon uses the ws:// URLs); log: an EventLog (rmb.peer.*) or None;
     debug: also emit per-frame debug events (rmb.peer.received).
 
-    Inputs (all take `now`, unix seconds): start, relay_connected/relay_failed/relay_lost/
-    relay_activity, receive + accept (relay frames), app_message + send_request (app
-    requests), service_message + send_response (service replies), backlog_reply, resend,
-    handle_timer. Outputs: next_event() -> PeerEvent | None; get_timer() -> deadline | None.
+    Inputs (all take `now`: the timer clock, seconds; wire time = now + wall_offset):
+    start, relay_connected/relay_failed/relay_lost/relay_activity; end to end, with the
+    core's own twin table: receive_frame (relay frames), receive_local (app requests),
+    receive_service_reply (service replies), twin_resolved/twin_lookup_failed (answers to
+    LookupTwin), load_twins (last known state); the same steps with records handed in:
+    receive + accept, app_message + send_request, service_message + send_response;
+    backlog_reply, resend, handle_timer. Outputs: next_event() -> PeerEvent | None;
+    get_timer() -> deadline | None (timer clock). max_envelope: the relays' envelope
+    limit, bytes (bigger requests/replies are refused with 101 instead of being sent).
     """
 
     def __init__(self, twin_id: int, identity: Identity, e2e_key: E2EKey | None,
-                 relays: list[str], log=None, version: str = VERSION, debug: bool = False):
+                 relays: list[str], log=None, version: str = VERSION, debug: bool = False,
+                 max_envelope: int = MAX_ENVELOPE_SIZE):
         if not 0 < int(twin_id) <= _MAX_TWIN:
             raise PeerStateError(f"bad twin id {twin_id}")
         if not 1 <= len(relays) <= 4 or len(set(relays)) != len(relays):
@@ -417,6 +480,9 @@ class PeerCore:
         self.log = log
         self._debug = log is not None and debug
         self.version = version
+        #: largest envelope the relays accept, bytes (their --max-size): bigger requests
+        #: and replies are refused here with an error instead of being sent
+        self.max_envelope = max_envelope
         self.relays: dict[str, _Relay] = {name: _Relay(name) for name in relays}
         self._order = list(relays)
         self._events: deque[PeerEvent] = deque()
@@ -431,8 +497,30 @@ class PeerCore:
         self._done_order: deque[tuple[float, str]] = deque()
         #: counters for /metrics and tests
         self.stats: Counter = Counter()
+        #: the clock rule (DESIGN.md section 2): every `now` is the caller's timer clock
+        #: (loop.time() in the daemon); wire timestamps and envelope expiry use wall time
+        #: = now + wall_offset (the daemon sets time.time() - loop.time() before each
+        #: input; 0 when `now` already is unix time, as in the in-memory tests).
+        self.wall_offset = 0.0
+        # the twin table (see "twins" below)
+        self.twin_ttl = TWIN_TTL
+        self.twin_max_stale = TWIN_MAX_STALE
+        self.twin_negative_ttl = TWIN_NEGATIVE_TTL
+        self._twins: OrderedDict[int, _TwinEntry] = OrderedDict()
+        self._unknown: OrderedDict[int, float] = OrderedDict()  # twin -> unknown until
+        self._lookups: dict[int, float] = {}                     # twin -> asked at
+        self._parked: dict[int, list[_Job]] = {}                 # twin -> jobs waiting
+        self._parked_count = 0
 
     # ------------------------------------------------------------------ plumbing
+    def wall(self, now: float) -> float:
+        """Wall-clock unix seconds at timer-clock `now` (the clock rule, see wall_offset)."""
+        return now + self.wall_offset
+
+    def _stamp(self, now: float) -> int:
+        """The wire timestamp (unix s, integer) at timer-clock `now`."""
+        return int(now + self.wall_offset)
+
     def next_event(self) -> PeerEvent | None:
         """The next thing to do, or None."""
         return self._events.popleft() if self._events else None
@@ -548,6 +636,10 @@ class PeerCore:
             t = self._outbox[0][0]
             if best is None or t < best:
                 best = t
+        if self._lookups:
+            t = self._lookup_timer()
+            if best is None or t < best:
+                best = t
         return best
 
     def handle_timer(self, now: float) -> None:
@@ -579,13 +671,15 @@ class PeerCore:
             _, env, kind, dst = self._outbox.popleft()
             self._reject(ERR_EXPIRED, "no relay connected before the envelope expired",
                          str(dst), env.uid)
+        if self._lookups:
+            self._expire_lookups(now)
 
     def _expire(self, pending: _Pending, now: float) -> None:
         del self._pending[pending.uid]
         srcs = list(pending.outstanding.elements())
         for i in range(pending.left):
             src = str(srcs[i]) if i < len(srcs) else "0"
-            self._answer_app(pending, src, b"", None, int(now), (ERR_EXPIRED, "request expired"))
+            self._answer_app(pending, src, b"", None, self._stamp(now), (ERR_EXPIRED, "request expired"))
             self._emit("rmb.peer.expired", pending.uid, "warning", dst=src, code=ERR_EXPIRED)
         self.stats["expired"] += 1
         self._completed(pending, now)
@@ -593,7 +687,7 @@ class PeerCore:
     # ------------------------------------------------------------------ sending
     def _stamp_sign(self, env: Envelope, now: float) -> None:
         env.source.twin = self.twin_id
-        env.timestamp = int(now)
+        env.timestamp = self._stamp(now)
         sign_envelope(env, self.identity)
 
     def _send(self, env: Envelope, kind: str, dst: int, now: float, encrypted: bool) -> None:
@@ -602,7 +696,9 @@ class PeerCore:
             if len(self._outbox) >= MAX_OUTBOX:
                 self._reject(ERR_OTHER, "outbox full: no relay connected", str(dst), env.uid)
                 return
-            self._outbox.append((env.timestamp + env.expiration, env, kind, dst))
+            # wire deadline (wall) -> loop time: timers run on `now`
+            self._outbox.append((now + (env.timestamp + env.expiration) - self.wall(now),
+                                 env, kind, dst))
             self.stats["outboxed"] += 1
             return
         data = env.SerializeToString()
@@ -671,7 +767,8 @@ class PeerCore:
             if exp == 0:
                 ttl = DEFAULT_TTL
             else:
-                remaining = (stamp or now) + exp - now
+                wall = self.wall(now)
+                remaining = (stamp or wall) + exp - wall
                 if remaining <= 0:
                     raise AppMessageError(ERR_EXPIRED, "request expired before it was sent")
                 ttl = min(int(math.ceil(remaining)), MAX_TTL)
@@ -680,9 +777,9 @@ class PeerCore:
             if ret is not None:
                 self._events.append(PushQueue(ret, _dumps({
                     "ver": 1, "ref": ref, "dat": "", "src": str(self.twin_id), "shm": None,
-                    "now": int(now), "err": {"code": exc.code, "message": exc.reason}}), ""))
+                    "now": self._stamp(now), "err": {"code": exc.code, "message": exc.reason}}), ""))
             return None
-        return AppRequest(ref, cmd, data, tags, list(dst), ret, schema, ttl, int(now))
+        return AppRequest(ref, cmd, data, tags, list(dst), ret, schema, ttl, self._stamp(now))
 
     def send_request(self, req: AppRequest, twins: Mapping[int, Any], now: float) -> str:
         """Send `req` to all its destinations with ONE uid and track it.
@@ -707,7 +804,7 @@ class PeerCore:
                 code, text = ((ERR_UNKNOWN_TWIN, f"unknown twin {dst}") if twin is None
                               else (ERR_OTHER, f"twin {dst} lookup failed: {twin}"))
                 self._reject(code, text, str(dst), uid)
-                self._reply_to_pending(pending, dst, b"", None, int(now), (code, text), now)
+                self._reply_to_pending(pending, dst, b"", None, self._stamp(now), (code, text), now)
                 continue
             env = Envelope(uid=uid, expiration=req.ttl)
             env.request.command = req.cmd
@@ -720,10 +817,17 @@ class PeerCore:
                 encrypted = self._set_payload(env, req.data, twin)
             except E2EError as exc:
                 self._reject(ERR_E2E, f"e2e error: {exc}", str(dst), uid)
-                self._reply_to_pending(pending, dst, b"", None, int(now),
+                self._reply_to_pending(pending, dst, b"", None, self._stamp(now),
                                        (ERR_E2E, f"e2e error: {exc}"), now)
                 continue
             self._stamp_sign(env, now)
+            size = env.ByteSize()
+            if size > self.max_envelope:   # the relay would close the connection on it
+                text = f"request too large: {size} bytes > envelope limit {self.max_envelope}"
+                self._reject(ERR_BAD_PAYLOAD, text, str(dst), uid)
+                self._reply_to_pending(pending, dst, b"", None, self._stamp(now),
+                                       (ERR_BAD_PAYLOAD, text), now)
+                continue
             self._send(env, "request", dst, now, encrypted)
         return uid
 
@@ -814,7 +918,7 @@ class PeerCore:
         if kind == "none":
             self._reject(ERR_INVALID_MESSAGE, "envelope carries no message", str(src_twin), env.uid)
             return None
-        if is_expired(env, now):
+        if is_expired(env, self.wall(now)):
             self._reject(ERR_EXPIRED, "envelope expired", address_str(env.source), env.uid)
             if kind == "request":
                 self._send_error(env, ERR_EXPIRED, "envelope expired", now)
@@ -836,7 +940,7 @@ class PeerCore:
         distinct = list(pending.outstanding)
         src_twin = distinct[0] if len(distinct) == 1 else 0
         self.stats["relay_errors"] += 1
-        self._reply_to_pending(pending, src_twin, b"", None, int(now),
+        self._reply_to_pending(pending, src_twin, b"", None, self._stamp(now),
                                (code, f"relay: {text}"), now, src=str(src_twin))
 
     def _send_error(self, env: Envelope, code: int, text: str, now: float) -> None:
@@ -951,6 +1055,11 @@ class PeerCore:
             uid = obj.get("ref")
             if not isinstance(uid, str) or not uid:
                 raise AppMessageError(ERR_INVALID_MESSAGE, "ref must be the request's uid")
+            if len(uid) > MAX_UID_LEN:
+                bad, uid = uid, None
+                raise AppMessageError(ERR_INVALID_MESSAGE,
+                                      f"ref of {len(bad)} chars is no envelope uid (at most "
+                                      f"{MAX_UID_LEN}): the reply cannot be sent")
             twin, sid = parse_address(obj.get("dst"))
             schema = _opt_str(obj, "shm")
             err = obj.get("err")
@@ -1001,4 +1110,205 @@ class PeerCore:
                 env.error.message = f"e2e error: {exc}"
                 kind = "error"
         self._stamp_sign(env, now)
+        size = env.ByteSize()
+        if size > self.max_envelope:
+            # the relay would refuse it by closing our connection (frames in flight lost):
+            # the requester gets a precise error instead, the service's reply is logged
+            text = f"reply too large: {size} bytes > envelope limit {self.max_envelope}"
+            self._reject(ERR_BAD_PAYLOAD, text, "local", rep.uid)
+            env = Envelope(uid=rep.uid, expiration=RESPONSE_TTL)
+            env.destination.twin = rep.dst_twin
+            if rep.dst_sid is not None:
+                env.destination.connection = rep.dst_sid
+            env.error.code = ERR_BAD_PAYLOAD
+            env.error.message = text
+            self._stamp_sign(env, now)
+            kind, encrypted = "error", False
         self._send(env, kind, rep.dst_twin, now, encrypted)
+
+    # ------------------------------------------------------------------ twins
+    # The twin table: the core decides when a record is fresh, needs a refresh, may be
+    # served stale, or must be looked up; the adapter only executes LookupTwin. Work that
+    # needs a twin without a usable record is parked per twin: a slow or hung lookup
+    # delays only the messages that need that twin (nothing awaits inside the core).
+
+    def receive_frame(self, frame: bytes, relay: str, now: float) -> None:
+        """One binary frame from `relay`, end to end: receive(), then accept() once the
+        sender's record is at hand (at once when the twin table has it)."""
+        env = self.receive(frame, relay, now)
+        if env is not None:
+            self._need((env.source.twin,), _Job("accept", env, set()), now)
+
+    def receive_local(self, raw: bytes | str, now: float) -> None:
+        """One app request popped from `msgbus.system.local`, end to end: app_message(),
+        then send_request() once every destination twin is resolved."""
+        req = self.app_message(raw, now)
+        if req is not None:
+            self._need(dict.fromkeys(req.dst), _Job("request", req, set()), now)
+
+    def receive_service_reply(self, raw: bytes | str, now: float) -> None:
+        """One service reply popped from `msgbus.system.reply`, end to end:
+        service_message(), then send_response() once the destination twin is resolved."""
+        rep = self.service_message(raw, now)
+        if rep is not None:
+            self._need((rep.dst_twin,), _Job("response", rep, set()), now)
+
+    def load_twins(self, records: list[tuple[Any, float]], now: float) -> None:
+        """Seed the table from the last known state (the daemon's data dir): (record, age
+        in seconds) pairs. They are used like records fetched `age` s ago: fresh within
+        the TTL, else looked up first and served stale if that fails."""
+        for record, age in records:
+            self._put_twin(record.id, _TwinEntry(record, now - max(0.0, float(age))))
+
+    def twin_record(self, twin_id: int) -> Any:
+        """The record the table holds for `twin_id` (any age) or None. For tests/metrics."""
+        entry = self._twins.get(twin_id)
+        return entry.record if entry is not None else None
+
+    @property
+    def parked_count(self) -> int:
+        """Messages waiting for twin lookups."""
+        return self._parked_count
+
+    def _put_twin(self, twin_id: int, entry: _TwinEntry) -> None:
+        self._twins[twin_id] = entry
+        self._twins.move_to_end(twin_id)
+        while len(self._twins) > MAX_TWINS:
+            self._twins.popitem(last=False)
+
+    def _ask(self, twin_id: int, now: float, refresh: bool) -> None:
+        if twin_id in self._lookups:
+            return
+        self._lookups[twin_id] = now
+        self.stats["twin_lookups"] += 1
+        self._events.append(LookupTwin(twin_id, refresh))
+
+    def _usable(self, twin_id: int, now: float) -> tuple[str, Any]:
+        """("ok", record) | ("unknown", None) | ("failed", reason) | ("wait", None).
+        Asks for a lookup when the record is missing, old, or due for refresh."""
+        entry = self._twins.get(twin_id)
+        if entry is not None:
+            age = now - entry.fetched
+            if age < self.twin_ttl:
+                if age >= self.twin_ttl / 2 and now >= entry.retry_at:
+                    self._ask(twin_id, now, True)
+                return "ok", entry.record
+            if twin_id in self._lookups and age < self.twin_ttl + min(self.twin_max_stale,
+                                                                      LOOKUP_TIMEOUT):
+                # refresh-ahead in flight past the TTL: use the record until it answers
+                self.stats["twin_refresh_grace"] += 1
+                return "ok", entry.record
+            if entry.failed_since is not None and age < self.twin_ttl + self.twin_max_stale:
+                if now >= entry.retry_at:
+                    self._ask(twin_id, now, True)
+                if not entry.stale_logged:
+                    entry.stale_logged = True
+                    self.stats["twin_stale"] += 1
+                    self._emit("rmb.peer.twin_stale", None, "warning", twin=twin_id,
+                               stale_s=round(age - self.twin_ttl, 3))
+                return "ok", entry.record
+        until = self._unknown.get(twin_id)
+        if until is not None:
+            if until > now:
+                return "unknown", None
+            del self._unknown[twin_id]
+        self._ask(twin_id, now, False)
+        return "wait", None
+
+    def _need(self, twins, job: _Job, now: float) -> None:
+        for twin_id in twins:
+            status, value = self._usable(twin_id, now)
+            if status == "wait":
+                job.waiting.add(twin_id)
+            else:
+                job.results[twin_id] = (value if status == "ok" else None)
+        if not job.waiting:
+            self._run(job, now)
+            return
+        if self._parked_count >= MAX_PARKED:
+            for twin_id in job.waiting:
+                job.results[twin_id] = TwinLookupFailed(
+                    f"{MAX_PARKED} messages already wait for twin lookups")
+            job.waiting.clear()
+            self._run(job, now)
+            return
+        self._parked_count += 1
+        self.stats["parked"] += 1
+        for twin_id in job.waiting:
+            self._parked.setdefault(twin_id, []).append(job)
+
+    def _run(self, job: _Job, now: float) -> None:
+        if job.kind == "accept":
+            env = job.item
+            self.accept(env, job.results.get(env.source.twin), now)
+        elif job.kind == "request":
+            self.send_request(job.item, job.results, now)
+        else:
+            self.send_response(job.item, job.results.get(job.item.dst_twin), now)
+
+    def _unpark(self, twin_id: int, value: Any, now: float) -> None:
+        jobs = self._parked.pop(twin_id, ())
+        for job in jobs:
+            job.waiting.discard(twin_id)
+            job.results[twin_id] = value
+            if not job.waiting:
+                self._parked_count -= 1
+                self._run(job, now)
+
+    def twin_resolved(self, twin_id: int, record: Any, now: float) -> None:
+        """The registry answered for `twin_id`: its record (has .id, .account, .pk), or
+        None when it does not know the twin (103 to whoever waits; remembered
+        twin_negative_ttl s). Runs the work parked on it."""
+        self._lookups.pop(twin_id, None)
+        if record is None:
+            self._twins.pop(twin_id, None)
+            if self.twin_negative_ttl > 0:
+                self._unknown[twin_id] = now + self.twin_negative_ttl
+                self._unknown.move_to_end(twin_id)
+                while len(self._unknown) > MAX_UNKNOWN:
+                    self._unknown.popitem(last=False)
+            self._unpark(twin_id, None, now)
+            return
+        old = self._twins.get(twin_id)
+        if old is not None and old.failed_since is not None:
+            self._emit("rmb.peer.twin_recovered", None, "info", twin=twin_id,
+                       stale_s=round(now - old.failed_since, 3))
+        self._unknown.pop(twin_id, None)
+        self._put_twin(twin_id, _TwinEntry(record, now))
+        self._unpark(twin_id, record, now)
+
+    def twin_lookup_failed(self, twin_id: int, reason: str, now: float) -> None:
+        """The lookup of `twin_id` failed (registry unreachable, 5xx, timeout). The last
+        known record keeps being served up to twin_max_stale s past its TTL (logged once
+        per failure streak); without one, the waiting work fails (500)."""
+        self._lookups.pop(twin_id, None)
+        self.stats["twin_lookup_failures"] += 1
+        entry = self._twins.get(twin_id)
+        usable = None
+        if entry is not None:
+            first = entry.failed_since is None
+            if first:
+                entry.failed_since = now
+                self._emit("rmb.peer.twin_lookup_failed", None, "warning", twin=twin_id,
+                           reason=str(reason)[:200])
+            entry.retry_at = now + TWIN_RETRY
+            if now - entry.fetched < self.twin_ttl + self.twin_max_stale:
+                usable = entry.record
+                if now - entry.fetched >= self.twin_ttl and not entry.stale_logged:
+                    entry.stale_logged = True
+                    self.stats["twin_stale"] += 1
+                    self._emit("rmb.peer.twin_stale", None, "warning", twin=twin_id,
+                               stale_s=round(now - entry.fetched - self.twin_ttl, 3))
+        elif twin_id in self._parked:
+            self._emit("rmb.peer.twin_lookup_failed", None, "warning", twin=twin_id,
+                       reason=str(reason)[:200])
+        self._unpark(twin_id, usable if usable is not None else TwinLookupFailed(str(reason)),
+                     now)
+
+    def _lookup_timer(self) -> float | None:
+        return min(self._lookups.values()) + LOOKUP_TIMEOUT if self._lookups else None
+
+    def _expire_lookups(self, now: float) -> None:
+        late = [t for t, asked in self._lookups.items() if asked + LOOKUP_TIMEOUT <= now]
+        for twin_id in late:
+            self.twin_lookup_failed(twin_id, f"no answer in {LOOKUP_TIMEOUT:.0f} s", now)

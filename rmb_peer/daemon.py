@@ -11,8 +11,17 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
   (LPUSH + LTRIM 0 9999, one LPUSH per queue per pipeline), backlog SET EX / DEL pipelined
   by rmb_peer.redisq.RedisWriter; a batch of frames to a relay is written with the socket
   corked (TCP_CORK, Linux);
-- twins looked up through rmb_peer.twins.TwinDirectory, with a refresh-ahead cache of
-  --twin-cache-ttl s (the hot path never waits on the registry for a twin in use);
+- the twin table is the core's (TTL --twin-cache-ttl, refresh-ahead, stale-if-error up to
+  --twin-max-stale, a negative cache): it asks for lookups (LookupTwin) and this adapter
+  runs each as its own task through rmb_peer.twins.TwinDirectory, so a slow registry
+  delays only the messages that need the twin being looked up; with --data-dir the records
+  are kept in SQLite (rmb_peer.twinstore) and a peer restarted while the registry is down
+  starts from them;
+- the clock rule: the core's `now` is loop.time() (timers); wire timestamps use the wall
+  clock through core.wall_offset;
+- one guard per entry point (relay frame, queue item, timer, task): an RMB remote error
+  (rmb_peer.errors.RmbRemoteError) is a logged drop, anything else a logged bug
+  (rmb.peer.rejected code 500) and the daemon goes on;
 - at start (unless --no-update) the twin's relay domains and e2e pk are published to the
   registry (created when the account has no twin yet);
 - `READY {"twin": .., "relays": [...], "status_port": ..}` on stdout once a relay is
@@ -29,6 +38,7 @@ import asyncio
 import socket
 import sys
 import time
+from collections import deque
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
@@ -41,15 +51,17 @@ from websockets.asyncio.client import connect as ws_connect
 
 from daemon_runtime.eventlog import EventLog
 from rmb_peer.core import (
-    LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, LookupBacklog, PeerCore,
-    PushQueue, SendFrame, SendPing, StoreBacklog, DropBacklog,
+    LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, LookupBacklog, LookupTwin, PeerCore,
+    PushQueue, SendFrame, SendPing, StoreBacklog, DropBacklog, TWIN_MAX_STALE,
 )
 from rmb_peer.envelope import MAX_ENVELOPE_SIZE
+from rmb_peer.errors import RmbRemoteError
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.identity import E2EKey, Identity
 from rmb_peer.redisq import QueueReader, RedisWriter
 from rmb_peer.token import make_token
-from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
+from rmb_peer.twins import DirectoryError, Twin, TwinDirectory, UnknownTwin
+from rmb_peer.twinstore import TwinStore
 
 __all__ = ["PeerDaemon", "build_parser", "parse_args", "relay_url", "relay_domain", "main"]
 
@@ -57,8 +69,6 @@ __all__ = ["PeerDaemon", "build_parser", "parse_args", "relay_url", "relay_domai
 DRAIN_COUNT = 256
 #: Lifetime of the relay authentication token, seconds.
 TOKEN_TTL = 60
-#: Twin records held by the refresh-ahead cache (cleared when full).
-MAX_TWIN_RECORDS = 100_000
 #: Linux TCP_CORK (None elsewhere): set while a batch of frames is written.
 _TCP_CORK = getattr(socket, "TCP_CORK", None)
 
@@ -123,7 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="serve /metrics and /health here (port 0 = any free port, announced "
                           "in the READY line); default: not served")
     net.add_argument("--twin-cache-ttl", type=float, default=60.0, metavar="SECONDS",
-                     help="how long a looked-up twin record is reused (default: 60)")
+                     help="how long a looked-up twin record is reused; it is refreshed in "
+                          "the background after half of it (default: 60)")
+    net.add_argument("--twin-max-stale", type=float, default=TWIN_MAX_STALE, metavar="SECONDS",
+                     help="while the registry fails, keep using a twin record up to this long "
+                          f"past its TTL, logged (default: {TWIN_MAX_STALE:.0f}; 0 = never)")
+    net.add_argument("--max-size", metavar="BYTES", type=int, default=MAX_ENVELOPE_SIZE,
+                     help="largest envelope the relays accept (their --max-size): bigger "
+                          "requests and service replies are refused with error 101 instead "
+                          f"of being sent (default: {MAX_ENVELOPE_SIZE})")
+    net.add_argument("--data-dir", metavar="DIR", default=None,
+                     help="directory for the peer's durable state (twins.sqlite3: the last "
+                          "known twin records, so the peer starts and serves while the "
+                          "registry is down); default: none kept")
     net.add_argument("--ready-timeout", type=float, default=10.0, metavar="SECONDS",
                      help="announce READY after this long even if no relay is connected yet (default: 10)")
     net.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
@@ -195,19 +217,29 @@ class _StatsCollector:
 class _Conn:
     """One open relay connection: the websocket, its attempt number and its outgoing
     frames (written in order by one writer task)."""
-    __slots__ = ("ws", "attempt", "outq", "wake", "writer")
+    __slots__ = ("ws", "attempt", "outq", "sending", "wake", "writer")
 
     def __init__(self, ws, attempt: int):
         self.ws = ws
         self.attempt = attempt
         self.outq: list[SendFrame] = []
+        #: the batch the writer is writing (frames not yet handed to the socket): on a
+        #: lost connection they are re-routed with outq, not lost with the writer task
+        self.sending: deque[SendFrame] = deque()
         self.wake = asyncio.Event()
         self.writer: asyncio.Task | None = None
+
+    def unsent(self) -> list[SendFrame]:
+        """Frames not yet written, in order; empties the connection's queues."""
+        frames = list(self.sending) + self.outq
+        self.sending, self.outq = deque(), []
+        return frames
 
 
 class PeerDaemon:
     """The asyncio adapter around PeerCore (see the module docstring). `args` is the
-    namespace of parse_args(); `clock` gives unix seconds (time.time)."""
+    namespace of parse_args(); `clock` gives wall-clock unix seconds (time.time) for wire
+    timestamps; timers run on the event loop's clock."""
 
     def __init__(self, args: argparse.Namespace, clock: Callable[[], float] = time.time):
         self.args = args
@@ -215,13 +247,13 @@ class PeerDaemon:
         self.core: PeerCore | None = None
         self.log: EventLog | None = None
         self.twin_id: int | None = args.twin
-        self.directory = TwinDirectory(args.registry, cache_ttl=args.twin_cache_ttl)
+        # the core owns the twin table: the directory only does HTTP (no cache of its own)
+        self.directory = TwinDirectory(args.registry, cache_ttl=0.0, max_stale=0.0)
+        self.store: TwinStore | None = None
         self.redis: aioredis.Redis | None = None
         self.writer: RedisWriter | None = None
         self._conns: dict[str, _Conn] = {}
-        #: twin id -> (record, expires, refresh after) on the monotonic clock
-        self._twins: dict[int, tuple[Any, float, float]] = {}
-        self._refreshing: set[int] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -232,7 +264,20 @@ class PeerDaemon:
         self.status_port: int | None = None
 
     # ------------------------------------------------------------------ startup
-    async def _resolve_twin(self):
+    async def _resolve_twin(self) -> tuple[Twin, str | None]:
+        """Our twin record and, when the registry was unreachable and the data dir held
+        the last known record, the reason (the peer starts offline)."""
+        try:
+            return await self._resolve_twin_online(), None
+        except DirectoryError as exc:
+            known = self.store.by_account(self.args.identity.account) if self.store else None
+            if known is None or (self.twin_id is not None and known[0].id != self.twin_id):
+                raise RuntimeError(f"twin registry {self.args.registry} (--registry) "
+                                   f"unreachable and no last known twin record in "
+                                   f"--data-dir: {exc}") from None
+            return known[0], str(exc)
+
+    async def _resolve_twin_online(self) -> Twin:
         ident: Identity = self.args.identity
         domains = [relay_domain(u) for u in self.args.relay]
         pk = self.args.e2e_key.pk
@@ -256,10 +301,23 @@ class PeerDaemon:
     async def run(self, stop: asyncio.Event,
                   announce: Callable[[dict], None] | None = None) -> None:
         """Run until `stop` is set; announce(info) once ready (default: the READY line)."""
-        twin = await self._resolve_twin()
+        self._loop = asyncio.get_running_loop()
+        if getattr(self.args, "data_dir", None):
+            self.store = TwinStore(self.args.data_dir)
+        try:
+            await self._run(stop, announce)
+        finally:
+            if self.store is not None:
+                self.store.close()
+
+    async def _run(self, stop: asyncio.Event, announce) -> None:
+        twin, offline = await self._resolve_twin()
         self.twin_id = twin.id
         self.log = EventLog("rmb-peer", str(self.twin_id), [RMB_EVENTS], sink=self.args.log,
                             min_level=self.args.log_level)
+        if offline is not None:
+            self.log.emit("rmb.peer.started_offline", None, "warning", twin=twin.id,
+                          reason=offline[:200])
         # e2e only when the registry publishes OUR pk: nobody could decrypt otherwise
         e2e_key = self.args.e2e_key if twin.pk == self.args.e2e_key.pk else None
         if e2e_key is None:
@@ -268,9 +326,22 @@ class PeerDaemon:
                                  "sending plain text (drop --no-update to publish it)")
         self.core = PeerCore(self.twin_id, self.args.identity, e2e_key,
                              list(self.args.relay), log=self.log,
-                             debug=self.args.log_level == "debug")
+                             debug=self.args.log_level == "debug",
+                             max_envelope=self.args.max_size)
+        self.core.twin_ttl = self.args.twin_cache_ttl
+        self.core.twin_max_stale = self.args.twin_max_stale
+        now = self._now()
+        if self.store is not None:
+            if offline is None:
+                self.store.put(twin, self.clock())
+            self.core.load_twins(self.store.load(self.clock()), now)
         self.redis = aioredis.Redis.from_url(self.args.redis)
-        await self.redis.ping()
+        try:
+            await self.redis.ping()
+        except (RedisError, OSError) as exc:
+            await self.redis.aclose()
+            raise RuntimeError(f"cannot reach Redis at {self.args.redis} (set it with "
+                               f"--redis): {exc}") from None
         self.writer = RedisWriter(self.redis, on_error=self._redis_failed)
         self.writer.start()
         status_runner = None
@@ -279,7 +350,7 @@ class PeerDaemon:
             host, port = self.args.status_hostport
             status_runner, self.status_port = await start_status_server(
                 host, port, self.metrics, self.health)
-        self.core.start(self.clock())
+        self.core.start(self._now())
         self._after()
         local = asyncio.get_running_loop().create_task(self._local_loop())
         try:
@@ -334,8 +405,11 @@ class PeerDaemon:
 
     def _redis_failed(self, exc: Exception, n: int) -> None:
         if self.log is not None:
+            what = (f"redis write failed, {n} operations dropped" if n
+                    else "redis read failed")
             self.log.emit("rmb.peer.rejected", None, "error", code=500,
-                          reason=f"redis write failed, {n} operations dropped: {exc!r}"[:200], src="redis")
+                          reason=f"{what} ({self.args.redis}, --redis): {exc!r}"[:200],
+                          src="redis")
 
     def _internal_error(self, what: str, where: str, exc: Exception) -> None:
         if self.log is not None:
@@ -345,48 +419,67 @@ class PeerDaemon:
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
         return task
 
+    def _task_done(self, task: asyncio.Task) -> None:
+        """The task's guard: an exception that escaped a task is logged (never lost in
+        an unretrieved task), and the core's events it left are executed."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        self._guard(f"task {task.get_coro().__qualname__}", "task", task.exception())
+        if self.core is not None and not self._stopping:
+            self._after()
+
     # ------------------------------------------------------------------ core plumbing
-    async def _twin(self, twin_id: int) -> Any:
-        """The twin record (None: unknown twin; an Exception: lookup failed), cached for
-        --twin-cache-ttl s with refresh-ahead: a record used in the second half of its TTL
-        is re-fetched in the background, so the hot path never waits on the registry while
-        twins keep being used (a registry round trip in line stalled every message behind
-        it: a latency tail). A record is never used past its TTL."""
-        hit = self._twins.get(twin_id)
-        if hit is not None:
-            now = time.monotonic()
-            if now < hit[1]:
-                if now >= hit[2] and twin_id not in self._refreshing:
-                    self._refreshing.add(twin_id)
-                    self._spawn(self._refresh_twin(twin_id))
-                return hit[0]
-        return await self._fetch_twin(twin_id)
+    def _now(self) -> float:
+        """The core's `now` (loop time, for timers); sets core.wall_offset so the core's
+        wire timestamps follow self.clock (the clock rule, DESIGN.md section 2)."""
+        now = self._loop.time()
+        if self.core is not None:
+            self.core.wall_offset = self.clock() - now
+        return now
 
-    async def _fetch_twin(self, twin_id: int) -> Any:
-        ttl = self.args.twin_cache_ttl
-        started = time.monotonic()
-        self.directory.invalidate(twin_id)   # a fresh record: its age is known
+    def _guard(self, what: str, where: str, exc: BaseException) -> None:
+        """The one boundary policy of every entry point: an RMB remote error is a logged
+        drop (the core answers what it can itself), anything else a logged bug; the
+        daemon goes on either way."""
+        if isinstance(exc, RmbRemoteError):
+            if self.log is not None:
+                self.log.emit("rmb.peer.rejected", None, "warning", code=100, src=where,
+                              reason=f"{what}: {exc}"[:200])
+        else:
+            self._internal_error(what, where, exc)
+
+    async def _lookup_twin(self, ev: LookupTwin) -> None:
+        """Execute LookupTwin: ask the registry, hand the answer to the core, keep the
+        record in the data dir."""
         try:
-            twin = await self.directory.get(twin_id)
+            twin = await self.directory.get(ev.twin)
         except UnknownTwin:
-            self._twins.pop(twin_id, None)
-            return None
+            twin = None
         except DirectoryError as exc:
-            return exc
-        if ttl > 0:
-            if len(self._twins) >= MAX_TWIN_RECORDS:
-                self._twins.clear()
-            self._twins[twin_id] = (twin, started + ttl, started + ttl / 2)
-        return twin
-
-    async def _refresh_twin(self, twin_id: int) -> None:
-        try:
-            await self._fetch_twin(twin_id)   # a failure keeps the record until its TTL
-        finally:
-            self._refreshing.discard(twin_id)
+            self.core.twin_lookup_failed(ev.twin, str(exc), self._now())
+            self._after()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the task's guard: a bug fails this lookup only
+            self._internal_error("twin lookup", "registry", exc)
+            self.core.twin_lookup_failed(ev.twin, f"internal error: {exc!r}", self._now())
+            self._after()
+            return
+        if self.store is not None:
+            try:
+                if twin is None:
+                    self.store.delete(ev.twin)
+                else:
+                    self.store.put(twin, self.clock())
+            except Exception as exc:  # sqlite3.Error, OSError: the table still works
+                self._internal_error("twin store write", str(self.args.data_dir), exc)
+        self.core.twin_resolved(ev.twin, twin, self._now())
+        self._after()
 
     def _after(self) -> None:
         """Execute the core's events, then re-arm the timer."""
@@ -401,6 +494,8 @@ class PeerDaemon:
                 writer.set(ev.key, ev.record, ev.ttl)
             elif isinstance(ev, DropBacklog):
                 writer.delete(ev.key)
+            elif isinstance(ev, LookupTwin):
+                self._spawn(self._lookup_twin(ev))
             elif isinstance(ev, LookupBacklog):
                 self._spawn(self._lookup_backlog(ev))
             elif isinstance(ev, Connect):
@@ -421,20 +516,23 @@ class PeerDaemon:
             if self._timer is not None:
                 self._timer.cancel()
             self._timer_at = deadline
-            delay = max(0.0, deadline - self.clock())
-            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+            self._timer = self._loop.call_at(deadline, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = None
-        self.core.handle_timer(self.clock())
+        try:
+            self.core.handle_timer(self._now())
+        except Exception as exc:  # the timer's guard: logged, the timer is re-armed
+            self._guard("timer", "timer", exc)
         self._after()
 
     def _send(self, ev: SendFrame) -> None:
         conn = self._conns.get(ev.relay)
         if conn is None or conn.attempt != ev.attempt:
-            self.core.relay_lost(ev.relay, ev.attempt, self.clock(), "connection gone before write")
-            self.core.resend(ev, self.clock())
+            now = self._now()
+            self.core.relay_lost(ev.relay, ev.attempt, now, "connection gone before write")
+            self.core.resend(ev, now)
             return
         conn.outq.append(ev)
         conn.wake.set()
@@ -449,25 +547,28 @@ class PeerDaemon:
             await conn.wake.wait()
             conn.wake.clear()
             while conn.outq:
-                frames, conn.outq = conn.outq, []
-                corked = len(frames) > 1 and _cork(sock, 1)
+                conn.sending = sending = deque(conn.outq)
+                conn.outq = []
+                corked = len(sending) > 1 and _cork(sock, 1)
                 try:
-                    for i, ev in enumerate(frames):
+                    while sending:
                         try:
-                            await conn.ws.send(ev.data)
+                            await conn.ws.send(sending[0].data)
                         except (websockets.ConnectionClosed, OSError) as exc:
-                            conn.outq = frames[i:] + conn.outq
                             self._requeue(relay, conn, f"write failed: {exc!r}")
                             return
+                        sending.popleft()
                 finally:
                     if corked:
                         _cork(sock, 0)
 
     def _requeue(self, relay: str, conn: _Conn, reason: str) -> None:
-        now = self.clock()
+        """The connection is lost: every frame not yet written (the writer's batch
+        included, even when the writer task was cancelled mid-batch) is re-routed through
+        another relay or held in the core's outbox until one connects."""
+        now = self._now()
         self.core.relay_lost(relay, conn.attempt, now, reason[:200])
-        frames, conn.outq = conn.outq, []
-        for ev in frames:
+        for ev in conn.unsent():
             self.core.resend(ev, now)
         self._after()
 
@@ -480,7 +581,8 @@ class PeerDaemon:
             try:
                 waiter = await conn.ws.ping()
                 await waiter
-                self.core.relay_activity(ev.relay, self.clock(), ev.attempt)
+                self.core.relay_activity(ev.relay, self._now(), ev.attempt)
+                self._after()
             except (websockets.ConnectionClosed, OSError, RuntimeError):
                 pass  # the connection's reader reports the loss
         self._spawn(ping())
@@ -509,13 +611,13 @@ class PeerDaemon:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # InvalidStatus (401...), OSError, timeouts: retry later
-            core.relay_failed(relay, attempt, self.clock(), f"connect failed: {exc}"[:200])
+            core.relay_failed(relay, attempt, self._now(), f"connect failed: {exc}"[:200])
             self._after()
             return
         conn = _Conn(ws, attempt)
         conn.writer = self._spawn(self._writer(relay, conn))
         self._conns[relay] = conn
-        core.relay_connected(relay, attempt, self.clock())
+        core.relay_connected(relay, attempt, self._now())
         if relay not in core.live_relays() or self._stopping:
             del self._conns[relay]
             conn.writer.cancel()
@@ -527,7 +629,7 @@ class PeerDaemon:
         reason = "closed"
         try:
             async for frame in ws:
-                now = self.clock()
+                now = self._now()
                 if isinstance(frame, str):
                     core.relay_activity(relay, now, attempt)
                     if self.log is not None:
@@ -535,12 +637,9 @@ class PeerDaemon:
                                       reason="text frame from relay", src=relay)
                     continue
                 try:
-                    env = core.receive(frame, relay, now)
-                    if env is not None:
-                        sender = await self._twin(env.source.twin)
-                        core.accept(env, sender, self.clock())
-                except Exception as exc:  # the one boundary: a bug on one frame drops only it
-                    self._internal_error("relay frame", relay, exc)
+                    core.receive_frame(frame, relay, now)
+                except Exception as exc:  # the frame's guard: a bug drops only this frame
+                    self._guard("relay frame", relay, exc)
                 self._after()
         except websockets.ConnectionClosed as exc:
             reason = f"closed: {exc}"
@@ -569,32 +668,31 @@ class PeerDaemon:
                     self._redis_failed(exc, 0)
                     await asyncio.sleep(1.0)
                     continue
-                for key, raw in items:
-                    await self._local_message(key == local_b, raw)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the task's guard: logged, the loop goes on
+                    self._guard("queue read", LOCAL_QUEUE, exc)
+                    await asyncio.sleep(1.0)
+                    continue
                 if items:
+                    now = self._now()
+                    for key, raw in items:
+                        self._local_message(key == local_b, raw, now)
                     self._after()
         finally:
             await reader.close()
 
-    async def _local_message(self, local: bool, raw: bytes) -> None:
-        """One app request (local) or service reply, with the one error boundary."""
-        core = self.core
+    def _local_message(self, local: bool, raw: bytes, now: float) -> None:
+        """One app request (local) or service reply, with the queue item's guard. Nothing
+        is awaited: twins not in the core's table are looked up by separate tasks and only
+        the messages that need them wait."""
         try:
             if local:
-                req = core.app_message(raw, self.clock())
-                if req is not None:
-                    dst = req.dst
-                    if len(dst) == 1:
-                        twins = {dst[0]: await self._twin(dst[0])}
-                    else:
-                        twins = {d: await self._twin(d) for d in set(dst)}
-                    core.send_request(req, twins, self.clock())
+                self.core.receive_local(raw, now)
             else:
-                rep = core.service_message(raw, self.clock())
-                if rep is not None:
-                    core.send_response(rep, await self._twin(rep.dst_twin), self.clock())
-        except Exception as exc:  # the one boundary: a bug on one message drops only it
-            self._internal_error("local message", LOCAL_QUEUE if local else REPLY_QUEUE, exc)
+                self.core.receive_service_reply(raw, now)
+        except Exception as exc:  # the queue item's guard: a bug drops only this item
+            self._guard("local message", LOCAL_QUEUE if local else REPLY_QUEUE, exc)
 
 
 def use_event_loop(kind: str) -> str:

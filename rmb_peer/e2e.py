@@ -13,6 +13,7 @@ import os
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from rmb_peer.errors import RmbRemoteError
 from rmb_peer.identity import E2EKey
 
 __all__ = ["E2EError", "encrypt", "decrypt", "NONCE_SIZE", "TAG_SIZE"]
@@ -21,7 +22,7 @@ NONCE_SIZE = 12
 TAG_SIZE = 16
 
 
-class E2EError(ValueError):
+class E2EError(RmbRemoteError):
     """Encryption or decryption failed: malformed peer pk, short cipher, or the tag does not
     verify (tampered cipher or wrong key)."""
 

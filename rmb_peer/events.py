@@ -30,6 +30,16 @@ RMB_EVENTS = Catalogue("rmb", [
       {"dst": "string", "code": "long"}),
     E("rmb.peer.rejected", "the peer refused input (app JSON, envelope, signature, e2e)",
       {"code": "long", "reason": "string", "src": "string"}),
+    E("rmb.peer.twin_lookup_failed", "a twin lookup failed (registry unreachable, 5xx or "
+      "no answer); logged once per failure streak of a twin",
+      {"twin": "long", "reason": "string"}),
+    E("rmb.peer.twin_stale", "the registry fails: a twin record past its TTL is served "
+      "(stale-if-error, bounded by --twin-max-stale); logged once per failure streak",
+      {"twin": "long", "stale_s": "double"}),
+    E("rmb.peer.twin_recovered", "a twin lookup succeeded again after failing; stale_s: "
+      "seconds since the first failure", {"twin": "long", "stale_s": "double"}),
+    E("rmb.peer.started_offline", "the registry was unreachable at start: the peer runs on "
+      "the last known twin records of its --data-dir", {"twin": "long", "reason": "string"}),
     E("rmb.peer.connected", "a relay connection opened", {"relay": "string"}),
     E("rmb.peer.disconnected", "a relay connection closed or went silent",
       {"relay": "string", "reason": "string"}),

@@ -23,6 +23,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey, Ed25519PublicKey,
 )
 
+from rmb_peer.errors import RmbRemoteError
+
 __all__ = ["SignatureError", "Identity", "E2EKey", "verify_typed", "mini_secret",
            "KEY_TYPES", "SIGNATURE_LENGTH"]
 
@@ -34,7 +36,7 @@ _TYPE_OF_BYTE = {v: k for k, v in KEY_TYPES.items()}
 SIGNATURE_LENGTH = 65
 
 
-class SignatureError(ValueError):
+class SignatureError(RmbRemoteError):
     """A signature does not verify: bad length, unknown type byte, or invalid."""
 
 

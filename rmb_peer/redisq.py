@@ -6,7 +6,10 @@ then LTRIM 0 9999).
 2N. Within one pipeline, all pushes to one queue become ONE `LPUSH queue v1 v2 ...` (Redis
 pushes the values left to right, so the consumer's RPOP/BRPOP still sees them in call
 order) followed by ONE `LTRIM queue 0 max_len-1` (same end state as trimming after every
-push); the command sits where the queue's first push was. Order is preserved per key:
+push); the command sits where the queue's first push was. DELs become one `DEL k1 k2 ...`
+where the first of them was, unless a key was SET after that point (then a new DEL starts
+there), so one reply per pipeline instead of one per finished request. Order is preserved
+per key:
 operations on one key are executed in the order they were queued (operations on different
 keys within one pipeline may be regrouped; they are sent together anyway).
 
@@ -96,17 +99,30 @@ class RedisWriter:
     @staticmethod
     def _group(ops: list[tuple]) -> list[tuple]:
         """Pushes to one queue merged into one ("lpush", queue, [values]) at the position of
-        the queue's first push; other operations unchanged, in order."""
+        the queue's first push; DELs merged into ("del", [keys]) at the position of the
+        first DEL, a new group starting when a key was SET after that position (so a
+        key's SET and DEL keep their order); SETs unchanged, in order."""
         out: list = []
         pushes: dict[str, list[bytes]] = {}
+        dels: list[str] | None = None
+        set_since: set[str] = set()
         for op in ops:
-            if op[0] == "push":
+            kind = op[0]
+            if kind == "push":
                 values = pushes.get(op[1])
                 if values is None:
                     values = pushes[op[1]] = []
                     out.append(("lpush", op[1], values))
                 values.append(op[2])
+            elif kind == "del":
+                if dels is None or op[1] in set_since:
+                    dels = []
+                    set_since = set()
+                    out.append(("del", dels))
+                dels.append(op[1])
             else:
+                if dels is not None:
+                    set_since.add(op[1])
                 out.append(op)
         return out
 
@@ -119,7 +135,7 @@ class RedisWriter:
             elif op[0] == "set":
                 commands.append(("SET", op[1], op[2], "EX", op[3]))
             else:
-                commands.append(("DEL", op[1]))
+                commands.append(("DEL", *op[1]))
         for attempt in range(self.retries):
             try:
                 replies = await self._link.run(commands)

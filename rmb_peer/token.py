@@ -11,17 +11,22 @@ algorithm is registered under the "RS512" label (the global PyJWT registry is un
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Any
+
+import orjson
 
 import jwt
 from jwt.algorithms import Algorithm
 from jwt.api_jws import PyJWS
 
+from rmb_peer.errors import RmbRemoteError
 from rmb_peer.identity import Identity, SignatureError, verify_typed
 
 __all__ = ["TokenError", "make_token", "token_claims_unverified", "verify_token",
-           "JWT_ALG", "MAX_TOKEN_SIZE"]
+           "JWT_ALG", "MAX_TOKEN_SIZE", "MAX_TOKEN_JSON_DEPTH"]
 
 #: The algorithm label rmb-rs writes in the header, whatever the key type.
 JWT_ALG = "RS512"
@@ -29,8 +34,13 @@ JWT_ALG = "RS512"
 #: Upper bound for a token string, characters (query strings are short).
 MAX_TOKEN_SIZE = 4096
 
+#: Deepest nesting accepted in the token's header or claims JSON (both are flat objects in
+#: rmb-rs, rmb-sdk-go and the TS client: depth 1; headroom for extra claims). A claims
+#: object nested ~1,200 deep used to raise RecursionError out of json.loads (HTTP 500).
+MAX_TOKEN_JSON_DEPTH = 4
 
-class TokenError(ValueError):
+
+class TokenError(RmbRemoteError):
     """Authentication refused. `status`: HTTP status the relay answers (400 no query,
     401 bad/expired token or unknown twin, 500 lookup failure); `reason`: precise text."""
 
@@ -91,17 +101,57 @@ def make_token(identity: Identity, twin_id: int, sid: str | None, now: int, ttl:
     return _JWS.encode(payload, identity, algorithm=JWT_ALG, headers={"typ": "JWT"})
 
 
+def _depth(obj: Any) -> int:
+    """Nesting depth of a parsed JSON value (scalars 0, {} / [] 1, ...), without recursion."""
+    deepest = 0
+    stack = [(obj, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = value.values()
+        elif not isinstance(value, list):
+            continue
+        depth += 1
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_TOKEN_JSON_DEPTH:
+                return deepest
+        stack.extend((v, depth) for v in value)
+    return deepest
+
+
+def _segment(part: str, what: str) -> Any:
+    """One base64url JSON segment of the token, bounded: orjson (no Python recursion; it
+    stops at depth 1024) and then MAX_TOKEN_JSON_DEPTH. Raises TokenError(401)."""
+    try:
+        raw = base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+    except (binascii.Error, ValueError):
+        raise TokenError(401, f"undecodable token: {what} is not base64url") from None
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise TokenError(401, f"undecodable token: {what} is not JSON ({exc})") from None
+    if _depth(obj) > MAX_TOKEN_JSON_DEPTH:
+        raise TokenError(401, f"undecodable token: {what} nests deeper than {MAX_TOKEN_JSON_DEPTH}")
+    return obj
+
+
 def _split(token: str) -> dict:
     if not token:
         raise TokenError(400, "missing token")
+    if not isinstance(token, str):
+        raise TokenError(401, "token is not text")
     if len(token) > MAX_TOKEN_SIZE:
         raise TokenError(401, f"token too large: {len(token)} > {MAX_TOKEN_SIZE} chars")
-    try:
-        header = jwt.get_unverified_header(token)
-        payload = _JWS.decode_complete(token, options={"verify_signature": False})["payload"]
-        claims = json.loads(payload)
-    except (jwt.InvalidTokenError, ValueError, UnicodeDecodeError) as exc:
-        raise TokenError(401, f"undecodable token: {exc}") from None
+    parts = token.split(".")
+    if len(parts) != 3:
+        raise TokenError(401, f"undecodable token: {len(parts)} segments, expected 3")
+    if not token.isascii():
+        raise TokenError(401, "undecodable token: not ASCII")
+    header = _segment(parts[0], "header")
+    claims = _segment(parts[1], "claims")
+    if not isinstance(header, dict):
+        raise TokenError(401, "undecodable token: header is not an object")
     if header.get("alg") != JWT_ALG:
         raise TokenError(401, f"unsupported token algorithm {header.get('alg')!r}")
     if not isinstance(claims, dict):
@@ -126,8 +176,10 @@ def token_claims_unverified(token: str) -> dict:
     """Decode the claims without checking the signature (the relay needs `sub` to look the
     twin up first). Returns {"sub": int, "sid": str|None, "iat": int, "exp": int} (a
     missing "sid", as rmb-sdk-go sends for the default session, reads as None).
-    Raises TokenError(400) for an empty token, TokenError(401) for undecodable, a header
-    alg other than RS512, missing/invalid sub/iat/exp, or sid == ""."""
+    Raises TokenError(400) for an empty token, TokenError(401) for: longer than
+    MAX_TOKEN_SIZE chars, not three base64url segments, header or claims not JSON or nested
+    deeper than MAX_TOKEN_JSON_DEPTH, a header alg other than RS512, missing/invalid
+    sub/iat/exp, or sid == "". Never anything else (tests/test_rmb_fuzz.py)."""
     return _split(token)
 
 
@@ -145,6 +197,6 @@ def verify_token(token: str, account: bytes, now: int) -> tuple[int, str | None]
         raise TokenError(401, f"bad account key: {exc}") from None
     except jwt.InvalidSignatureError:
         raise TokenError(401, "invalid token signature") from None
-    except jwt.InvalidTokenError as exc:
+    except (jwt.InvalidTokenError, ValueError) as exc:
         raise TokenError(401, f"invalid token: {exc}") from None
     return claims["sub"], claims["sid"]

@@ -6,29 +6,41 @@ secp256k1 | null}. Writes are signed by the twin's account key over `write_chall
 which carries a unix timestamp the registry checks against its replay window.
 
 `TwinDirectory` is the asyncio adapter relays and peers use: HTTP (aiohttp) with a TTL cache
-and one in-flight request per key (concurrent lookups of one twin share a request).
+and one in-flight request per key (concurrent lookups of one twin share a request). When
+the registry is unreachable (DirectoryError) the last known record is served for up to
+`max_stale` seconds past its TTL (stale-if-error, reported through `on_stale`); an
+unknown twin may be remembered for `negative_ttl` seconds; both tables are bounded.
 """
 from __future__ import annotations
 
 import asyncio
 import re
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import aiohttp
+import orjson
 
+from rmb_peer.errors import RmbRemoteError
 from rmb_peer.identity import Identity
 
 __all__ = ["Twin", "UnknownTwin", "DirectoryError", "RegistryRefused", "TwinDirectory",
-           "write_challenge", "signed_write_body", "validate_relays", "validate_pk",
-           "MAX_RELAYS", "MAX_DOMAIN_LEN"]
+           "TwinRecordError", "write_challenge", "signed_write_body", "validate_relays",
+           "validate_pk", "MAX_RELAYS", "MAX_DOMAIN_LEN", "MAX_RECORD_BYTES"]
 
 #: At most this many relay domains per twin (rmb-peer allows <= 4; headroom for tests).
 MAX_RELAYS = 8
 #: Longest accepted relay domain, characters.
 MAX_DOMAIN_LEN = 253
 _DOMAIN_RE = re.compile(r"^[A-Za-z0-9._\-\[\]:]+$")
+#: Largest registry answer read, bytes (a twin record is < 1 KiB).
+MAX_RECORD_BYTES = 64 * 1024
+
+
+class TwinRecordError(RmbRemoteError):
+    """A twin record (registry JSON, a persisted record) is malformed: names the field."""
 
 
 @dataclass
@@ -48,15 +60,19 @@ class Twin:
 
     @classmethod
     def from_json(cls, obj: Any) -> "Twin":
-        """Inverse of to_json. Raises ValueError for a malformed record."""
+        """Inverse of to_json. Raises TwinRecordError (a ValueError) for a malformed record."""
         if not isinstance(obj, dict):
-            raise ValueError("twin record is not an object")
+            raise TwinRecordError("twin record is not an object")
         tid = obj.get("id")
         if not isinstance(tid, int) or isinstance(tid, bool) or not (0 < tid < 2**32):
-            raise ValueError(f"bad twin id {tid!r}")
-        account = bytes.fromhex(str(obj.get("account", "")))
+            raise TwinRecordError(f"bad twin id {str(tid)[:32]!r}")
+        account = obj.get("account")
+        try:
+            account = bytes.fromhex(account) if isinstance(account, str) else b""
+        except ValueError:
+            raise TwinRecordError("twin account is not hex") from None
         if len(account) != 32:
-            raise ValueError("twin account is not 32 bytes")
+            raise TwinRecordError("twin account is not 32 bytes")
         relays = validate_relays(obj.get("relays"))
         pk = validate_pk(obj.get("pk"))
         return cls(tid, account, relays, pk)
@@ -83,14 +99,14 @@ def validate_relays(relays: Any) -> list[str]:
     """A list of 0..MAX_RELAYS relay domains ("host" or "host:port", no spaces or commas).
     Raises ValueError naming the bad entry."""
     if not isinstance(relays, list):
-        raise ValueError("relays must be a list of domains")
+        raise TwinRecordError("relays must be a list of domains")
     if len(relays) > MAX_RELAYS:
-        raise ValueError(f"too many relays: {len(relays)} > {MAX_RELAYS}")
+        raise TwinRecordError(f"too many relays: {len(relays)} > {MAX_RELAYS}")
     for r in relays:
         if not isinstance(r, str) or not r or len(r) > MAX_DOMAIN_LEN or not _DOMAIN_RE.match(r):
-            raise ValueError(f"bad relay domain {r!r}")
+            raise TwinRecordError(f"bad relay domain {r!r}")
     if len(set(relays)) != len(relays):
-        raise ValueError("duplicate relay domain")
+        raise TwinRecordError("duplicate relay domain")
     return list(relays)
 
 
@@ -104,11 +120,11 @@ def validate_pk(pk: Any) -> bytes | None:
         try:
             raw = bytes.fromhex(pk)
         except ValueError:
-            raise ValueError("pk is not hex") from None
+            raise TwinRecordError("pk is not hex") from None
     else:
-        raise ValueError("pk must be hex or null")
+        raise TwinRecordError("pk must be hex or null")
     if len(raw) != 33 or raw[0] not in (2, 3):
-        raise ValueError("pk must be a 33-byte compressed secp256k1 key")
+        raise TwinRecordError("pk must be a 33-byte compressed secp256k1 key")
     return raw
 
 
@@ -141,28 +157,46 @@ def signed_write_body(identity: Identity, op: str, twin_id: int, relays: list[st
 
 
 class TwinDirectory:
-    """Async client of the twin registry with a TTL cache.
+    """Async client of the twin registry with a TTL cache and stale-if-error.
 
     base_url: e.g. "http://127.0.0.1:8100"; cache_ttl: seconds a looked-up twin is reused;
     session: an aiohttp.ClientSession to share (else one is created and owned);
-    clock: monotonic seconds source (tests may pass a fake one); timeout: seconds per request.
-    Lookups raise UnknownTwin (404) or DirectoryError (unreachable, 5xx, malformed answer).
+    clock: monotonic seconds source (tests may pass a fake one); timeout: seconds per request;
+    max_stale: seconds past its TTL a record is still served when the registry cannot be
+    reached or answers 5xx (DirectoryError), 0 = never; on_stale(twin, age_s, error) is
+    called each time a stale record is served (log it); negative_ttl: seconds an unknown
+    twin (404) is remembered, 0 = not remembered; max_records: records (and, separately,
+    unknown ids) held, oldest dropped first.
+    Lookups raise UnknownTwin (404) or DirectoryError (unreachable, 5xx, malformed answer,
+    and no record young enough to serve stale).
     """
 
     def __init__(self, base_url: str, cache_ttl: float = 60.0,
                  session: aiohttp.ClientSession | None = None,
-                 clock: Callable[[], float] = time.monotonic, timeout: float = 5.0):
+                 clock: Callable[[], float] = time.monotonic, timeout: float = 5.0,
+                 max_stale: float = 3600.0,
+                 on_stale: Callable[[Twin, float, Exception], None] | None = None,
+                 negative_ttl: float = 0.0, max_records: int = 100_000):
         self.base_url = base_url.rstrip("/")
         self.cache_ttl = cache_ttl
+        self.max_stale = max_stale
+        self.on_stale = on_stale
+        self.negative_ttl = negative_ttl
+        self.max_records = max(1, int(max_records))
         self._session = session
         self._own_session = session is None
         self._clock = clock
         self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._by_id: dict[int, tuple[Twin, float]] = {}
-        self._by_account: dict[bytes, tuple[Twin, float]] = {}
+        #: key -> (twin, fetched at) on self._clock; oldest first
+        self._by_id: OrderedDict[int, tuple[Twin, float]] = OrderedDict()
+        self._by_account: OrderedDict[bytes, tuple[Twin, float]] = OrderedDict()
+        #: lookup key -> unknown until (clock)
+        self._unknown: OrderedDict[Any, float] = OrderedDict()
         self._inflight: dict[Any, asyncio.Future] = {}
         #: number of HTTP lookups made (cache misses), for tests and metrics
         self.fetches = 0
+        #: number of times a stale record was served because the registry failed
+        self.stale_served = 0
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -174,47 +208,84 @@ class TwinDirectory:
         try:
             async with self._sess().request(method, self.base_url + path, json=body,
                                             timeout=self._timeout) as resp:
+                raw = await resp.content.read(MAX_RECORD_BYTES + 1)
+                if len(raw) > MAX_RECORD_BYTES:
+                    raise DirectoryError(f"registry {self.base_url} answer larger than "
+                                         f"{MAX_RECORD_BYTES} bytes")
                 try:
-                    data = await resp.json(content_type=None)
-                except (ValueError, aiohttp.ContentTypeError):
+                    data = orjson.loads(raw) if raw else None
+                except orjson.JSONDecodeError:
                     data = None
                 return resp.status, data
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise DirectoryError(f"registry {self.base_url} unreachable: {exc!r}") from None
 
+    @staticmethod
+    def _put(table: OrderedDict, key: Any, value: Any, limit: int) -> None:
+        table[key] = value
+        table.move_to_end(key)
+        while len(table) > limit:
+            table.popitem(last=False)
+
     def _remember(self, twin: Twin) -> Twin:
-        exp = self._clock() + self.cache_ttl
-        self._by_id[twin.id] = (twin, exp)
-        self._by_account[twin.account] = (twin, exp)
+        now = self._clock()
+        self._put(self._by_id, twin.id, (twin, now), self.max_records)
+        self._put(self._by_account, twin.account, (twin, now), self.max_records)
+        self._unknown.pop(("id", twin.id), None)
+        self._unknown.pop(("account", twin.account), None)
         return twin
 
     def _cached(self, table: dict, key: Any) -> Twin | None:
         hit = table.get(key)
-        if hit is None:
-            return None
-        if hit[1] <= self._clock():
-            table.pop(key, None)
-            return None
+        if hit is None or hit[1] + self.cache_ttl <= self._clock():
+            return None   # kept: a stale record is still served if the registry fails
         return hit[0]
 
-    async def _lookup(self, key: Any, path: str, what: str) -> Twin:
+    def _stale(self, table: dict, key: Any, exc: Exception) -> Twin | None:
+        hit = table.get(key)
+        if hit is None:
+            return None
+        age = self._clock() - hit[1]
+        if age > self.cache_ttl + self.max_stale:
+            return None
+        self.stale_served += 1
+        if self.on_stale is not None:
+            self.on_stale(hit[0], age, exc)
+        return hit[0]
+
+    async def _lookup(self, key: Any, path: str, what: str, table: dict, tkey: Any) -> Twin:
         fut = self._inflight.get(key)
         if fut is not None:
             return await asyncio.shield(fut)
+        until = self._unknown.get(key)
+        if until is not None:
+            if until > self._clock():
+                raise UnknownTwin(f"unknown twin {what} (remembered)")
+            del self._unknown[key]
         fut = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
         try:
             self.fetches += 1
-            status, data = await self._request("GET", path)
-            if status == 404:
-                raise UnknownTwin(f"unknown twin {what}")
-            if status != 200:
-                reason = data.get("error") if isinstance(data, dict) else None
-                raise DirectoryError(f"registry answered {status} for twin {what}: {reason}")
             try:
-                twin = self._remember(Twin.from_json(data))
-            except ValueError as exc:
-                raise DirectoryError(f"malformed twin record for {what}: {exc}") from None
+                status, data = await self._request("GET", path)
+                if status == 404:
+                    table.pop(tkey, None)
+                    if self.negative_ttl > 0:
+                        self._put(self._unknown, key, self._clock() + self.negative_ttl,
+                                  self.max_records)
+                    raise UnknownTwin(f"unknown twin {what}")
+                if status != 200:
+                    reason = data.get("error") if isinstance(data, dict) else None
+                    raise DirectoryError(f"registry answered {status} for twin {what}: "
+                                         f"{str(reason)[:200]}")
+                try:
+                    twin = self._remember(Twin.from_json(data))
+                except ValueError as exc:
+                    raise DirectoryError(f"malformed twin record for {what}: {exc}") from None
+            except DirectoryError as exc:
+                twin = self._stale(table, tkey, exc)
+                if twin is None:
+                    raise
             fut.set_result(twin)
             return twin
         except asyncio.CancelledError:
@@ -229,23 +300,26 @@ class TwinDirectory:
             self._inflight.pop(key, None)
 
     async def get(self, twin_id: int) -> Twin:
-        """The twin with this id (cached for cache_ttl s). Raises UnknownTwin / DirectoryError."""
+        """The twin with this id (cached for cache_ttl s; stale-if-error up to max_stale s
+        more). Raises UnknownTwin / DirectoryError."""
         twin_id = int(twin_id)
         if not (0 < twin_id < 2**32):
             raise UnknownTwin(f"unknown twin {twin_id} (ids are 1..2^32-1)")
         hit = self._cached(self._by_id, twin_id)
         if hit is not None:
             return hit
-        return await self._lookup(("id", twin_id), f"/twins/{twin_id}", str(twin_id))
+        return await self._lookup(("id", twin_id), f"/twins/{twin_id}", str(twin_id),
+                                  self._by_id, twin_id)
 
     async def get_by_account(self, account: bytes) -> Twin:
-        """The twin registered with this 32-byte account key. Raises UnknownTwin / DirectoryError."""
+        """The twin registered with this 32-byte account key (cached like get()).
+        Raises UnknownTwin / DirectoryError."""
         account = bytes(account)
         hit = self._cached(self._by_account, account)
         if hit is not None:
             return hit
         return await self._lookup(("account", account), f"/twins?account={account.hex()}",
-                                  "with account " + account.hex())
+                                  "with account " + account.hex(), self._by_account, account)
 
     async def _write(self, method: str, path: str, body: dict) -> Twin:
         status, data = await self._request(method, path, body)
@@ -280,8 +354,10 @@ class TwinDirectory:
                                  signed_write_body(identity, "update", twin_id, relays, pk, ts))
 
     def invalidate(self, twin_id: int) -> None:
-        """Forget the cached record of this twin (next get() asks the registry)."""
+        """Forget the cached record of this twin (next get() asks the registry; nothing
+        stale is left to serve if it fails)."""
         hit = self._by_id.pop(int(twin_id), None)
+        self._unknown.pop(("id", int(twin_id)), None)
         if hit is not None:
             self._by_account.pop(hit[0].account, None)
 

@@ -27,12 +27,14 @@ remote input; remote input only ever produces verdicts and events.
 from __future__ import annotations
 
 import collections
+import heapq
 import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from rmb_peer.envelope import Envelope, is_expired, message_kind, relay_error
+from rmb_peer.errors import RmbLocalError
 
 #: relay error texts (rmb-rs v1.5.1 relay/api.rs and federation/router.rs; DESIGN.md section 3)
 ERR_WRONG_SOURCE = "message wrong source"
@@ -43,15 +45,22 @@ ERR_NO_RELAYS = "relay info is not set for this twin"
 ERR_EXPIRED = "message has expired"
 ERR_OFFLINE = "destination offline"
 ERR_FEDERATION_FULL = "federation queue is full, dropping message"
+#: our texts (rmb-rs drops the oldest silently instead; issue #11 finding 4)
+ERR_QUEUE_FULL = "destination offline queue is full, dropping message"
+ERR_DOMAIN_FULL = "federation queue for the destination's relay is full, dropping message"
+ERR_TOO_LARGE = "envelope too large"
 #: the envelope tag that asks for `destination offline` instead of queueing
 TAG_FAIL_FAST = "fail-fast"
 
 Session = tuple[int, "str | None"]
 
 
-class RelayCoreError(Exception):
+class RelayCoreError(RmbLocalError):
     """Local misuse of the relay core (an impossible state transition, a bad argument).
-    Remote input never raises this."""
+    Remote input never raises this. The RMB protocol's one local-error base is
+    rmb_peer.errors.RmbLocalError (RuntimeError); its one remote-error base is
+    RmbRemoteError (ValueError: EnvelopeError, SignatureError, TokenError, ...), which the
+    relay's entry-point guards turn into an error reply, a logged drop or a close."""
 
 
 # --------------------------------------------------------------------------- connections
@@ -269,6 +278,17 @@ class Attempt:
 
 
 @dataclass
+class FederationCircuit(FederationEvent):
+    """A domain's circuit changed: state "open" (after `failures` consecutive failed
+    attempts, attempts to it pause for `cooldown` s; jobs wait or use their other relays)
+    or "closed" (an attempt got an answer again)."""
+    domain: str
+    state: str
+    failures: int
+    cooldown: float
+
+
+@dataclass
 class _Job:
     id: int
     env: Envelope
@@ -284,10 +304,24 @@ class _Job:
     attempts: int = 0
     wake_at: float = 0.0
     domain: str = ""
+    parked: bool = False
+
+
+@dataclass
+class _Circuit:
+    failures: int = 0          # consecutive failed attempts
+    open_until: float = 0.0    # attempts paused until then (0: closed)
+    cooldown: float = 0.0      # current open period, s
+    probing: bool = False      # the one half-open attempt is in flight
+    jobs: int = 0              # pending jobs that list this domain
+    inflight: int = 0          # attempts in flight to this domain
+    blocked: collections.deque = field(default_factory=collections.deque)  # job ids waiting for a slot
 
 
 class FederationScheduler:
-    """The federation retry plan (DESIGN.md section 3; rmb-rs federation/router.rs).
+    """The federation retry plan (DESIGN.md section 3; rmb-rs federation/router.rs), with
+    per-domain bounds (issue #11 finding 5: one twin pointing its relay at a dead address
+    saturated the relay).
 
     A job is one envelope for a twin whose relays are not ours. Each pass tries the twin's
     relays once, in the ranker's order at the start of the pass. A 202 ends the job
@@ -300,15 +334,29 @@ class FederationScheduler:
     repeat until the deadline: min(envelope timestamp + expiration, submit + max_job_ttl);
     then `FederationExpired` (reply `message has expired` for requests).
 
-    States (table `_TRANSITIONS`): ready -dispatch-> in_flight; in_flight -accepted|refused->
-    done; in_flight -failed-> ready (more relays in this pass) | waiting (pass over) |
-    done (deadline passed); waiting -wake-> ready; ready|waiting -expire-> done.
-    An impossible transition (e.g. reporting a job that is not in flight) raises
-    RelayCoreError naming the state and the input.
+    Per-domain circuit: after `circuit_threshold` consecutive failed attempts a domain is
+    open for a jittered cooldown (`circuit_base` s doubling up to `circuit_max`); no job
+    attempts it meanwhile (a job skips to its next relay, or waits parked until the
+    earliest of its circuits half-opens); then ONE probe attempt is let through: an answer
+    closes the circuit, a failure re-opens it with a doubled cooldown. So a dead domain
+    costs about one attempt per cooldown, whatever the number of jobs (`FederationCircuit`
+    events). Per-domain cap: a job is refused (`submit` returns None, `refusal` says why)
+    when every one of its domains already has `max_jobs_per_domain` pending jobs, so one
+    dead domain cannot fill the table other routes need (`max_jobs` overall). At most
+    `max_inflight_per_domain` attempts to one domain are in flight; further ready jobs for
+    it wait for a slot (they are released one per finished attempt).
+
+    States (table `_TRANSITIONS`): ready -dispatch-> in_flight; ready -park-> waiting;
+    in_flight -accepted|refused-> done; in_flight -failed-> ready (more relays in this pass)
+    | waiting (pass over) | done (deadline passed); waiting -wake-> ready;
+    ready|waiting -expire-> done. An impossible transition (e.g. reporting a job that is
+    not in flight) raises RelayCoreError naming the state and the input.
+    Cost: attempts_due and handle_timer touch only due jobs (a ready queue and a timer heap).
     """
 
     _TRANSITIONS = {
         ("ready", "dispatch"): {"in_flight"},
+        ("ready", "park"): {"waiting"},
         ("in_flight", "accepted"): {"done"},
         ("in_flight", "refused"): {"done"},
         ("in_flight", "failed"): {"ready", "waiting", "done"},
@@ -320,7 +368,9 @@ class FederationScheduler:
     def __init__(self, ranker: Ranker, rng: random.Random | None = None, *,
                  fast_passes: int = 3, base_backoff: float = 0.5, slow_backoff: float = 5.0,
                  attempt_timeout: float = 10.0, max_job_ttl: float = 3600.0,
-                 max_jobs: int = 10000):
+                 max_jobs: int = 10000, max_jobs_per_domain: int = 2000,
+                 circuit_threshold: int = 5, circuit_base: float = 2.0,
+                 circuit_max: float = 60.0, max_inflight_per_domain: int = 32):
         self.ranker = ranker
         self.rng = rng or random.Random()
         self.fast_passes = fast_passes
@@ -329,7 +379,17 @@ class FederationScheduler:
         self.attempt_timeout = attempt_timeout
         self.max_job_ttl = max_job_ttl
         self.max_jobs = max_jobs
+        self.max_jobs_per_domain = max_jobs_per_domain
+        self.circuit_threshold = circuit_threshold
+        self.circuit_base = circuit_base
+        self.circuit_max = circuit_max
+        self.max_inflight_per_domain = max_inflight_per_domain
+        #: why the last submit returned None (ERR_FEDERATION_FULL or ERR_DOMAIN_FULL)
+        self.refusal = ""
         self._jobs: dict[int, _Job] = {}
+        self._circuits: dict[str, _Circuit] = {}
+        self._ready: collections.deque[int] = collections.deque()
+        self._heap: list[tuple[float, int]] = []
         self._next_id = 1
         self._events: collections.deque[FederationEvent] = collections.deque()
 
@@ -342,6 +402,17 @@ class FederationScheduler:
         job.state = new
         if new == "done":
             del self._jobs[job.id]
+            for d in job.domains:
+                c = self._circuits.get(d)
+                if c is not None:
+                    c.jobs -= 1
+                    if c.jobs <= 0 and not c.probing and not c.inflight:
+                        del self._circuits[d]
+        elif new == "ready":
+            self._ready.append(job.id)
+            heapq.heappush(self._heap, (job.deadline, job.id))
+        elif new == "waiting":
+            heapq.heappush(self._heap, (min(job.wake_at, job.deadline), job.id))
 
     # -- API
     def __len__(self) -> int:
@@ -350,22 +421,41 @@ class FederationScheduler:
     def in_flight(self) -> int:
         return sum(1 for j in self._jobs.values() if j.state == "in_flight")
 
+    def circuit_open(self, domain: str, now: float) -> bool:
+        """True while attempts to `domain` are paused."""
+        c = self._circuits.get(domain)
+        return c is not None and (c.probing or now < c.open_until)
+
+    def domain_jobs(self, domain: str) -> int:
+        c = self._circuits.get(domain)
+        return c.jobs if c is not None else 0
+
     def submit(self, env: Envelope, data: bytes, domains: list[str], now: float,
                context: Any = None) -> int | None:
         """Plans federation of `env` (serialized `data`) to the twin relays `domains`.
         `context` is handed back in Refused/Expired events (the daemon puts the sender
-        session there). Returns the job id, or None when `max_jobs` jobs are pending (the
-        caller answers ERR_FEDERATION_FULL). Raises RelayCoreError for no domains."""
+        session there). Returns the job id, or None when `max_jobs` jobs are pending or
+        every domain has `max_jobs_per_domain` (then `refusal` holds the error text for
+        the sender). Raises RelayCoreError for no domains."""
         if not domains:
             raise RelayCoreError("federation needs at least one relay domain")
+        domains = list(dict.fromkeys(domains))
         if len(self._jobs) >= self.max_jobs:
+            self.refusal = ERR_FEDERATION_FULL
+            return None
+        if all(self.domain_jobs(d) >= self.max_jobs_per_domain for d in domains):
+            self.refusal = ERR_DOMAIN_FULL
             return None
         deadline = min(float(env.timestamp) + float(env.expiration), now + self.max_job_ttl)
-        job = _Job(id=self._next_id, env=env, data=data, domains=list(dict.fromkeys(domains)),
+        job = _Job(id=self._next_id, env=env, data=data, domains=domains,
                    deadline=deadline, submitted=now, context=context)
         self._next_id += 1
         self._jobs[job.id] = job
+        for d in domains:
+            self._circuits.setdefault(d, _Circuit()).jobs += 1
         self._start_pass(job, now)
+        self._ready.append(job.id)
+        heapq.heappush(self._heap, (job.deadline, job.id))
         return job.id
 
     def _start_pass(self, job: _Job, now: float) -> None:
@@ -380,23 +470,82 @@ class FederationScheduler:
         self._events.append(FederationExpired(job.id, job.env.uid, job.attempts, job.context,
                                               self._reply(job, ERR_EXPIRED)))
 
+    def _usable(self, domain: str, now: float) -> bool:
+        c = self._circuits.get(domain)
+        return c is None or (not c.probing and now >= c.open_until)
+
     def attempts_due(self, now: float) -> list[Attempt]:
-        """Every attempt to start now (ready jobs go in flight). Jobs past their deadline
-        expire instead (events)."""
+        """Every attempt to start now (ready jobs go in flight; a job whose remaining
+        relays in this pass all have open circuits is parked until one half-opens). Jobs
+        past their deadline expire instead (events)."""
         out: list[Attempt] = []
-        for job in list(self._jobs.values()):
-            if job.state != "ready":
+        ready, self._ready = self._ready, collections.deque()
+        while ready:
+            job = self._jobs.get(ready.popleft())
+            if job is None or job.state != "ready":
                 continue
             if now >= job.deadline:
                 self._move(job, "expire", "done")
                 self._expire(job)
                 continue
+            while job.index < len(job.order) and not self._usable(job.order[job.index], now):
+                job.index += 1
+            if job.index >= len(job.order):
+                # every remaining relay of this pass is paused: wait for the first to
+                # half-open, then retry the pass from the start (not counted as a pass)
+                reopen = min(self._circuits[d].open_until for d in job.order
+                             if d in self._circuits)
+                job.index = 0
+                job.parked = True
+                job.wake_at = min(max(reopen, now + 0.001) + self.rng.uniform(0, 0.25),
+                                  job.deadline)
+                self._move(job, "park", "waiting")
+                continue
             job.domain = job.order[job.index]
+            c = self._circuits.setdefault(job.domain, _Circuit())
+            if c.inflight >= self.max_inflight_per_domain:
+                c.blocked.append(job.id)               # stays ready; released by _slot_freed
+                continue
+            if c.open_until:
+                c.probing = True                       # the one half-open probe
+            c.inflight += 1
             job.attempts += 1
             self._move(job, "dispatch", "in_flight")
             out.append(Attempt(job.id, job.env.uid, job.domain, job.attempts, job.data,
                                max(0.001, min(self.attempt_timeout, job.deadline - now))))
         return out
+
+    def _slot_freed(self, domain: str) -> None:
+        c = self._circuits.get(domain)
+        if c is None:
+            return
+        c.inflight = max(0, c.inflight - 1)
+        while c.blocked:
+            job = self._jobs.get(c.blocked.popleft())
+            if job is not None and job.state == "ready":
+                self._ready.append(job.id)
+                break
+
+    def _answered(self, domain: str) -> None:
+        c = self._circuits.get(domain)
+        if c is None:
+            return
+        was_open = bool(c.open_until)
+        c.failures, c.open_until, c.cooldown, c.probing = 0, 0.0, 0.0, False
+        if was_open:
+            self._events.append(FederationCircuit(domain, "closed", 0, 0.0))
+
+    def _failed(self, domain: str, now: float) -> None:
+        c = self._circuits.setdefault(domain, _Circuit())
+        c.failures += 1
+        if c.probing or c.failures >= self.circuit_threshold:
+            first = not c.open_until
+            c.cooldown = min(self.circuit_max,
+                             self.circuit_base if first else max(self.circuit_base, c.cooldown * 2))
+            c.open_until = now + c.cooldown * self.rng.uniform(0.8, 1.2)
+            c.probing = False
+            if first:
+                self._events.append(FederationCircuit(domain, "open", c.failures, c.cooldown))
 
     def report(self, job_id: int, outcome: str, now: float, status: int = 0, reason: str = "") -> None:
         """The result of the attempt in flight for `job_id`: outcome "accepted" (202),
@@ -405,12 +554,19 @@ class FederationScheduler:
         job = self._jobs.get(job_id)
         if job is None:
             raise RelayCoreError(f"federation job {job_id}: unknown (state 'done'?) on input {outcome!r}")
+        if outcome not in ("accepted", "refused", "failed"):
+            raise RelayCoreError(f"federation job {job_id}: unknown outcome {outcome!r} "
+                                 f"in state {job.state!r}")
+        if job.state == "in_flight":
+            self._slot_freed(job.domain)
         if outcome == "accepted":
             self._move(job, "accepted", "done")
+            self._answered(job.domain)
             self._events.append(FederationAccepted(job.id, job.env.uid, job.domain, job.attempts,
                                                    now - job.submitted))
         elif outcome == "refused":
             self._move(job, "refused", "done")
+            self._answered(job.domain)
             text = reason or f"relay {job.domain} refused the message (HTTP {status})"
             self._events.append(FederationRefused(job.id, job.env.uid, job.domain, job.attempts,
                                                   status, reason, job.context, self._reply(job, text)))
@@ -418,6 +574,7 @@ class FederationScheduler:
             if job.state != "in_flight":
                 self._move(job, "failed", "ready")  # raises with state and input
             self.ranker.downvote(job.domain, now)
+            self._failed(job.domain, now)
             self._events.append(FederationAttemptFailed(job.id, job.env.uid, job.domain,
                                                         job.attempts, status, reason))
             if now >= job.deadline:
@@ -434,28 +591,42 @@ class FederationScheduler:
                 delay = self.slow_backoff
             delay *= self.rng.uniform(0.5, 1.5)
             job.wake_at = min(now + delay, job.deadline)
+            job.parked = False
             self._move(job, "failed", "waiting")
         else:
             raise RelayCoreError(f"federation job {job_id}: unknown outcome {outcome!r} "
                                  f"in state {job.state!r}")
 
+    def _top(self) -> float | None:
+        heap = self._heap
+        while heap:
+            when, jid = heap[0]
+            job = self._jobs.get(jid)
+            if job is not None and ((job.state == "waiting" and when == min(job.wake_at, job.deadline))
+                                    or (job.state == "ready" and when == job.deadline)):
+                return when
+            heapq.heappop(heap)                        # stale entry
+        return None
+
     def get_timer(self) -> float | None:
         """The next time (unix s) handle_timer has work: a backoff ends or a deadline."""
-        times = [j.wake_at for j in self._jobs.values() if j.state == "waiting"]
-        times += [j.deadline for j in self._jobs.values() if j.state == "ready"]
-        return min(times) if times else None
+        return self._top()
 
     def handle_timer(self, now: float) -> None:
-        for job in list(self._jobs.values()):
-            if job.state == "waiting" and now >= job.deadline:
+        while True:
+            when = self._top()
+            if when is None or when > now:
+                return
+            _, jid = heapq.heappop(self._heap)
+            job = self._jobs[jid]
+            if now >= job.deadline:
                 self._move(job, "expire", "done")
                 self._expire(job)
-            elif job.state == "waiting" and now >= job.wake_at:
+            elif job.state == "waiting":
                 self._move(job, "wake", "ready")
-                self._start_pass(job, now)
-            elif job.state == "ready" and now >= job.deadline:
-                self._move(job, "expire", "done")
-                self._expire(job)
+                if not job.parked:
+                    self._start_pass(job, now)
+                job.parked = False
 
     def next_event(self) -> FederationEvent | None:
         return self._events.popleft() if self._events else None
@@ -574,7 +745,55 @@ def pong_for(ping: Envelope) -> Envelope:
     pong.timestamp = ping.timestamp
     pong.expiration = ping.expiration
     pong.pong.SetInParent()
-    if ping.HasField("destination"):
+    if ping.HasField("destination") and ping.destination.twin != 0:
         pong.source.CopyFrom(ping.destination)
     pong.destination.CopyFrom(ping.source)
     return pong
+
+
+# --------------------------------------------------------------------------- log limiter
+
+class LogLimiter:
+    """Rate limit for warning lines (issue #11: "every refusal is one log line with a
+    reason, rate-limited"; 27,000 warnings in 45 s must become a handful plus counters).
+
+    Per key (a reason), at most `burst` lines per `window` s are allowed. `allow(key, now)`
+    returns (emit, suppressed): emit=True means log this one; `suppressed` is how many
+    lines of this key were withheld in the previous window(s) and are not yet reported
+    (the caller logs one summary line with that count). `flush(now)` returns
+    [(key, suppressed)] for keys whose window ended with lines withheld and forgets them
+    (call it from a periodic timer so a burst that stopped is still summarized).
+    Memory: one entry per key seen within the window; keys are reasons, a bounded set.
+    """
+
+    def __init__(self, burst: int = 5, window: float = 10.0):
+        if burst <= 0 or window <= 0:
+            raise RelayCoreError(f"log limiter needs burst > 0 and window > 0 ({burst}, {window})")
+        self.burst = burst
+        self.window = window
+        #: key -> [window start, lines allowed in it, lines withheld not yet reported]
+        self._state: dict[str, list] = {}
+
+    def allow(self, key: str, now: float) -> tuple[bool, int]:
+        st = self._state.get(key)
+        if st is None:
+            self._state[key] = [now, 1, 0]
+            return True, 0
+        suppressed = 0
+        if now - st[0] >= self.window:
+            suppressed = st[2]
+            st[0], st[1], st[2] = now, 0, 0
+        if st[1] < self.burst:
+            st[1] += 1
+            return True, suppressed
+        st[2] += 1
+        return False, suppressed
+
+    def flush(self, now: float) -> list[tuple[str, int]]:
+        out = []
+        for key, st in list(self._state.items()):
+            if now - st[0] >= self.window:
+                if st[2]:
+                    out.append((key, st[2]))
+                del self._state[key]
+        return out

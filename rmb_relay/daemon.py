@@ -6,9 +6,14 @@ ONE aiohttp server port serves everything, like rmb-rs v1.5.1 (relay/api.rs):
                  HTTP answers before the upgrade: no query 400, bad or expired token 401,
                  unknown twin 401, twin lookup failure 500 (DESIGN.md section 3).
   POST /         federation from other relays: body = the raw envelope bytes.
+                 Authenticated and bounded (issue #11): the envelope signature is verified
+                 with the source twin's account key before anything is queued.
                  202 accepted (delivered or queued), 400 unparsable / expired,
-                 404 `destination offline` for a `fail-fast` envelope, 413 oversized,
-                 503 shutting down or the offline queue failed (the sender retries).
+                 401 unsigned, unknown source twin or bad signature, 404 unknown
+                 destination twin (nothing queued) or `destination offline` for a
+                 `fail-fast` envelope, 413 oversized, 421 destination not served here,
+                 429 source relay over --federation-limit or destination queue full,
+                 503 shutting down, registry or offline queue failed (the sender retries).
   GET  /metrics  Prometheus text (own CollectorRegistry);  GET /health  JSON.
 
 Why aiohttp on the server side and not the websockets library: rmb-rs serves the WS
@@ -28,7 +33,9 @@ an envelope close with 1007, frames above 2 x --max-size close with 1009):
 
 Offline queue (seed: rmb.md "Peer"; DESIGN.md: "queue for ~1 h, replay on reconnect"):
 a Redis stream per (twin, sid), key `rmb.relay.<first domain>.queue.<twin>[:<sid>]`,
-XADD MAXLEN ~ --queue-maxlen, key EXPIRE --queue-ttl (s), each entry carries its deadline
+at most --queue-maxlen entries: a full queue refuses the NEW envelope (the sender gets
+`destination offline queue is full, dropping message`, metric rmb_relay_queue_full;
+nothing queued is ever evicted), key EXPIRE --queue-ttl (s), each entry carries its deadline
 min(envelope deadline, enqueue + queue-ttl). On (re)connect the stream is replayed in
 order; an entry is XDEL'd only after its WebSocket write succeeded; live envelopes for a
 connection still replaying go through the stream too, so order is kept.
@@ -41,11 +48,34 @@ destination's connection in the same loop pass, one event read as received + del
 the trace report) or `rmb.relay.received` and then `delivered` / `queued` / `federated` / an
 error (the peer_to_relay and relay_transit stages need both). Event loop: uvloop
 when installed (--event-loop).
+
+Robustness (issue #11): twin records are served stale-while-revalidate up to
+--twin-max-stale past their TTL (rmb_relay/lookups.py) and a lookup that must reach the
+registry delays only envelopes for that twin; federation out is bounded per domain
+(circuit, in-flight cap, job cap: rmb_relay/core.py FederationScheduler); warnings are
+rate-limited per reason (rmb.relay.suppressed + rmb_relay_log_suppressed); fd exhaustion
+is reported (rmb.relay.accept_failed, rmb_relay_accept_failed, rmb_relay_open_fds); each
+entry point (frame, queue item, timer, task, HTTP handler) has one guard that turns an
+unexpected exception into rmb.relay.bug without killing the daemon. Extra events:
+rmb_relay/events.py.
+
+Structure (DESIGN.md section 2): the decisions live in the sans-I/O RelayCore
+(rmb_relay/relay_core.py: per-session state table, routing, twin table, federation plan,
+federation-in checks). This module is its asyncio adapter: it feeds the core's inputs
+(peer_connected, receive_frame, twin_resolved, enqueued, queue_replayed,
+federation_result, receive_federation, handle_timer) and executes its commands
+(WriteFrame on aiohttp WebSockets, Enqueue / ReplayQueue on Redis streams, LookupTwin on
+the registry client, PostFederation with aiohttp, CloseConnection, Log to the event log
+and metrics). Clock: the core gets wall-clock unix seconds (envelope expiry compares with
+wire timestamps); its timer deadline becomes a loop call_later delay. Token auth (GET)
+stays here: it uses rmb_relay.lookups.TwinLookups (stale-while-revalidate).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import os
 import random
 import socket
 import time
@@ -58,19 +88,22 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 
 from daemon_runtime.eventlog import EventLog
-from rmb_peer.envelope import (
-    MAX_ENVELOPE_SIZE, Envelope, EnvelopeError, address_str, deadline, is_expired,
-    message_kind, parse_envelope, relay_error,
-)
+from rmb_peer.envelope import MAX_ENVELOPE_SIZE, Envelope, address_str, message_kind
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
 from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
 from rmb_relay.core import (
-    ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_RATE_LIMIT,
-    ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, ConnectionTable, Drop, FederationAccepted,
-    FederationAttemptFailed, FederationExpired, FederationRefused, FederationScheduler,
-    Federate, FixedWindowLimiter, Forward, Local, NoLimit, Ranker, Refuse, RelayRouter, Reply,
-    Session, session_of, session_str,
+    ERR_DOMAIN_FULL, ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE,
+    ERR_QUEUE_FULL, ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, FederationScheduler,
+    FixedWindowLimiter, LogLimiter, NoLimit, Ranker, Session, session_str,
+)
+from rmb_relay.events import RELAY_EVENTS
+from rmb_relay.lookups import TwinLookups
+from rmb_relay.relay_core import (
+    ERR_BAD_SIGNATURE, ERR_FED_RATE, ERR_NOT_HERE, ERR_SHARE_FULL, ERR_UNKNOWN_SOURCE,
+    ERR_UNSIGNED,
+    CloseConnection, Enqueue, FederationAnswer, Log, LookupTwin, PostFederation, RelayCore,
+    ReplayQueue, WriteFrame,
 )
 
 __all__ = ["RelayServer", "build_parser", "main", "DEFAULT_PORT"]
@@ -81,8 +114,38 @@ CLOSE_UNSUPPORTED = 1003       # text frame
 CLOSE_INVALID = 1007           # bytes that are not an envelope
 CLOSE_REPLACED = 4000          # a newer connection with the same (twin, sid) took over
 FED_CONTENT_TYPE = "application/x-protobuf"
-#: seconds between the relay's WebSocket pings to each peer (rmb-peer itself pings every 20 s)
-HEARTBEAT = 60.0
+#: seconds between the relay's WebSocket pings to each peer (rmb-peer itself pings every 20 s);
+#: a peer that does not answer within half of it is closed, so a vanished peer (no FIN) is
+#: freed within 1.5 x HEARTBEAT (was 60 s: ~90 s per dead socket, issue #11 finding 7)
+HEARTBEAT = 20.0
+#: seconds aiohttp waits for the peer's close frame after we close (its default is 10 s)
+CLOSE_TIMEOUT = 2.0
+#: frames up to this multiple of --max-size are read and answered with a relay error when
+#: too large; only larger frames close the connection with 1009 (issue #11 finding 6)
+FRAME_FACTOR = 4
+#: longest a federation POST waits for the twin lookups its checks need, seconds
+FEDERATION_ANSWER_TIMEOUT = 15.0
+#: per source relay: envelopes and bytes per 60 s window on POST / (--federation-limit)
+DEFAULT_FEDERATION_LIMIT = (120_000, 512 * 1024 * 1024)
+#: offline-queue outcomes of _enqueue / _deliver
+QUEUED, FULL, FAILED, SHARE_FULL = "queued", "full", "failed", "share"
+
+#: XADD only below the cap: a full queue refuses the new envelope instead of trimming the
+#: oldest (XADD MAXLEN did that silently; issue #11 finding 4). Returns the new length or -1.
+#: A second bound per sender twin (KEYS[2]: hash sender -> entries it has in the stream):
+#: one sender cannot take more than --queue-per-source entries of a twin's queue, so it
+#: cannot crowd the others out either (-2).
+_ENQUEUE_LUA = """
+local n = redis.call('XLEN', KEYS[1])
+if n >= tonumber(ARGV[1]) then return -1 end
+local c = tonumber(redis.call('HGET', KEYS[2], ARGV[6]) or '0')
+if c >= tonumber(ARGV[7]) then return -2 end
+redis.call('XADD', KEYS[1], '*', 'e', ARGV[2], 'd', ARGV[3], 't', ARGV[4], 's', ARGV[6])
+redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+return n + 1
+"""
 
 
 def _is_fail_fast(env: Envelope) -> bool:
@@ -99,9 +162,52 @@ def _lenient_decode(data: bytes) -> Envelope | None:
         env.ParseFromString(bytes(data))
     except Exception:  # noqa: BLE001 - any decode failure means "not an envelope"
         return None
-    if not env.uid or len(env.uid) > 256:
+    if not env.uid:
         return None
     return env
+
+
+class RelayStartError(RuntimeError):
+    """The relay cannot start (Redis unreachable); the text names the URL and the flag."""
+
+
+def _fd_limit() -> int:
+    try:
+        import resource
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        return 0
+
+
+def raise_fd_limit() -> int:
+    """Raises the soft RLIMIT_NOFILE to the hard limit (10,000 peers need 10,000 fds);
+    returns the new soft limit."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class _SessionView:
+    """Read-only view of the core's sessions: session -> its _Peer (tests, health, close)."""
+
+    def __init__(self, core):
+        self._core = core
+
+    def get(self, session: Session):
+        c = self._core._sessions.get(session)
+        return c.conn if c is not None else None
+
+    def __len__(self) -> int:
+        return len(self._core._sessions)
+
+    def items(self):
+        return [(sess, c.conn) for sess, c in self._core._sessions.items()]
 
 
 class _Peer:
@@ -187,6 +293,31 @@ class _Metrics:
                                  registry=r)
         self.fed_jobs = Gauge("rmb_relay_federation_jobs", "envelopes waiting for federation",
                               registry=r)
+        self.queue_full = Counter("rmb_relay_queue_full",
+                                  "envelopes refused because the destination's offline queue "
+                                  "was full (the sender got an error)", ["via"], registry=r)
+        self.accept_failed = Counter("rmb_relay_accept_failed",
+                                     "connections the relay could not accept (fd limit)",
+                                     ["reason"], registry=r)
+        self.suppressed = Counter("rmb_relay_log_suppressed",
+                                  "warning lines withheld by the log rate limit", ["reason"],
+                                  registry=r)
+        self.open_fds = Gauge("rmb_relay_open_fds", "open file descriptors of the relay "
+                              "(sampled every second)", registry=r)
+        self.fd_limit = Gauge("rmb_relay_fd_limit", "RLIMIT_NOFILE soft limit of the relay",
+                              registry=r)
+        self.fed_refused = Counter("rmb_relay_federation_refused",
+                                   "federation POSTs refused (bad signature, unknown twin, "
+                                   "limits, ...)", ["reason"], registry=r)
+        self.stale_served = Counter("rmb_relay_twin_stale_served",
+                                    "twin records served past their TTL because the "
+                                    "registry could not be reached", registry=r)
+        self.circuit_opened = Counter("rmb_relay_federation_circuit_opened",
+                                      "times a federation domain's circuit opened", ["domain"],
+                                      registry=r)
+        self.capacity_refused = Counter("rmb_relay_capacity_refused",
+                                        "handshakes refused with 503 near the fd limit",
+                                        registry=r)
 
 
 class RelayServer:
@@ -209,8 +340,13 @@ class RelayServer:
                  registry_url: str, events: EventLog, limit: tuple[int, int] | None = None,
                  ranker_period: float = 3600.0, max_size: int = MAX_ENVELOPE_SIZE,
                  queue_ttl: float = 3600.0, queue_maxlen: int = 10000,
+                 queue_per_source: int | None = None,
                  directory: TwinDirectory | None = None, clock: Callable[[], float] = time.time,
-                 federation_timeout: float = 10.0, rng: random.Random | None = None):
+                 federation_timeout: float = 10.0, rng: random.Random | None = None,
+                 heartbeat: float = HEARTBEAT, max_frame: int | None = None,
+                 fd_reserve: int = 64,
+                 federation_limit: tuple[int, int] | None = DEFAULT_FEDERATION_LIMIT,
+                 verify_federation: bool = True, twin_max_stale: float = 3600.0):
         self.domains = list(domains)
         self.host, self.port = host, port
         self.events = events
@@ -218,16 +354,42 @@ class RelayServer:
         self.max_size = max_size
         self.queue_ttl = queue_ttl
         self.queue_maxlen = queue_maxlen
+        #: entries one sender twin may hold in one twin's offline queue (default: half)
+        self.queue_per_source = queue_per_source or max(1, queue_maxlen // 2)
+        self.heartbeat = heartbeat
+        self.max_frame = max_frame or FRAME_FACTOR * max_size
+        self.fd_reserve = fd_reserve
+        self.log_limiter = LogLimiter()
+        self.verify_federation = verify_federation
+        #: per source relay (remote address) fixed 60 s windows on federation POSTs
+        self.fed_limiter = FixedWindowLimiter(*federation_limit) if federation_limit else NoLimit()
+        self._accept_failures = 0
+        self._watchdog: asyncio.Task | None = None
         limiter = FixedWindowLimiter(*limit) if limit else NoLimit()
-        self.router = RelayRouter(self.domains, limiter)
         rng = rng or random.Random()
         self.ranker = Ranker(ranker_period, rng)
         self.federation = FederationScheduler(self.ranker, rng, attempt_timeout=federation_timeout,
                                               max_job_ttl=queue_ttl)
-        self.table = ConnectionTable()
+        self.redis_url = redis_url
         self.redis = aioredis.Redis.from_url(redis_url)
-        self.directory = directory or TwinDirectory(registry_url)
+        self.directory = directory or TwinDirectory(registry_url, negative_ttl=10.0,
+                                                    on_stale=self._on_stale)
         self._own_directory = directory is None
+        #: stale-while-revalidate twin records (rmb_relay.lookups); lookups that must go to
+        #: the registry run per destination twin (_chains) so they never block a connection
+        self.lookups = TwinLookups(self.directory, max_stale=twin_max_stale,
+                                   on_stale=self._on_stale, on_bug=self._bug)
+        #: the sans-I/O relay core: per-session state, routing, lookups, federation plan;
+        #: this class executes its commands (aiohttp, Redis, HTTP federation)
+        self.core = RelayCore(self.domains, limiter=limiter, ranker=self.ranker,
+                              federation=self.federation, max_size=max_size,
+                              queue_ttl=queue_ttl, twin_ttl=self.directory.cache_ttl,
+                              twin_max_stale=twin_max_stale,
+                              federation_limiter=self.fed_limiter,
+                              verify_federation=verify_federation)
+        self.router = self.core.router
+        self.table = _SessionView(self.core)
+        self._last_outcome = QUEUED
         self.metrics = _Metrics()
         self._qprefix = f"rmb.relay.{self.domains[0]}.queue."
         self._http: aiohttp.ClientSession | None = None
@@ -237,6 +399,8 @@ class RelayServer:
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
+        self._prev_handler = None
+        self._enqueue_script = self.redis.register_script(_ENQUEUE_LUA)
         self.app = web.Application(client_max_size=max_size)
         self.app.router.add_route("GET", "/", self._handle_get)
         self.app.router.add_route("POST", "/", self._handle_post)
@@ -245,16 +409,146 @@ class RelayServer:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> int:
-        """Check Redis, bind and serve; returns the bound port."""
-        await self.redis.ping()
+        """Check Redis, bind and serve; returns the bound port. Raises RelayStartError
+        naming the Redis URL and its flag when Redis cannot be reached."""
+        try:
+            await self.redis.ping()
+        except (aioredis.RedisError, OSError) as exc:
+            raise RelayStartError(f"cannot reach Redis at {self.redis_url} (set it with "
+                                  f"--redis URL): {exc}") from None
         self._http = aiohttp.ClientSession()
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        self.core.twin_ttl = self.directory.cache_ttl
+        await self._listen()
+        loop = asyncio.get_running_loop()
+        self._prev_handler = loop.get_exception_handler()
+        loop.set_exception_handler(self._loop_exception)
+        self.metrics.fd_limit.set(_fd_limit())
+        self._watchdog = loop.create_task(self._watch())
+        return self.port
+
+    async def _listen(self) -> None:
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
         self._site = site
         self.port = site._server.sockets[0].getsockname()[1]  # aiohttp has no public accessor
-        return self.port
+
+    # ------------------------------------------------------------------ fd exhaustion
+    def _loop_exception(self, loop, context: dict) -> None:
+        """asyncio reports accept() failing with EMFILE/ENFILE here (and retries after 1 s);
+        count it and log it rate-limited instead of leaving it to the default handler."""
+        message = str(context.get("message", ""))
+        exc = context.get("exception")
+        if "accept" in message and isinstance(exc, OSError):
+            self._accept_failed(f"{message}: {exc.strerror or exc}")
+            return
+        if self._prev_handler is not None:
+            self._prev_handler(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    def _accept_failed(self, reason: str) -> None:
+        label = "EMFILE" if "Too many open files" in reason or "EMFILE" in reason else "other"
+        self.metrics.accept_failed.labels(label).inc()
+        self._accept_failures += 1
+        emit, _ = self.log_limiter.allow("accept_failed", asyncio.get_running_loop().time())
+        if emit:
+            self.events.emit("rmb.relay.accept_failed", None, level="error",
+                             reason=reason[:200], count=self._accept_failures)
+            self._accept_failures = 0
+
+    def _listening(self) -> bool:
+        """Is the listening socket still accepting? uvloop closes a server whose accept
+        failed (EMFILE) without a word (uvloop streamserver: _fatal_error on an OSError)."""
+        server = self._site._server if self._site is not None else None
+        if server is None:
+            return False
+        try:
+            socks = server.sockets
+            if not socks:
+                return False
+            return socks[0].getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        except (OSError, AttributeError, ValueError):
+            return False
+
+    async def _watch(self) -> None:
+        """Every second: re-open the listener if the event loop closed it (fd exhaustion
+        under uvloop), flush rate-limited warning summaries."""
+        while not self._closing:
+            await asyncio.sleep(1.0)
+            try:
+                now = asyncio.get_running_loop().time()
+                for key, count in self.log_limiter.flush(now):
+                    self.events.emit("rmb.relay.suppressed", None, level="warning",
+                                     reason=key[:200], count=count)
+                self._check_fds()
+                if not self._closing and not self._listening():
+                    self._accept_failed("listener closed by the event loop (fd limit?); "
+                                        "re-opening it")
+                    try:
+                        if self._site is not None:
+                            await self._site.stop()
+                    except Exception:  # noqa: BLE001 - the old site is already broken
+                        pass
+                    try:
+                        await self._listen()
+                    except OSError as exc:
+                        self._accept_failed(f"re-opening the listener failed: {exc}")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the guard of this timer entry point
+                self._bug("watchdog", exc)
+
+    def _check_fds(self) -> None:
+        """At the fd limit accept() fails: asyncio reports it to _loop_exception, but
+        libuv (uvloop) accepts and closes the waiting connections itself without a word
+        (uv__emfile_trick). So the open fds are counted here and the limit reported."""
+        limit = _fd_limit()
+        try:
+            used = len(os.listdir("/proc/self/fd"))
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):   # not even one fd left to look
+                self._accept_failed(f"EMFILE: fd limit {limit} reached; new connections "
+                                    "are refused")
+            return
+        self.metrics.open_fds.set(used)
+        if limit > 0 and used >= limit - 2:
+            self._accept_failed(f"EMFILE: fd limit reached ({used} open of {limit}); "
+                                "new connections are refused")
+
+    def _on_stale(self, twin, age: float, exc: Exception) -> None:
+        """TwinDirectory served a record past its TTL because the registry failed
+        (stale-if-error, bounded by --twin-max-stale): one rate-limited line per twin."""
+        self.metrics.stale_served.inc()
+        self._warn(f"stale twin {twin.id}", "rmb.relay.twin_stale", None, twin=twin.id,
+                   stale_s=float(age), reason=str(exc)[:200])
+
+    def _bug(self, where: str, exc: BaseException) -> None:
+        """One guard per entry point ends here for anything that is not a remote error: a
+        logged bug; the daemon keeps running."""
+        self.events.emit("rmb.relay.bug", None, level="error", src=where,
+                         reason=f"{type(exc).__name__}: {exc}"[:300])
+
+    def _over_capacity(self) -> bool:
+        """True when accepting one more peer would leave fewer than fd_reserve fds."""
+        limit = _fd_limit()
+        server = self._runner.server if self._runner is not None else None
+        used = len(server.connections) if server is not None else 0
+        return limit > 0 and used + self.fd_reserve >= limit
+
+    def _warn(self, key: str, event: str, uid: str | None, level: str = "warning",
+              **attrs) -> None:
+        """A warning line, rate-limited per `key` (reason): at most LogLimiter.burst lines
+        per window, then one rmb.relay.suppressed line with the count."""
+        emit, suppressed = self.log_limiter.allow(key, asyncio.get_running_loop().time())
+        if suppressed:
+            self.events.emit("rmb.relay.suppressed", None, level="warning", reason=key[:200],
+                             count=suppressed)
+        if emit:
+            self.events.emit(event, uid, level=level, **attrs)
+        else:
+            self.metrics.suppressed.labels(_reason_label(key)).inc()
 
     def health(self) -> dict:
         return {"ok": not self._closing, "service": "rmb-relay", "domains": self.domains,
@@ -279,6 +573,8 @@ class RelayServer:
                                timeout=max(0.0, grace - (self.clock() - started)))
         if self._timer is not None:
             self._timer.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for task in list(self._fed_tasks) + list(self._tasks):
             task.cancel()
         for job_uid in self._abandon_federation():
@@ -289,30 +585,58 @@ class RelayServer:
             self._runner = None
         if self._http is not None:
             await self._http.close()
+        self.lookups.close()
         if self._own_directory:
             await self.directory.close()
         await self.redis.aclose()
+        loop = asyncio.get_running_loop()
+        if loop.get_exception_handler() == self._loop_exception:
+            loop.set_exception_handler(self._prev_handler)
 
     def _abandon_federation(self) -> list[str]:
         uids = [job.env.uid for job in self.federation._jobs.values()]
         self.federation._jobs.clear()
         return uids
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro, where: str = "task") -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda t: self._task_done(t, where))
         return task
+
+    def _task_done(self, task: asyncio.Task, where: str) -> None:
+        """The guard of every background task: an exception escaping one is a logged bug
+        (rmb.relay.bug), never an unretrieved-exception warning or a dead daemon."""
+        self._tasks.discard(task)
+        self._fed_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._bug(where, task.exception())
 
     # ------------------------------------------------------------------ HTTP entry
     def _refuse_auth(self, status: int, reason: str) -> web.Response:
         self.metrics.auth_failed.labels(str(status)).inc()
-        self.events.emit("rmb.relay.auth_failed", None, level="warning", status=status, reason=reason)
+        self._warn(f"auth {status} {reason[:40]}", "rmb.relay.auth_failed", None, status=status,
+                   reason=reason)
         return web.Response(status=status, text=reason + "\n")
 
     async def _handle_get(self, request: web.Request) -> web.StreamResponse:
+        """Peer connections: the guard of this entry point (unexpected -> logged bug)."""
+        try:
+            return await self._peer_entry(request)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
+            self._bug("peer connection", exc)
+            return web.Response(status=500, text="internal error\n")
+
+    async def _peer_entry(self, request: web.Request) -> web.StreamResponse:
         if self._closing:
             return web.Response(status=503, text="relay shutting down\n")
+        if self._over_capacity():
+            self.metrics.capacity_refused.inc()
+            self._warn("at connection capacity", "rmb.relay.auth_failed", None, status=503,
+                       reason=f"at connection capacity (fd limit {_fd_limit()})")
+            return web.Response(status=503, text="relay at connection capacity\n")
         token = request.rel_url.raw_query_string
         if not token:
             return self._refuse_auth(400, "missing token: connect to ws://host:port/?<jwt>")
@@ -320,7 +644,7 @@ class RelayServer:
         try:
             claims = token_claims_unverified(token)
             try:
-                twin = await self.directory.get(claims["sub"])
+                twin = await self.lookups.get(claims["sub"])
             except UnknownTwin:
                 raise TokenError(401, f"unknown twin {claims['sub']}") from None
             except DirectoryError as exc:
@@ -330,8 +654,8 @@ class RelayServer:
             return self._refuse_auth(exc.status, exc.reason)
         # heartbeat: a WS ping every HEARTBEAT s; no pong within half of it closes the
         # connection (a silently lost peer is detected instead of queueing into a dead socket)
-        ws = web.WebSocketResponse(max_msg_size=2 * self.max_size, autoping=True, compress=False,
-                                   heartbeat=HEARTBEAT)
+        ws = web.WebSocketResponse(max_msg_size=self.max_frame, autoping=True, compress=False,
+                                   heartbeat=self.heartbeat, timeout=CLOSE_TIMEOUT)
         if not ws.can_prepare(request).ok:
             return self._refuse_auth(400, "expected a WebSocket upgrade")
         await ws.prepare(request)
@@ -343,17 +667,22 @@ class RelayServer:
                           transport: asyncio.BaseTransport | None = None) -> None:
         sock = transport.get_extra_info("socket") if transport is not None else None
         peer = _Peer(ws, session, sock)
-        old = self.table.register(session, peer)
+        self.core.peer_connected(peer, session, self.clock())
         self.metrics.connections.set(len(self.table))
-        self.events.emit("rmb.relay.connected", None, src=peer.name)
-        if old is not None:
-            self._spawn(old.ws.close(code=CLOSE_REPLACED, message=b"replaced by a newer connection"))
-        peer.replay_task = self._spawn(self._replay(peer))
+        await self._run(peer)
         reason = "closed by peer"
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.BINARY:
-                    closed = await self._on_binary(peer, msg.data)
+                    try:
+                        closed = await self._on_binary(peer, msg.data)
+                    except (asyncio.CancelledError, ConnectionError):
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - the frame guard (DESIGN.md 2):
+                        # remote errors were answered inside; anything else is our bug, the
+                        # frame is dropped, the connection and the daemon live on
+                        self._bug(f"frame from {peer.name}", exc)
+                        continue
                     if closed:
                         reason = closed
                         break
@@ -368,12 +697,15 @@ class RelayServer:
                 if ws.close_code == CLOSE_REPLACED:
                     reason = "replaced by a newer connection"
         finally:
-            # identity-checked: a replaced connection's cleanup leaves the new one registered
-            self.table.unregister(session, peer)
+            # the core's table is identity-checked: a replaced connection's cleanup leaves
+            # the new one registered
+            self.core.peer_disconnected(peer, self.clock(), reason)
             self.metrics.connections.set(len(self.table))
             if peer.replay_task is not None and not peer.replay_task.done():
                 peer.replay_task.cancel()
-            self.events.emit("rmb.relay.disconnected", None, src=peer.name, reason=reason[:200])
+            for cmd in self.core.take():       # only log lines can follow a disconnect
+                if type(cmd) is Log:
+                    self._emit(cmd)
 
     async def _send(self, peer: _Peer, data: bytes) -> bool:
         if peer.ws.closed:
@@ -410,173 +742,162 @@ class RelayServer:
                 peer.sock = None
         peer.burst = None
 
-    async def _reply_on(self, peer: _Peer, env: Envelope, reason: str) -> None:
-        """A relay error (or pong) straight back on the sender's own connection."""
-        await self._send(peer, env.SerializeToString())
-
-    def _rejected(self, env: Envelope, reason: str, level: str = "warning") -> None:
-        self.metrics.rejected.labels(_reason_label(reason)).inc()
-        self.events.emit("rmb.relay.rejected", env.uid or None, level=level, reason=reason,
-                         src=address_str(env.source) if env.HasField("source") else "",
-                         dst=address_str(env.destination) if env.HasField("destination") else "")
-
     async def _on_binary(self, peer: _Peer, data: bytes) -> str | None:
-        """Handles one frame; returns a close reason when the connection was closed."""
-        now = self.clock()
-        try:
-            env = parse_envelope(data, self.max_size)
-        except EnvelopeError as exc:
-            return await self._on_bad_envelope(peer, data, exc)
-        size = len(data)
+        """Handles one frame through the core; returns a close reason when the core closed
+        this connection (bytes that are not an envelope)."""
         self.metrics.rx_peer.inc()
-        verdict = self.router.check_inbound(peer.session, env, size, now)
-        if type(verdict) is Forward:
-            target = self.table.get(session_of(env.destination))
-            if target is not None and not target.replaying and not target.ws.closed:
-                # the hot path: the live local route, no Redis, no lookup. Received and
-                # delivered in one loop pass are one state change for the trace, so ONE
-                # event, `forwarded` (DESIGN.md section 6: hot paths log at info only what
-                # traces need; spark/stages.py maps it onto both steps). check_inbound
-                # proved env.source == peer.session and the target was found by
-                # env.destination, so their names are the event's src/dst.
-                self._note_write(target)
-                try:
-                    await target.ws.send_bytes(data)
-                except (ConnectionError, RuntimeError):
-                    pass       # closed meanwhile: the slow path queues it
+        self.core.receive_frame(peer, data, self.clock())
+        return await self._run(peer)
+
+    # ------------------------------------------------------------------ executors
+    async def _run(self, current: _Peer | None = None) -> str | None:
+        """Executes the commands the core produced for the input just applied, in order
+        (taken at once, so concurrent callers never interleave one input's commands).
+        Returns the close reason when `current` was closed by a command."""
+        closed = None
+        core = self.core
+        arm = False
+        for cmd in core.take():
+            t = type(cmd)
+            if t is WriteFrame:
+                if await self._send(cmd.conn, cmd.data):
+                    if cmd.log is not None:
+                        self.metrics.dl_live.inc()
+                        self.events.emit(cmd.log.event, cmd.log.uid, **cmd.log.attrs)
+                elif cmd.session is not None:
+                    core.write_failed(cmd, self.clock())   # closed meanwhile: queue it
+                    closed = await self._run(current) or closed
+            elif t is Log:
+                self._emit(cmd)
+            elif t is Enqueue:
+                self._last_outcome = await self._xadd(cmd)
+                core.enqueued(cmd.token, self._last_outcome, self.clock())
+                closed = await self._run(current) or closed
+            elif t is LookupTwin:
+                self._spawn(self._lookup(cmd.twin), "twin lookup")
+            elif t is PostFederation:
+                arm = True
+                if not self._closing:
+                    task = asyncio.get_running_loop().create_task(self._post(cmd))
+                    self._fed_tasks.add(task)
+                    task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
+            elif t is ReplayQueue:
+                cmd.conn.replay_task = self._spawn(self._replay(cmd.conn), "offline replay")
+            elif t is FederationAnswer:
+                if cmd.status >= 400 and cmd.text != ERR_OFFLINE and cmd.text != ERR_EXPIRED:
+                    label = _reason_label(cmd.text)
+                    self.metrics.fed_refused.labels(label).inc()
+                    self._warn("federation in: " + label, "rmb.relay.rejected", cmd.uid,
+                               reason=cmd.text[:200],
+                               src=f"federation {cmd.origin} {cmd.src}".strip(), dst=cmd.dst)
+                if not cmd.request.done():
+                    cmd.request.set_result((cmd.status, cmd.text))
+            elif t is CloseConnection:
+                if cmd.conn is current:
+                    await current.ws.close(code=cmd.code, message=cmd.reason.encode()[:120])
+                    closed = cmd.reason
                 else:
-                    self.metrics.dl_live.inc()
-                    self.events.emit("rmb.relay.forwarded", env.uid,
-                                     kind=env.WhichOneof("message") or "none",
-                                     src=peer.name, dst=target.name, size=size)
-                    return None
-            self._received_event(env, size)
-            await self._forward(peer, env, data, now)
-            return None
-        self._received_event(env, size)
-        if type(verdict) is Reply:
-            if verdict.reason == "ping":
-                self.events.emit("rmb.relay.answered", env.uid, kind="pong", dst=peer.name)
-            else:
-                self._reject_event(env, verdict.reason, peer)
-            await self._reply_on(peer, verdict.envelope, verdict.reason)
-        elif type(verdict) is Drop:
-            if verdict.reason == ERR_EXPIRED:
-                self.metrics.expired.inc()
-                self.events.emit("rmb.relay.expired", env.uid, kind=message_kind(env),
-                                 src=_src(env), dst=address_str(env.destination),
-                                 reason="expired on arrival")
-            else:
-                self._reject_event(env, verdict.reason, peer)
-        return None
+                    self._spawn(cmd.conn.ws.close(code=cmd.code,
+                                                  message=cmd.reason.encode()[:120]),
+                                "close replaced connection")
+        if arm or core.federation_touched:
+            core.federation_touched = False
+            self._arm_timer()
+        return closed
 
-    def _received_event(self, env: Envelope, size: int) -> None:
-        self.events.emit("rmb.relay.received", env.uid, kind=message_kind(env),
-                         src=address_str(env.source) if env.HasField("source") else "",
-                         dst=address_str(env.destination), size=size)
-
-    def _reject_event(self, env: Envelope, reason: str, peer: _Peer | None) -> None:
-        if reason == ERR_RATE_LIMIT and peer is not None:
+    def _emit(self, cmd: Log) -> None:
+        """A core Log command -> metrics + one event line (warnings rate-limited)."""
+        ev, a = cmd.event, cmd.attrs
+        if ev == "rmb.relay.rejected":
+            label = _reason_label(a.get("reason", ""))
+            self.metrics.rejected.labels(label).inc()
+            self._warn(label, ev, cmd.uid, level=cmd.level, **a)
+            return
+        if ev == "rmb.relay.rate_limited":
             self.metrics.rejected.labels("rate limit").inc()
-            self.events.emit("rmb.relay.rate_limited", env.uid, level="warning", src=peer.name,
-                             size=env.ByteSize())
+            self._warn("rate limit", ev, cmd.uid, level=cmd.level, **a)
+            return
+        if ev == "rmb.relay.expired":
+            self.metrics.expired.inc()
+        elif ev == "rmb.relay.queued":
+            self.metrics.queued.inc()
+        elif ev == "rmb.relay.federated":
+            self.metrics.federated.inc()
+        elif ev == "rmb.relay.federation_failed":
+            self.metrics.fed_failed.labels(a.get("domain", "")).inc()
+            self._warn(f"federation to {a.get('domain', '')} failed", ev, cmd.uid,
+                       level=cmd.level, **a)
+            return
+        elif ev == "rmb.relay.circuit":
+            if str(a.get("reason", "")).startswith("open"):
+                self.metrics.circuit_opened.labels(a.get("domain", "")).inc()
+        elif ev == "rmb.relay.twin_stale":
+            self.metrics.stale_served.inc()
+            self._warn(f"stale twin {a.get('twin')}", ev, cmd.uid, level=cmd.level, **a)
+            return
+        if cmd.level == "warning":
+            self._warn(f"{ev} {a.get('reason', '')[:60]}", ev, cmd.uid, level=cmd.level, **a)
         else:
-            self._rejected(env, reason)
+            self.events.emit(ev, cmd.uid, level=cmd.level, **a)
 
-    async def _on_bad_envelope(self, peer: _Peer, data: bytes, exc: EnvelopeError) -> str | None:
-        env = _lenient_decode(data)
-        text = str(exc)
-        if env is None:
-            self.metrics.rejected.labels("unparsable").inc()
-            self.events.emit("rmb.relay.rejected", None, level="warning", reason=text[:200],
-                             src=peer.name, dst="")
-            await peer.ws.close(code=CLOSE_INVALID, message=text[:120].encode())
-            return text
-        if not env.HasField("destination") or env.destination.twin == 0:
-            text = ERR_MISSING_DESTINATION
-        self._rejected(env, text)
-        if message_kind(env) == "request":
-            await self._reply_on(peer, relay_error(env, text), text)
-        return None
-
-    # ------------------------------------------------------------------ routing
-    async def _error_to_sender(self, env: Envelope, text: str, peer: _Peer | None) -> None:
-        self._rejected(env, text)
-        if message_kind(env) != "request":
-            return
-        reply = relay_error(env, text)
-        if peer is not None:
-            await self._reply_on(peer, reply, text)
-
-    async def _forward(self, peer: _Peer, env: Envelope, data: bytes, now: float) -> None:
-        dst = session_of(env.destination)
-        target = self.table.get(dst)
-        if target is not None:               # connected here: the hot path, no lookup
-            await self._deliver(dst, env, data, now, target)
-            return
+    async def _lookup(self, twin: int) -> None:
+        """LookupTwin executor (a task: only envelopes for this twin wait for it)."""
         try:
-            twin = await self.directory.get(dst[0])
-        except UnknownTwin:
-            await self._error_to_sender(env, ERR_UNKNOWN_DESTINATION, peer)
-            return
-        except DirectoryError as exc:
-            await self._error_to_sender(env, f"failed to get twin details: {exc}"[:300], peer)
-            return
-        route = self.router.route(twin.relays)
-        if isinstance(route, Local):
-            if _is_fail_fast(env) and self.table.get(dst) is None:
-                await self._error_to_sender(env, ERR_OFFLINE, peer)
-                return
-            if not await self._deliver(dst, env, data, now, self.table.get(dst)):
-                await self._error_to_sender(env, "failed to queue message for offline twin", peer)
-        elif isinstance(route, Federate):
-            job = self.federation.submit(env, data, route.domains, now, context=peer.session)
-            if job is None:
-                await self._error_to_sender(env, ERR_FEDERATION_FULL, peer)
-                return
-            self._pump_federation()
-        elif isinstance(route, Refuse):
-            await self._error_to_sender(env, route.text, peer)
-
-    async def _deliver(self, dst: Session, env: Envelope, data: bytes, now: float,
-                       target: _Peer | None) -> bool:
-        """Live write when `target` is connected and caught up, else the offline stream.
-        False only when the envelope could be neither written nor queued."""
-        if target is not None and not target.replaying:
-            if await self._send(target, data):
-                self.metrics.dl_live.inc()
-                self.events.emit("rmb.relay.delivered", env.uid, kind=message_kind(env),
-                                 src=_src(env), dst=target.name, size=len(data), queued_ms=0.0)
-                return True
-        return await self._enqueue(dst, env, data, now)
+            record: object = await self.directory.get(twin)
+        except (UnknownTwin, DirectoryError) as exc:
+            record = exc
+        self.core.twin_resolved(twin, record, self.clock())
+        done = False
+        while not done:
+            try:
+                await self._run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the chain must close whatever happens
+                self._bug(f"routing after the lookup of twin {twin}", exc)
+            done = self.core.chain_done(twin, self.clock())      # arrivals while queueing
 
     def _qkey(self, session: Session) -> str:
         return self._qprefix + session_str(session)
 
-    async def _enqueue(self, dst: Session, env: Envelope, data: bytes, now: float) -> bool:
-        peer = self.table.get(dst)
+    async def _xadd(self, cmd: Enqueue, via: str = "peer") -> str:
+        """Enqueue executor: XADD to the session's offline stream unless it holds
+        --queue-maxlen entries. Returns QUEUED, FULL (nothing evicted; counted) or FAILED
+        (Redis error, logged)."""
+        peer = self.table.get(cmd.session)
         if peer is not None:
             peer.queue_writes += 1
             peer.queued_seq += 1
-        key = self._qkey(dst)
-        until = min(float(deadline(env)), now + self.queue_ttl)
+        now = self.clock()
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.xadd(key, {"e": data, "d": repr(until), "t": repr(now)},
-                          maxlen=self.queue_maxlen, approximate=True)
-                pipe.expire(key, int(self.queue_ttl) + 1)
-                await pipe.execute()
+            length = await self._enqueue_script(
+                keys=[self._qkey(cmd.session), self._qkey(cmd.session) + ":src"],
+                args=[self.queue_maxlen, cmd.data, repr(cmd.until), repr(now),
+                      int(self.queue_ttl) + 1, cmd.src.split(":")[0], self.queue_per_source])
         except (aioredis.RedisError, OSError) as exc:
-            self.events.emit("rmb.relay.queue_error", env.uid, level="error",
-                             dst=session_str(dst), reason=repr(exc)[:200])
-            return False
+            self._warn("queue error", "rmb.relay.queue_error", cmd.uid, level="error",
+                       dst=session_str(cmd.session), reason=repr(exc)[:200])
+            return FAILED
         finally:
             if peer is not None:
                 peer.queue_writes -= 1
-        self.metrics.queued.inc()
-        self.events.emit("rmb.relay.queued", env.uid, kind=message_kind(env), src=_src(env),
-                         dst=session_str(dst), size=len(data))
-        return True
+        if int(length) == -2:
+            self.metrics.queue_full.labels(via).inc()
+            return SHARE_FULL
+        if int(length) < 0:
+            self.metrics.queue_full.labels(via).inc()
+            return FULL
+        return QUEUED
+
+    @staticmethod
+    def _senders_of(entries, done) -> dict[bytes, int]:
+        gone = set(done)
+        out: dict[bytes, int] = {}
+        for entry_id, fields in entries:
+            sender = fields.get(b"s")
+            if entry_id in gone and sender is not None:
+                out[sender] = out.get(sender, 0) + 1
+        return out
 
     async def _replay(self, peer: _Peer) -> None:
         """Drains the session's offline stream in order onto the new connection; entries
@@ -589,19 +910,32 @@ class RelayServer:
                 if not entries:
                     if peer.queue_writes == 0 and seq == peer.queued_seq:
                         peer.replaying = False
+                        self.core.queue_replayed(peer, self.clock())
+                        await self._run()
                         return
                     await asyncio.sleep(0.001)   # an XADD for this session is in flight
                     continue
                 done: list[bytes] = []
+                senders: dict[bytes, int] = {}
                 now = self.clock()
                 broken = False
                 for entry_id, fields in entries:
-                    data = fields[b"e"]
+                    sender = fields.get(b"s")
+                    if sender is not None:
+                        senders[sender] = senders.get(sender, 0) + 1
+                    try:                               # the queue item guard
+                        data = fields[b"e"]
+                        until = float(fields[b"d"])
+                        queued_at = float(fields.get(b"t", now))
+                    except (KeyError, ValueError) as exc:
+                        done.append(entry_id)          # a malformed entry: dropped, logged
+                        self._bug(f"offline queue entry {entry_id!r} of {peer.name}", exc)
+                        continue
                     queued = _lenient_decode(data)     # it parsed when it was queued
                     uid = queued.uid if queued is not None else None
                     kind = message_kind(queued) if queued is not None else None
                     src = _src(queued) if queued is not None else None
-                    if float(fields[b"d"]) <= now:
+                    if until <= now:
                         done.append(entry_id)
                         self.metrics.expired.inc()
                         self.events.emit("rmb.relay.expired", uid, kind=kind, src=src,
@@ -614,45 +948,45 @@ class RelayServer:
                     self.metrics.dl_replay.inc()
                     self.events.emit("rmb.relay.delivered", uid, kind=kind, src=src,
                                      dst=peer.name, size=len(data),
-                                     queued_ms=max(0.0, (now - float(fields[b"t"])) * 1000.0))
+                                     queued_ms=max(0.0, (now - queued_at) * 1000.0))
+                if broken:                             # not deleted: still counted
+                    senders = self._senders_of(entries, done)
                 if done:
-                    await self.redis.xdel(key, *done)
+                    async with self.redis.pipeline(transaction=True) as pipe:
+                        pipe.xdel(key, *done)
+                        for sender, count in senders.items():
+                            pipe.hincrby(key + ":src", sender, -count)
+                        await pipe.execute()
                 if broken:
                     return
         except (aioredis.RedisError, OSError) as exc:
             peer.replaying = False  # live traffic must not wait on a broken queue
+            self.core.queue_replayed(peer, self.clock())
             self.events.emit("rmb.relay.queue_error", None, level="error", dst=peer.name,
                              reason=f"replay stopped: {exc!r}"[:200])
 
     # ------------------------------------------------------------------ federation out
-    def _pump_federation(self) -> None:
-        now = self.clock()
-        # while shutting down only the attempts already in flight are drained
-        due = [] if self._closing else self.federation.attempts_due(now)
-        for att in due:
-            task = asyncio.get_running_loop().create_task(self._post(att))
-            self._fed_tasks.add(task)
-            task.add_done_callback(self._fed_tasks.discard)
-        while (ev := self.federation.next_event()) is not None:
-            self._on_federation_event(ev)
-        self.metrics.fed_jobs.set(len(self.federation))
-        self._arm_timer()
-
     def _arm_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        when = self.federation.get_timer()
+        self.metrics.fed_jobs.set(len(self.federation))
+        when = self.core.get_timer()
         if when is not None and not self._closing:
             delay = max(0.0, when - self.clock())
             self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
+        """Timer entry point; its guard logs a bug and re-arms instead of losing the timer."""
         self._timer = None
-        self.federation.handle_timer(self.clock())
-        self._pump_federation()
+        try:
+            self.core.handle_timer(self.clock())
+        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
+            self._bug("federation timer", exc)
+        self._spawn(self._run(), "federation timer")
 
     async def _post(self, att) -> None:
+        """PostFederation executor."""
         status, reason = 0, ""
         try:
             async with self._http.post(f"http://{att.domain}/", data=att.data,
@@ -668,76 +1002,58 @@ class RelayServer:
         outcome = "accepted" if status == 202 else "refused" if 400 <= status < 500 else "failed"
         if status and status != 202 and not reason:
             reason = f"HTTP {status}"
-        self.federation.report(att.job, outcome, self.clock(), status=status, reason=reason)
-        self._pump_federation()
-
-    def _on_federation_event(self, ev) -> None:
-        if isinstance(ev, FederationAccepted):
-            self.metrics.federated.inc()
-            self.events.emit("rmb.relay.federated", ev.uid, domain=ev.domain, attempt=ev.attempt,
-                             duration_ms=ev.duration * 1000.0)
-        elif isinstance(ev, FederationAttemptFailed):
-            self.metrics.fed_failed.labels(ev.domain).inc()
-            self.events.emit("rmb.relay.federation_failed", ev.uid, level="warning",
-                             domain=ev.domain, attempt=ev.attempt, status=ev.status,
-                             reason=ev.reason)
-        elif isinstance(ev, FederationRefused):
-            self.metrics.fed_failed.labels(ev.domain).inc()
-            self.events.emit("rmb.relay.federation_failed", ev.uid, level="warning",
-                             domain=ev.domain, attempt=ev.attempt, status=ev.status,
-                             reason=ev.reason or "refused")
-            if ev.reply is not None:
-                self._spawn(self._reply_to_session(ev.context, ev.reply))
-        elif isinstance(ev, FederationExpired):
-            self.metrics.expired.inc()
-            self.events.emit("rmb.relay.expired", ev.uid, level="warning",
-                             dst=session_str(ev.context) if ev.context else "",
-                             reason=f"federation failed after {ev.attempts} attempts")
-            if ev.reply is not None:
-                self._spawn(self._reply_to_session(ev.context, ev.reply))
-
-    async def _reply_to_session(self, session: Session, reply: Envelope) -> None:
-        """Relay error to a sender that may have reconnected (or gone offline) meanwhile."""
-        await self._deliver(session, reply, reply.SerializeToString(), self.clock(),
-                            self.table.get(session))
+        self.core.federation_result(att.job, outcome, self.clock(), status=status, reason=reason)
+        await self._run()
 
     # ------------------------------------------------------------------ federation in
     async def _handle_post(self, request: web.Request) -> web.Response:
+        """Federation in: the guard of this entry point (anything unexpected is a logged
+        bug and a 500, the daemon keeps serving)."""
+        try:
+            return await self._federation_in(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
+            self._bug("federation POST", exc)
+            return web.Response(status=500, text="internal error\n")
+
+    def _fed_refuse(self, status: int, text: str, env: Envelope | None, origin: str) -> web.Response:
+        """A refused federation POST: counted (label = reason), one rate-limited line."""
+        label = _reason_label(text)
+        self.metrics.fed_refused.labels(label).inc()
+        self._warn("federation in: " + label, "rmb.relay.rejected",
+                   env.uid if env is not None and env.uid else None, reason=text[:200],
+                   src=f"federation {origin}" + (f" {_src(env)}" if env is not None else ""),
+                   dst=address_str(env.destination) if env is not None
+                   and env.HasField("destination") else "")
+        return web.Response(status=status, text=text + "\n")
+
+    async def _federation_in(self, request: web.Request) -> web.Response:
+        """POST / from another relay: the core decides (RelayCore.receive_federation:
+        authenticated and bounded, issue #11 finding 3); this executes its commands and
+        answers with its FederationAnswer (413 for a body over --max-size is aiohttp's)."""
         if self._closing:
             return web.Response(status=503, text="relay shutting down\n")
+        origin = request.remote or "?"
         try:
             data = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return web.Response(status=413, text=f"envelope too large: limit {self.max_size} bytes\n")
-        now = self.clock()
-        try:
-            env = parse_envelope(data, self.max_size)
-        except EnvelopeError as exc:
-            self.metrics.rejected.labels("unparsable").inc()
-            self.events.emit("rmb.relay.rejected", None, level="warning", reason=str(exc)[:200],
-                             src="federation", dst="")
-            return web.Response(status=400, text=f"{exc}\n")
+            return self._fed_refuse(413, f"envelope too large: limit {self.max_size} bytes",
+                                    None, origin)
         self.metrics.rx_fed.inc()
-        src = address_str(env.source) if env.HasField("source") else ""
-        dst = session_of(env.destination)
-        self.events.emit("rmb.relay.federation_received", env.uid, kind=message_kind(env),
-                         src=src, dst=address_str(env.destination), size=len(data))
-        if is_expired(env, now):
-            self.metrics.expired.inc()
-            self.events.emit("rmb.relay.expired", env.uid, kind=message_kind(env),
-                             src=_src(env), dst=session_str(dst),
-                             reason="expired on federation arrival")
-            return web.Response(status=400, text=ERR_EXPIRED + "\n")
-        target = self.table.get(dst)
-        if target is None and _is_fail_fast(env):
-            self._rejected(env, ERR_OFFLINE, level="info")
-            return web.Response(status=404, text=ERR_OFFLINE)
-        if not await self._deliver(dst, env, data, now, target):
-            return web.Response(status=503, text="offline queue unavailable\n")
-        return web.Response(status=202)
+        answer = asyncio.get_running_loop().create_future()
+        self.core.receive_federation(answer, data, origin, self.clock())
+        await self._run()
+        try:
+            status, text = await asyncio.wait_for(answer, FEDERATION_ANSWER_TIMEOUT)
+        except asyncio.TimeoutError:
+            status, text = 503, "twin lookup timed out"
+        # `destination offline` without a newline, as rmb-rs's fail-fast answer
+        return web.Response(status=status, text=text if text == ERR_OFFLINE else text + "\n")
 
 
 _KNOWN_REASONS = {ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE,
+                  ERR_QUEUE_FULL, ERR_SHARE_FULL, ERR_DOMAIN_FULL, ERR_UNSIGNED, ERR_NOT_HERE, ERR_UNKNOWN_SOURCE, ERR_FED_RATE,
                   ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, "message wrong source",
                   "relay info is not set for this twin"}
 
@@ -746,6 +1062,8 @@ def _reason_label(reason: str) -> str:
     """A bounded set of metric label values (reasons with variable text are grouped)."""
     if reason in _KNOWN_REASONS:
         return reason
+    if reason.startswith(ERR_BAD_SIGNATURE):
+        return ERR_BAD_SIGNATURE
     if reason.startswith("envelope too large"):
         return "envelope too large"
     if reason.startswith("failed to get twin details"):
@@ -791,6 +1109,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rate limit per twin: at most COUNT envelopes and SIZE bytes per fixed 60 s "
                         "window; over it the envelope is dropped and the sender gets 'exceeded rate "
                         "limits, dropping message' (default: no limit)")
+    p.add_argument("--federation-limit", nargs=2, type=int, metavar=("COUNT", "SIZE"),
+                   default=list(DEFAULT_FEDERATION_LIMIT),
+                   help="per source relay (remote address): at most COUNT federated envelopes "
+                        "and SIZE bytes per fixed 60 s window on POST /; over it the POST gets "
+                        "429 (default: %(default)s)")
     p.add_argument("--ranker-period", metavar="SECONDS", type=float, default=3600.0,
                    help="window in which relay failures count against a relay's rank; ranks heal "
                         "after it (default: 3600)")
@@ -801,9 +1124,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest time an envelope for an offline twin is kept, and the longest a "
                         "federation retry plan runs (default: 3600)")
     p.add_argument("--queue-maxlen", metavar="N", type=int, default=10000,
-                   help="approximate bound on queued envelopes per offline (twin, session) (default: 10000)")
+                   help="bound on queued envelopes per offline (twin, session); a full queue refuses new envelopes with an error to the sender, nothing is evicted (default: 10000)")
+    p.add_argument("--queue-per-source", metavar="N", type=int, default=0,
+                   help="entries one sender twin may hold in one twin's offline queue, so a "
+                        "sender cannot crowd others out (default: half of --queue-maxlen)")
     p.add_argument("--twin-cache-ttl", metavar="SECONDS", type=float, default=60.0,
                    help="how long a looked-up twin is reused before asking the registry again (default: 60)")
+    p.add_argument("--twin-max-stale", metavar="SECONDS", type=float, default=3600.0,
+                   help="while the registry cannot be reached, a twin record is still served "
+                        "up to this long past its cache TTL (logged as rmb.relay.twin_stale); "
+                        "0 = never (default: 3600)")
+    p.add_argument("--heartbeat", metavar="SECONDS", type=float, default=HEARTBEAT,
+                   help="seconds between the relay's WebSocket pings to each peer; a peer that "
+                        "does not answer within half of it is closed and freed "
+                        f"(default: {HEARTBEAT:g})")
     p.add_argument("--grace", metavar="SECONDS", type=float, default=10.0,
                    help="on SIGTERM/SIGINT: how long federation attempts in flight may finish "
                         "before they are cancelled (default: 10)")
@@ -846,21 +1180,35 @@ def main(argv: list[str] | None = None) -> int:
             limit = _limit_pair(list(args.limit))
         except ValueError as exc:
             parser.error(str(exc))
-    for name in ("ranker_period", "max_size", "queue_ttl", "queue_maxlen", "twin_cache_ttl"):
+    for name in ("ranker_period", "max_size", "queue_ttl", "queue_maxlen", "twin_cache_ttl",
+                 "heartbeat"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    try:
+        _limit_pair(list(args.federation_limit))
+    except ValueError as exc:
+        parser.error(f"--federation-limit: {exc}")
+    if args.twin_max_stale < 0:
+        parser.error("--twin-max-stale must be >= 0")
     if args.grace < 0:
         parser.error("--grace must be >= 0")
     use_event_loop(args.event_loop)
+    raise_fd_limit()
 
     async def run(stop: asyncio.Event) -> None:
-        events = EventLog("rmb-relay", domains[0], [RMB_EVENTS], sink=args.log,
+        events = EventLog("rmb-relay", domains[0], [RMB_EVENTS, RELAY_EVENTS], sink=args.log,
                           min_level=args.log_level)
         relay = RelayServer(domains=domains, host=host, port=port, redis_url=args.redis,
                             registry_url=args.registry, events=events, limit=limit,
                             ranker_period=args.ranker_period, max_size=args.max_size,
                             queue_ttl=args.queue_ttl, queue_maxlen=args.queue_maxlen,
-                            directory=TwinDirectory(args.registry, cache_ttl=args.twin_cache_ttl))
+                            queue_per_source=args.queue_per_source or None,
+                            federation_limit=_limit_pair(list(args.federation_limit)),
+                            twin_max_stale=args.twin_max_stale, heartbeat=args.heartbeat,
+                            directory=TwinDirectory(args.registry, cache_ttl=args.twin_cache_ttl,
+                                                    max_stale=args.twin_max_stale,
+                                                    negative_ttl=10.0))
+        relay.directory.on_stale = relay._on_stale
         relay._own_directory = True
         try:
             bound = await relay.start()

@@ -1,7 +1,7 @@
 """rmb-registry: the twin registry service (DESIGN.md section 3, "Twin lookup").
 
-Stands in for tfchain's twin storage: HTTP JSON (aiohttp), records kept in Redis
-(redis.asyncio). A twin is {id, account: hex of the 32-byte account key, relays: [domains],
+Stands in for tfchain's twin storage: HTTP JSON (aiohttp), records kept durably
+in SQLite under --data-dir (rmb_relay/registry_store.py), or in Redis (redis.asyncio) without it. A twin is {id, account: hex of the 32-byte account key, relays: [domains],
 pk: hex of the 33-byte secp256k1 key | null}.
 
 Routes:
@@ -43,6 +43,7 @@ from daemon_runtime.eventlog import EventLog
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.identity import SignatureError, verify_typed
 from rmb_peer.twins import Twin, validate_pk, validate_relays, write_challenge
+from rmb_relay.registry_store import RedisTwinStore, SqliteTwinStore, StoreError
 
 __all__ = ["RegistryServer", "create_app", "main", "DEFAULT_REPLAY_WINDOW", "KEY_PREFIX"]
 
@@ -51,24 +52,6 @@ DEFAULT_REPLAY_WINDOW = 300
 #: Largest accepted request body, bytes.
 MAX_BODY = 64 * 1024
 KEY_PREFIX = "rmb.registry."
-
-_CREATE_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local id = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], id)
-redis.call('HSET', ARGV[1] .. id, 'account', ARGV[2], 'relays', ARGV[3], 'pk', ARGV[4], 'ts', ARGV[5])
-return id
-"""
-
-_UPDATE_LUA = """
-local cur = redis.call('HGET', KEYS[1], 'ts')
-if not cur then return -1 end
-if tonumber(ARGV[1]) < tonumber(cur) then return 0 end
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[4]) then return -2 end
-redis.call('HSET', KEYS[1], 'relays', ARGV[2], 'pk', ARGV[3], 'ts', ARGV[1])
-return 1
-"""
-
 
 class Refused(Exception):
     """A request the registry refuses: `status` (4xx) and a precise `reason`."""
@@ -79,10 +62,10 @@ class Refused(Exception):
         self.reason = reason
 
 
-def _twin_from_hash(twin_id: int, h: dict[bytes, bytes]) -> Twin:
-    pk_hex = h.get(b"pk", b"").decode()
-    return Twin(twin_id, bytes.fromhex(h[b"account"].decode()),
-                json.loads(h.get(b"relays", b"[]")), bytes.fromhex(pk_hex) if pk_hex else None)
+def _twin_from_record(twin_id: int, h: dict[str, str]) -> Twin:
+    pk_hex = h.get("pk", "")
+    return Twin(twin_id, bytes.fromhex(h["account"]),
+                json.loads(h.get("relays", "[]")), bytes.fromhex(pk_hex) if pk_hex else None)
 
 
 def _parse_id(text: str) -> int:
@@ -129,11 +112,12 @@ class _Body:
             raise Refused(400, "signature must be hex of a typed signature")
 
 
-def create_app(redis: aioredis.Redis, events: EventLog, *,
+def create_app(store, events: EventLog, *,
                replay_window: int = DEFAULT_REPLAY_WINDOW,
                clock: Callable[[], float] = time.time,
                metrics: CollectorRegistry | None = None) -> web.Application:
-    """The registry's aiohttp application over `redis` (see the module docstring).
+    """The registry's aiohttp application over `store` (a registry_store store, or an
+    aioredis.Redis, wrapped in RedisTwinStore; see the module docstring).
     `clock`: unix seconds for the replay window; `metrics`: Prometheus registry to fill."""
     metrics = metrics or CollectorRegistry()
     requests = Counter("rmb_registry_requests", "registry HTTP requests by route and status",
@@ -142,8 +126,8 @@ def create_app(redis: aioredis.Redis, events: EventLog, *,
                      registry=metrics)
     redis_up.set(1)
     state = {"redis_ok": True}
-    create_script = redis.register_script(_CREATE_LUA)
-    update_script = redis.register_script(_UPDATE_LUA)
+    if isinstance(store, aioredis.Redis):
+        store = RedisTwinStore(store)
 
     def check_fresh(ts: int) -> None:
         now = int(clock())
@@ -158,10 +142,10 @@ def create_app(redis: aioredis.Redis, events: EventLog, *,
             raise Refused(401, f"bad signature: {exc}") from None
 
     async def load(twin_id: int) -> Twin:
-        h = await redis.hgetall(f"{KEY_PREFIX}twin.{twin_id}")
+        h = await store.load(twin_id)
         if not h:
             raise Refused(404, f"unknown twin {twin_id}")
-        return _twin_from_hash(twin_id, h)
+        return _twin_from_record(twin_id, h)
 
     async def read_json(request: web.Request) -> Any:
         try:
@@ -174,10 +158,8 @@ def create_app(redis: aioredis.Redis, events: EventLog, *,
         check_fresh(body.timestamp)
         check_sig(body.account, write_challenge("create", 0, body.account, body.relays,
                                                 body.pk, body.timestamp), body.signature)
-        tid = await create_script(
-            keys=[f"{KEY_PREFIX}account.{body.account.hex()}", f"{KEY_PREFIX}next_id"],
-            args=[f"{KEY_PREFIX}twin.", body.account.hex(), json.dumps(body.relays),
-                  body.pk.hex() if body.pk else "", body.timestamp])
+        tid = await store.create(body.account.hex(), json.dumps(body.relays),
+                                 body.pk.hex() if body.pk else "", body.timestamp)
         if tid == 0:
             raise Refused(409, f"account {body.account.hex()} is already registered")
         twin = Twin(int(tid), body.account, body.relays, body.pk)
@@ -193,11 +175,10 @@ def create_app(redis: aioredis.Redis, events: EventLog, *,
             raise Refused(401, f"account {body.account.hex()} does not own twin {tid}")
         check_sig(twin.account, write_challenge("update", tid, twin.account, body.relays,
                                                 body.pk, body.timestamp), body.signature)
-        done = await update_script(
-            keys=[f"{KEY_PREFIX}twin.{tid}",
-                  f"{KEY_PREFIX}seen.{hashlib.sha256(body.signature).hexdigest()}"],
-            args=[body.timestamp, json.dumps(body.relays), body.pk.hex() if body.pk else "",
-                  2 * replay_window])
+        done = await store.update(tid, body.timestamp, json.dumps(body.relays),
+                                  body.pk.hex() if body.pk else "",
+                                  hashlib.sha256(body.signature).hexdigest(),
+                                  2 * replay_window, clock())
         if done == -1:
             raise Refused(404, f"unknown twin {tid}")
         if done == 0:
@@ -216,7 +197,7 @@ def create_app(redis: aioredis.Redis, events: EventLog, *,
         if "account" not in request.query:
             raise Refused(400, "query parameter account=<hex> is required")
         account = _parse_account(request.query["account"])
-        tid = await redis.get(f"{KEY_PREFIX}account.{account.hex()}")
+        tid = await store.find(account.hex())
         if tid is None:
             raise Refused(404, f"no twin with account {account.hex()}")
         return web.json_response((await load(int(tid))).to_json())
@@ -236,11 +217,12 @@ def create_app(redis: aioredis.Redis, events: EventLog, *,
                             reason="body too large")
                 resp = web.json_response({"error": f"body larger than {MAX_BODY} bytes"},
                                          status=413)
-            except (aioredis.RedisError, OSError) as exc:
+            except (StoreError, aioredis.RedisError, OSError) as exc:
                 state["redis_ok"] = False
                 redis_up.set(0)
                 events.emit("rmb.registry.refused", level="error", status=503,
-                            reason=f"redis: {type(exc).__name__}")
+                            reason=str(exc)[:200] if isinstance(exc, StoreError)
+                            else f"redis: {type(exc).__name__}")
                 resp = web.json_response({"error": "registry storage unavailable"}, status=503)
             requests.labels(name, str(resp.status)).inc()
             return resp
@@ -265,14 +247,21 @@ class RegistryServer:
         ...; await server.close()
     """
 
-    def __init__(self, host: str, port: int, redis_url: str, events: EventLog, *,
+    def __init__(self, host: str, port: int, redis_url: str | None, events: EventLog, *,
                  replay_window: int = DEFAULT_REPLAY_WINDOW,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, data_dir: str | None = None):
         self.host, self.port = host, port
-        self.redis = aioredis.Redis.from_url(redis_url)
+        self.redis_url = redis_url
+        self.data_dir = data_dir
+        if data_dir is not None:
+            self.store = SqliteTwinStore(data_dir)     # raises StoreError naming the path
+        elif redis_url:
+            self.store = RedisTwinStore(aioredis.Redis.from_url(redis_url))
+        else:
+            raise ValueError("the registry needs --data-dir DIR or --redis URL")
         self.events = events
         self.metrics = CollectorRegistry()
-        self.app = create_app(self.redis, events, replay_window=replay_window, clock=clock,
+        self.app = create_app(self.store, events, replay_window=replay_window, clock=clock,
                               metrics=self.metrics)
         self._runner: web.AppRunner | None = None
         self._closed = False
@@ -283,7 +272,12 @@ class RegistryServer:
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port. Raises OSError if the port is taken."""
-        await self.redis.ping()
+        try:
+            await self.store.ping()
+        except StoreError as exc:
+            where = (f"Redis at {self.redis_url} (set it with --redis URL)"
+                     if self.data_dir is None else f"{self.data_dir} (--data-dir)")
+            raise StoreError(f"cannot reach the registry storage, {where}: {exc}") from None
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -298,7 +292,7 @@ class RegistryServer:
             self._runner = None
         if not self._closed:
             self._closed = True
-            await self.redis.aclose()
+            await self.store.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -311,8 +305,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8100",
                         help="address to serve HTTP on; port 0 picks a free port, announced on "
                              "stdout as 'READY {\"port\": N}' (default: 127.0.0.1:8100)")
+    parser.add_argument("--data-dir", metavar="DIR", default=None,
+                        help="directory of the registry's own durable store (SQLite file "
+                             "registry.sqlite3, every write fsync'ed); when set, --redis is not "
+                             "used. Recommended: twins survive any restart (default: unset)")
     parser.add_argument("--redis", metavar="URL", default="redis://127.0.0.1:6379/0",
-                        help="Redis URL where twin records live (default: redis://127.0.0.1:6379/0)")
+                        help="Redis URL where twin records live when --data-dir is not set; "
+                             "durable only if that Redis runs with AOF (appendonly yes) in a "
+                             "data directory (default: redis://127.0.0.1:6379/0)")
     parser.add_argument("--replay-window", metavar="SECONDS", type=int,
                         default=DEFAULT_REPLAY_WINDOW,
                         help="accepted distance between a signed write's timestamp and the "
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         events = EventLog("rmb-registry", args.listen, [RMB_EVENTS], sink=args.log,
                           min_level=args.log_level)
         server = RegistryServer(host, port, args.redis, events,
-                                replay_window=args.replay_window)
+                                replay_window=args.replay_window, data_dir=args.data_dir)
         try:
             bound = await server.start()
             events.node = f"{host}:{bound}"

@@ -16,8 +16,10 @@ from websockets.exceptions import InvalidStatus
 
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.redis_server import free_port
+from rmb_peer.challenge import sign_envelope
 from rmb_peer.envelope import Envelope, new_uid
 from rmb_peer.events import RMB_EVENTS
+from rmb_relay.events import RELAY_EVENTS
 from rmb_peer.identity import Identity
 from rmb_peer.token import make_token
 from rmb_peer.twins import TwinDirectory
@@ -28,13 +30,19 @@ from rmb_relay.registry import RegistryServer
 class Events:
     def __init__(self, service: str, node: str):
         self.buf = io.StringIO()
-        self.log = EventLog(service, node, [RMB_EVENTS], sink=self.buf, min_level="debug")
+        self.log = EventLog(service, node, [RMB_EVENTS, RELAY_EVENTS], sink=self.buf,
+                            min_level="debug")
 
     def names(self) -> list[dict]:
         return [json.loads(line) for line in self.buf.getvalue().splitlines() if line.strip()]
 
     def of(self, event: str) -> list[dict]:
         return [e for e in self.names() if e["event"] == event]
+
+
+#: twin id -> Identity of every twin the harness registered: envelope() signs with it, as
+#: a real peer does (relays verify federated envelopes)
+IDENTITIES: dict[int, Identity] = {}
 
 
 class Cluster:
@@ -76,6 +84,7 @@ class Cluster:
     async def twin(self, relays: list[str]):
         ident = Identity.from_seed(os.urandom(32), key_type="ed25519")
         twin = await self.directory.create(ident, relays, None)
+        IDENTITIES[twin.id] = ident
         return ident, twin.id
 
 
@@ -105,6 +114,17 @@ def envelope(src, dst, *, kind="request", ttl=60, payload=b"hello", tags=None, t
     if tags:
         env.tags = tags
     env.plain = payload
+    sign(env)
+    return env
+
+
+def sign(env: Envelope) -> Envelope:
+    """Signs env with its source twin's key when the harness registered that twin (call
+    again after changing a field)."""
+    ident = IDENTITIES.get(env.source.twin)
+    if ident is not None:
+        env.ClearField("signature")
+        sign_envelope(env, ident)
     return env
 
 

@@ -14,7 +14,7 @@ from rmb_peer.challenge import sign_envelope
 from rmb_peer.core import (
     BACKLOG_PREFIX, DEAD_AFTER, PING_INTERVAL, REPLY_QUEUE, VERSION, Connect,
     Disconnect, LookupBacklog, PeerCore, PeerStateError, PushQueue, SendFrame,
-    SendPing, StoreBacklog, DropBacklog,
+    SendPing, StoreBacklog, DropBacklog, LookupTwin,
 )
 from rmb_peer.envelope import Backlog, Envelope, new_uid, relay_error
 from rmb_peer.events import RMB_EVENTS
@@ -45,6 +45,7 @@ class Node:
         self.pings: list[SendPing] = []
         self.disconnects: list[Disconnect] = []
         self.connects: list[Connect] = []
+        self.lookups: list[LookupTwin] = []
         self.auto_connect = True
 
     def rpop(self, queue):
@@ -68,6 +69,12 @@ class Sim:
         self.wire: list[bytes] = []
         self.mangle = None  # callable(list[bytes]) -> list[bytes] (loss/dup/reorder)
         self.in_flight: list[bytes] = []
+        #: the end-to-end inputs (receive_frame/receive_local/receive_service_reply) and
+        #: the core's own twin table instead of receive+accept with records handed in
+        self.twin_table = False
+        #: how the fake registry answers LookupTwin: "up", "down" (fails at once) or
+        #: "hung" (never answers; the test answers node.lookups itself)
+        self.registry = "up"
 
     def add(self, twin_id, relays=("r1",), pk=True, key_type="sr25519"):
         node = Node(self, twin_id, relays, pk, key_type)
@@ -124,6 +131,12 @@ class Sim:
             node.pings.append(ev)
         elif isinstance(ev, Disconnect):
             node.disconnects.append(ev)
+        elif isinstance(ev, LookupTwin):
+            node.lookups.append(ev)
+            if self.registry == "up":
+                node.core.twin_resolved(ev.twin, self.twin(ev.twin), self.now)
+            elif self.registry == "down":
+                node.core.twin_lookup_failed(ev.twin, "registry unreachable", self.now)
         else:
             raise AssertionError(f"unknown event {ev!r}")
 
@@ -134,6 +147,9 @@ class Sim:
         if node is None:
             return
         relay = node.core.live_relays()[0] if node.core.live_relays() else node.core._order[0]
+        if self.twin_table:
+            node.core.receive_frame(frame, relay, self.now)
+            return
         got = node.core.receive(frame, relay, self.now)
         if got is not None:
             node.core.accept(got, self.twin(got.source.twin), self.now)
@@ -158,6 +174,10 @@ class Sim:
                "tag": None, "dst": dst, "ret": ret, "shm": None,
                "now": int(self.now if now is None else now)}
         msg.update(extra)
+        if self.twin_table:
+            node.core.receive_local(json.dumps(msg).encode(), self.now)
+            self.pump()
+            return msg["ref"], None
         req = node.core.app_message(json.dumps(msg).encode(), self.now)
         uid = None
         if req is not None:
@@ -175,6 +195,10 @@ class Sim:
                      "dst": req["src"], "shm": None, "now": int(self.now)}
             if err:
                 reply["err"] = {"code": err[0], "message": err[1]}
+            if self.twin_table:
+                node.core.receive_service_reply(json.dumps(reply).encode(), self.now)
+                n += 1
+                continue
             rep = node.core.service_message(json.dumps(reply).encode(), self.now)
             node.core.send_response(rep, self.twin(rep.dst_twin), self.now)
             n += 1
@@ -672,3 +696,185 @@ def test_shared_key_cache_is_exact_and_interoperates_with_plain_keys():
     assert len(cache._cache) <= 2
     with pytest.raises(E2EError):
         encrypt(cache, b"\x02" + b"\x00" * 31, b"x")
+
+
+# ------------------------------------------------------------------ the core's twin table
+# Finding 1: a hung registry blocked the peer's whole app queue 5 s per new twin; a
+# registry down longer than the 60 s cache failed 100% of traffic. The core now owns the
+# twin table and asks for lookups as LookupTwin outputs; nothing waits inside it.
+
+def _table_sim():
+    sim = Sim()
+    sim.twin_table = True
+    a, b, c = sim.add(1), sim.add(2), sim.add(3)
+    return sim, a, b, c
+
+
+def _replies(node, ret="app.ret"):
+    return node.all(ret)
+
+
+def test_hung_registry_delays_only_messages_for_the_twin_being_looked_up():
+    sim, a, b, c = _table_sim()
+    sim.app_send(a, [2])                         # B resolved while the registry is up
+    sim.serve(b)
+    assert [r["err"] if "err" in r else r["dat"] for r in _replies(a)] == [b64(b"olleh")]
+    sim.registry = "hung"
+    sim.app_send(a, [3], data=b"to-c")           # C unknown to A: parked on its lookup
+    assert [ev.twin for ev in a.lookups][-1] == 3 and a.core.parked_count == 1
+    for i in range(50):                          # B traffic flows meanwhile, untouched
+        sim.app_send(a, [2], data=b"x%d" % i)
+    sim.serve(b)
+    assert len(_replies(a)) == 51 and all("err" not in r for r in _replies(a))
+    assert c.all("msgbus.calc.add") == []        # nothing reached C yet
+    a.core.twin_resolved(3, sim.twin(3), sim.now)  # the slow answer arrives
+    sim.pump()
+    assert c.core.parked_count == 1              # C waits for A's record in turn
+    c.core.twin_resolved(1, sim.twin(1), sim.now)
+    sim.pump()
+    sim.serve(c)
+    assert _replies(a)[-1]["dat"] == b64(b"c-ot") and a.core.parked_count == 0
+
+
+def test_registry_down_serves_stale_records_bounded_and_logged():
+    sim, a, b, c = _table_sim()
+    sim.app_send(a, [2])
+    sim.serve(b)
+    a.core.twin_max_stale = 100.0
+    b.core.twin_max_stale = 100.0
+    sim.registry = "down"
+    sim.advance(a.core.twin_ttl + 5)             # every record is past its TTL
+    for i in range(5):
+        sim.app_send(a, [2], data=b"s%d" % i)
+        sim.serve(b)
+    assert len(_replies(a)) == 6 and all("err" not in r for r in _replies(a))
+    stale = [e for e in a.events() if e["event"] == "rmb.peer.twin_stale"]
+    assert len(stale) == 1 and stale[0]["attrs"]["twin"] == 2      # logged once
+    assert any(e["event"] == "rmb.peer.twin_lookup_failed" for e in a.events())
+    # retries are rate-limited: not one lookup per message
+    assert len([ev for ev in a.lookups if ev.twin == 2]) <= 3
+    sim.advance(100, step=10)                    # past TTL + max_stale: no longer served
+    sim.app_send(a, [2], data=b"late")
+    last = _replies(a)[-1]
+    assert last["err"]["code"] == 500 and "lookup failed" in last["err"]["message"]
+    sim.registry = "up"                          # recovers as soon as the registry does
+    sim.app_send(a, [2], data=b"back")
+    sim.serve(b)
+    assert _replies(a)[-1]["dat"] == b64(b"kcab")
+    assert any(e["event"] == "rmb.peer.twin_recovered" for e in a.events())
+
+
+def test_lookup_without_answer_times_out_and_fails_only_its_messages():
+    from rmb_peer.core import LOOKUP_TIMEOUT
+    sim, a, b, c = _table_sim()
+    sim.registry = "hung"
+    sim.app_send(a, [3], data=b"never")
+    assert a.core.parked_count == 1
+    sim.advance(LOOKUP_TIMEOUT + 1)
+    last = _replies(a)[-1]
+    assert last["err"]["code"] == 500 and "no answer" in last["err"]["message"]
+    assert a.core.parked_count == 0
+
+
+def test_negative_cache_and_parked_bound(monkeypatch):
+    import rmb_peer.core as core_mod
+    sim, a, b, c = _table_sim()
+    for _ in range(3):
+        sim.app_send(a, [77])                    # no such twin
+    assert [r["err"]["code"] for r in _replies(a)] == [103] * 3
+    assert len([ev for ev in a.lookups if ev.twin == 77]) == 1       # remembered
+    sim.advance(a.core.twin_negative_ttl + 1)
+    sim.app_send(a, [77])
+    assert len([ev for ev in a.lookups if ev.twin == 77]) == 2
+    monkeypatch.setattr(core_mod, "MAX_PARKED", 3)
+    sim.registry = "hung"
+    for i in range(5):
+        sim.app_send(a, [100 + i])
+    refused = [r for r in _replies(a)[4:] if "err" in r]
+    assert a.core.parked_count == 3 and len(refused) == 2
+    assert all(r["err"]["code"] == 500 and "wait for twin lookups" in r["err"]["message"]
+               for r in refused)
+
+
+def test_incoming_request_from_an_unresolved_twin_waits_then_is_answered():
+    sim, a, b, c = _table_sim()
+    sim.registry = "hung"
+    sim.app_send(a, [2], data=b"q")              # A waits for B's record
+    a.core.twin_resolved(2, sim.twin(2), sim.now)
+    sim.pump()
+    assert b.core.parked_count == 1              # B waits for A's record to verify
+    assert b.all("msgbus.calc.add") == []
+    b.core.twin_resolved(1, sim.twin(1), sim.now)
+    sim.pump()
+    sim.serve(b)                                 # B's reply needs A's record: cached now
+    assert _replies(a)[-1]["dat"] == b64(b"q")
+
+
+def test_load_twins_lets_a_peer_work_while_the_registry_is_down():
+    sim, a, b, c = _table_sim()
+    sim.registry = "down"
+    a.core.load_twins([(sim.twin(2), 1800.0)], sim.now)     # known, 30 min old
+    b.core.load_twins([(sim.twin(1), 30.0)], sim.now)       # fresh
+    sim.app_send(a, [2], data=b"offline")
+    sim.serve(b)
+    assert _replies(a)[-1]["dat"] == b64(b"enilffo")
+    assert a.core.twin_record(2).id == 2
+    # older than TTL + max_stale: not served, the app gets a precise error
+    a.core.load_twins([(sim.twin(3), a.core.twin_ttl + a.core.twin_max_stale + 1)], sim.now)
+    sim.app_send(a, [3], data=b"too old")
+    assert _replies(a)[-1]["err"]["code"] == 500
+
+
+def test_clock_rule_timers_on_loop_time_wire_on_wall_time():
+    """`now` is the timer clock; wire timestamps and expiry use now + wall_offset."""
+    sim = Sim()
+    sim.now = 500.0                              # a loop clock, far from unix time
+    a, b = sim.add(1), sim.add(2)
+    for n in (a, b):
+        n.core.wall_offset = T0 - 500.0
+    sim.app_send(a, [2], now=T0)
+    env = Envelope.FromString(a.sent[-1].data)
+    assert env.timestamp == int(T0)              # wall time on the wire
+    sim.serve(b)
+    assert _replies(a)[-1]["dat"] == b64(b"olleh")  # B judged expiry on wall time
+    assert a.core.get_timer() < 500.0 + 3600    # timers stay on the loop clock
+
+
+# ------------------------------------------------------------------ finding 6: edge bounds
+
+def test_service_reply_that_cannot_be_an_envelope_is_refused_not_sent():
+    """A service reply whose ref is 300 chars, or whose payload would make an envelope
+    over the relay's limit, used to be sent and make the relay close the peer's
+    connection (frames in flight lost). Now: the ref one is refused and logged; the big
+    one answers the requester with error 101 and nothing oversize reaches the wire."""
+    sim = Sim()
+    a, b = sim.add(1), sim.add(2)
+    limit = 4096
+    for n in (a, b):
+        n.core.max_envelope = limit
+    sim.app_send(a, [2], data=b"q")
+    raw = b.rpop("msgbus.calc.add")
+    req = json.loads(raw)
+    sent_before = len(b.sent)
+    long_ref = {"ver": 1, "ref": "r" * 300, "dat": b64(b"x"), "dst": req["src"], "now": 1}
+    assert b.core.service_message(json.dumps(long_ref).encode(), sim.now) is None
+    assert len(b.sent) == sent_before
+    assert any("300 chars" in e["attrs"].get("reason", "") for e in b.events()
+               if e["event"] == "rmb.peer.rejected")
+    big = {"ver": 1, "ref": req["ref"], "dat": b64(b"y" * limit), "dst": req["src"], "now": 1}
+    rep = b.core.service_message(json.dumps(big).encode(), sim.now)
+    b.core.send_response(rep, sim.twin(1), sim.now)
+    sim.pump()
+    assert all(len(ev.data) <= limit for ev in b.sent)
+    [reply] = a.all("app.ret")
+    assert reply["err"]["code"] == 101 and "reply too large" in reply["err"]["message"]
+
+
+def test_app_request_too_large_for_an_envelope_gets_101():
+    sim = Sim()
+    a, b = sim.add(1), sim.add(2)
+    a.core.max_envelope = 4096
+    sim.app_send(a, [2], data=b"z" * 5000)
+    assert a.sent == []
+    [reply] = a.all("app.ret")
+    assert reply["err"]["code"] == 101 and "request too large" in reply["err"]["message"]

@@ -90,3 +90,29 @@ async def test_refused_command_is_reported_others_run_and_link_reconnects(redis_
     await reader.close()
     await writer.close()
     await r.aclose()
+
+
+async def test_writer_merges_dels_but_keeps_set_del_order_per_key(redis_url):
+    """DELs in one pipeline become one DEL command, except where a key was SET after the
+    merged DEL's position: the key's SET and DEL keep their order (a request that finished
+    in the same batch it started in leaves no backlog record)."""
+    ops = [("del", "a"), ("set", "b", b"1", 60), ("del", "c"), ("del", "b"),
+           ("set", "a", b"2", 60), ("del", "d")]
+    grouped = RedisWriter._group(ops)
+    assert grouped == [("del", ["a", "c"]), ("set", "b", b"1", 60), ("del", ["b", "d"]),
+                       ("set", "a", b"2", 60)]
+    r = aioredis.Redis.from_url(redis_url)
+    for key in ("a", "c", "d"):
+        await r.set(key, b"old")
+    writer = RedisWriter(r)
+    writer.start()
+    for op in ops:
+        if op[0] == "del":
+            writer.delete(op[1])
+        else:
+            writer.set(op[1], op[2], ttl=op[3])
+    await writer.flush()
+    assert await r.get("a") == b"2" and await r.get("b") is None
+    assert await r.get("c") is None and await r.get("d") is None
+    await writer.close()
+    await r.aclose()

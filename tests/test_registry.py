@@ -27,11 +27,15 @@ BOB = Identity.from_seed(bytes(range(1, 33)), "ed25519")
 ALICE_PK = E2EKey.from_seed(bytes(range(32))).pk
 
 
-@pytest.fixture
-async def registry(redis_url):
+@pytest.fixture(params=["redis", "sqlite"])
+async def registry(request, redis_url, tmp_path):
+    """The registry over Redis, and over its own durable store (--data-dir)."""
     sink = io.StringIO()
     events = EventLog("rmb-registry", "test", [RMB_EVENTS], sink=sink)
-    server = RegistryServer("127.0.0.1", 0, redis_url, events)
+    if request.param == "sqlite":
+        server = RegistryServer("127.0.0.1", 0, None, events, data_dir=str(tmp_path / "reg"))
+    else:
+        server = RegistryServer("127.0.0.1", 0, redis_url, events)
     await server.start()
     server.sink = sink
     try:

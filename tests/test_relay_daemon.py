@@ -250,19 +250,21 @@ async def test_message_expires_when_every_relay_is_dead(cluster):
 async def test_federation_post_endpoint(cluster):
     relay = await cluster.relay(max_size=4096)
     ib, b = await cluster.twin([relay.domain])
+    # the source twin lives elsewhere; its envelopes are signed (the relay verifies them)
+    _ia, src = await cluster.twin(["elsewhere.example:443"])
     async with aiohttp.ClientSession() as http:
         base = f"http://127.0.0.1:{relay.port}/"
         async with http.post(base, data=b"\x01garbage") as resp:
             assert resp.status == 400
         async with http.post(base, data=b"x" * 5000) as resp:
             assert resp.status == 413
-        old = envelope((9,), (b,), ts=time.time() - 100, ttl=10)
+        old = envelope((src,), (b,), ts=time.time() - 100, ttl=10)
         async with http.post(base, data=old.SerializeToString()) as resp:
             assert resp.status == 400 and "expired" in await resp.text()
-        ff = envelope((9,), (b,), tags="fail-fast")
+        ff = envelope((src,), (b,), tags="fail-fast")
         async with http.post(base, data=ff.SerializeToString()) as resp:
             assert resp.status == 404 and await resp.text() == "destination offline"
-        ok = envelope((9,), (b,))
+        ok = envelope((src,), (b,))
         async with http.post(base, data=ok.SerializeToString()) as resp:
             assert resp.status == 202
         async with connect(url(relay, ib, b)) as wb:
@@ -277,6 +279,11 @@ async def test_metrics_and_health(cluster):
     ia, a = await cluster.twin([relay.domain])
     ib, b = await cluster.twin([relay.domain])
     async with connect(url(relay, ia, a)) as wa, connect(url(relay, ib, b)) as wb:
+        for _ in range(200):       # both offline replays done: the round trip is live
+            peers = [relay.table.get((t, None)) for t in (a, b)]
+            if all(p is not None and not p.replaying for p in peers):
+                break
+            await asyncio.sleep(0.01)
         await roundtrip(wa, a, wb, b)
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{relay.port}/health") as resp:

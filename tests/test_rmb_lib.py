@@ -238,3 +238,70 @@ def test_remote_garbage_raises_only_the_documented_errors():
             verify_token("".join(chars), KEYS["sr25519"].account, now=1000)
         except TokenError as exc:
             assert exc.status == 401
+
+
+def _b64url(raw: bytes) -> str:
+    import base64
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+@pytest.mark.parametrize("where", ["claims", "claims-member", "header"])
+def test_deeply_nested_token_is_a_401_not_a_recursion_error(where):
+    """Finding 7: a JWT whose claims nest ~1,200 deep raised RecursionError out of
+    json.loads (the relay answered HTTP 500). Now every depth past MAX_TOKEN_JSON_DEPTH,
+    and anything orjson refuses, is TokenError(401), in both entry points."""
+    from rmb_peer.token import MAX_TOKEN_JSON_DEPTH, MAX_TOKEN_SIZE
+    deep = b"[" * 1200 + b"]" * 1200
+    header = b'{"alg":"RS512","typ":"JWT"}'
+    claims = b'{"sub":5,"sid":null,"iat":1,"exp":2}'
+    if where == "claims":
+        claims = deep
+    elif where == "claims-member":
+        claims = b'{"sub":5,"sid":null,"iat":1,"exp":2,"x":' + deep + b"}"
+    else:
+        header = deep
+    tok = f"{_b64url(header)}.{_b64url(claims)}.{_b64url(b'e' * 65)}"
+    assert len(tok) <= MAX_TOKEN_SIZE  # it is the depth that is refused, not the size
+    for call in (token_claims_unverified, lambda t: verify_token(t, KEYS["ed25519"].account, 1)):
+        with pytest.raises(TokenError) as exc:
+            call(tok)
+        assert exc.value.status == 401
+    # just past the documented depth is refused too; at the depth a token still decodes
+    over = b'{"sub":5,"sid":null,"iat":1,"exp":2,"x":' + b"[" * MAX_TOKEN_JSON_DEPTH + b"]" * MAX_TOKEN_JSON_DEPTH + b"}"
+    hdr = _b64url(b'{"alg":"RS512"}')
+    with pytest.raises(TokenError, match="nests deeper"):
+        token_claims_unverified(f"{hdr}.{_b64url(over)}.x")
+    at = b'{"sub":5,"sid":null,"iat":1,"exp":2,"x":' + b"[" * (MAX_TOKEN_JSON_DEPTH - 1) + b"]" * (MAX_TOKEN_JSON_DEPTH - 1) + b"}"
+    assert token_claims_unverified(f"{hdr}.{_b64url(at)}.x")["sub"] == 5
+
+
+def test_ping_with_destination_twin_0():
+    """Finding 8: the official TS client pings with destination twin 0 (or none); rmb-rs
+    answers a ping before its destination check. parse_envelope lets a relay do the same
+    (allow_ping_without_destination) and keeps refusing every other kind."""
+    for with_dst in (True, False):
+        ping = Envelope(uid=new_uid(), timestamp=1000, expiration=60)
+        ping.source.twin = 11
+        if with_dst:
+            ping.destination.twin = 0
+            ping.destination.connection = "x"  # keep the field present on the wire
+        ping.ping.SetInParent()
+        data = ping.SerializeToString()
+        with pytest.raises(EnvelopeError, match="destination"):
+            parse_envelope(data)  # the default is unchanged
+        env = parse_envelope(data, allow_ping_without_destination=True)
+        assert message_kind(env) == "ping" and env.uid == ping.uid
+    req = request_env()
+    req.destination.twin = 0
+    with pytest.raises(EnvelopeError, match="destination twin is 0"):
+        parse_envelope(req.SerializeToString(), allow_ping_without_destination=True)
+
+
+def test_error_bases():
+    """One remote-error base (a ValueError) for every parser, one local-error base that
+    is not a ValueError (DESIGN.md section 2)."""
+    from rmb_peer.core import AppMessageError, PeerStateError
+    from rmb_peer.errors import RmbLocalError, RmbRemoteError
+    for cls in (EnvelopeError, TokenError, SignatureError, E2EError, AppMessageError):
+        assert issubclass(cls, RmbRemoteError) and issubclass(cls, ValueError)
+    assert issubclass(PeerStateError, RmbLocalError) and not issubclass(PeerStateError, ValueError)

@@ -1,0 +1,29 @@
+"""Events rmb-relay emits beyond rmb_peer.events.RMB_EVENTS (DESIGN.md section 6): the
+hardening of issue #11 (refusals rate-limited, fd exhaustion, stale twin records, bugs
+caught by an entry-point guard, federation circuits).
+
+Kept next to the relay because rmb_peer/events.py belongs to the peer side; the relay's
+EventLog is built with [RMB_EVENTS, RELAY_EVENTS]. Attribute names reuse the types they
+have in the other catalogues (count long, reason string, twin long, stale_s double,
+domain string).
+"""
+from daemon_runtime.eventlog import Catalogue, EventSpec
+
+E = EventSpec
+
+RELAY_EVENTS = Catalogue("rmb.relay", [
+    E("rmb.relay.suppressed", "warnings of one kind beyond the rate limit were not logged "
+      "one by one: `count` of them with this `reason` in the last window (their metrics "
+      "still counted each)", {"reason": "string", "count": "long"}),
+    E("rmb.relay.accept_failed", "the relay could not accept connections (file-descriptor "
+      "limit, EMFILE/ENFILE); `count` failures since the last line",
+      {"reason": "string", "count": "long"}),
+    E("rmb.relay.twin_stale", "the registry could not be reached: a twin record older than "
+      "its TTL was served (bounded by --twin-max-stale)",
+      {"twin": "long", "stale_s": "double", "reason": "string"}),
+    E("rmb.relay.circuit", "a federation domain's circuit changed state (open: attempts "
+      "paused after consecutive failures; closed: an attempt succeeded)",
+      {"domain": "string", "reason": "string", "count": "long"}),
+    E("rmb.relay.bug", "an entry point of the daemon caught an unexpected exception (a bug, "
+      "not bad input); the daemon kept running", {"reason": "string", "src": "string"}),
+])

@@ -1,0 +1,697 @@
+"""The relay core: per-session state, routing, lookups and federation for envelopes from
+connected peers, without I/O and without a clock (DESIGN.md section 2; issue #11 build 1).
+
+Inputs (aioquic style; `now` is float unix seconds from the caller, the daemon's wall
+clock, because envelope expiry compares with the envelopes' unix timestamps; the daemon
+turns `get_timer()` into a loop-time delay):
+
+  peer_connected(conn, session, now)       an authenticated connection for (twin, sid)
+  peer_disconnected(conn, now)             that connection closed
+  queue_replayed(conn, now)                its offline queue has been replayed: go live
+  receive_frame(conn, data, now)           one binary frame from a peer
+  twin_resolved(twin, record | error, now) the answer to a LookupTwin command
+  enqueued(token, outcome, now)            the answer to an Enqueue command
+  federation_result(job, outcome, now, status, reason)  the answer to a PostFederation
+  handle_timer(now)                        at or after get_timer()
+
+Outputs, drained with next_event() (dataclasses under RelayCommand, fields documented):
+WriteFrame, Enqueue, ReplayQueue, LookupTwin, PostFederation, CloseConnection, Log.
+
+Per-session states (table `_TRANSITIONS`): replaying -replayed-> live; replaying|live
+-closed|replaced-> closed. An impossible transition raises RelayStateError naming the
+state and the input. Errors: remote errors (rmb_peer.errors.RmbRemoteError subclasses
+such as EnvelopeError) never leave the core: garbage from a peer becomes a reply, a drop
+or a close command; RelayStateError (a RelayCoreError, an RmbLocalError: local misuse)
+does.
+
+Twin records: the core keeps its own table (record, fetched at). A record younger than
+`twin_ttl` is used; one older but younger than twin_ttl + `twin_max_stale` is used AND a
+refresh is asked for (stale-while-revalidate); otherwise the envelope waits in a per-twin
+chain (in arrival order) for one LookupTwin, so a slow lookup delays only that twin.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any
+
+from rmb_peer.challenge import verify_envelope
+from rmb_peer.envelope import (
+    Envelope, EnvelopeError, address_str, deadline, is_expired, message_kind, parse_envelope,
+    relay_error,
+)
+from rmb_peer.identity import SignatureError
+from rmb_relay.core import (
+    ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_QUEUE_FULL,
+    ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, Drop, FederationAccepted,
+    FederationAttemptFailed, NoLimit,
+    FederationCircuit, FederationExpired, FederationRefused, FederationScheduler, Federate,
+    Forward, Local, Ranker, RelayCoreError, RelayRouter, Refuse, Reply, Session, session_of,
+    session_str,
+)
+
+#: federation-in refusals (our texts; rmb-rs accepts every parsable POST)
+ERR_UNSIGNED = "federated envelope has no source twin (unsigned envelopes are not federated)"
+ERR_NOT_HERE = "destination twin is not served by this relay"
+ERR_UNKNOWN_SOURCE = "unknown source twin"
+ERR_BAD_SIGNATURE = "bad envelope signature"
+ERR_FED_RATE = "federation rate limit of this source relay exceeded"
+#: one sender's share of a twin's offline queue is used up (--queue-per-source)
+ERR_SHARE_FULL = "your share of the destination offline queue is full, dropping message"
+
+CLOSE_UNSUPPORTED = 1003
+CLOSE_INVALID = 1007
+CLOSE_REPLACED = 4000
+
+
+class RelayStateError(RelayCoreError):
+    """An impossible per-session transition (local misuse); names the state and input."""
+
+
+# --------------------------------------------------------------------------- commands
+
+class RelayCommand:
+    """Base class of everything RelayCore.next_event() returns."""
+
+
+@dataclass
+class WriteFrame(RelayCommand):
+    """Write `data` (a serialized envelope) to connection `conn` as one binary frame.
+    `session`: the destination session when this is a delivery (None for a reply to the
+    sender); `log`: the event to log once the write succeeded. A delivery whose write
+    fails is handed back with write_failed(cmd, now) (it is queued instead)."""
+    conn: Any
+    data: bytes
+    session: Session | None = None
+    log: "Log | None" = None
+
+
+@dataclass
+class Enqueue(RelayCommand):
+    """Append `data` to `session`'s offline queue, keeping it until `until` (unix s);
+    answer with enqueued(token, "queued" | "full" | "share" | "failed", now) ("share":
+    the sender `src` holds its whole share of that queue)."""
+    token: int
+    session: Session
+    data: bytes
+    until: float
+    uid: str
+    kind: str
+    src: str
+
+
+@dataclass
+class ReplayQueue(RelayCommand):
+    """Replay `session`'s offline queue, in order, onto `conn`; then queue_replayed(conn)."""
+    conn: Any
+    session: Session
+
+
+@dataclass
+class LookupTwin(RelayCommand):
+    """Ask the registry for twin `twin`; answer with twin_resolved(twin, record | error)."""
+    twin: int
+
+
+@dataclass
+class PostFederation(RelayCommand):
+    """POST `data` to http://`domain`/ within `timeout` s; answer with
+    federation_result(job, "accepted" | "refused" | "failed", now, status, reason)."""
+    job: int
+    uid: str
+    domain: str
+    attempt: int
+    data: bytes
+    timeout: float
+
+
+@dataclass
+class CloseConnection(RelayCommand):
+    """Close connection `conn` with WebSocket close `code` and `reason` (text)."""
+    conn: Any
+    code: int
+    reason: str
+
+
+@dataclass
+class Log(RelayCommand):
+    """One event-log line: catalogue `event` (rmb.relay.*), `uid` as trace_id, `level`,
+    `attrs` (catalogue attributes)."""
+    event: str
+    uid: str | None
+    level: str
+    attrs: dict
+
+
+@dataclass
+class FederationAnswer(RelayCommand):
+    """Answer the federation POST `request` (the adapter's handle) with HTTP `status` and
+    `text`. `uid`, `src`, `dst`, `origin` for the log line of a refusal (status >= 400)."""
+    request: Any
+    status: int
+    text: str
+    uid: str | None = None
+    src: str = ""
+    dst: str = ""
+    origin: str = ""
+
+
+@dataclass
+class _FedRequest:
+    request: Any
+    env: Envelope
+    data: bytes
+    origin: str
+    #: twin id -> record or exception, for the twins this request needed looked up
+    resolved: dict
+
+
+@dataclass
+class _Conn:
+    conn: Any
+    session: Session
+    name: str
+    state: str = "replaying"
+
+
+def _fail_fast(env: Envelope) -> bool:
+    return env.HasField("tags") and TAG_FAIL_FAST in env.tags.replace(",", " ").split()
+
+
+def _src(env: Envelope) -> str:
+    return address_str(env.source) if env.HasField("source") else ""
+
+
+def _lenient(data: bytes) -> Envelope | None:
+    env = Envelope()
+    try:
+        env.ParseFromString(bytes(data))
+    except Exception:  # noqa: BLE001 - any decode failure: not an envelope
+        return None
+    return env if env.uid else None
+
+
+class RelayCore:
+    """See the module docstring. domains: this relay's domains; limiter: a
+    FixedWindowLimiter or NoLimit; max_size: largest envelope (bytes); queue_ttl: s an
+    offline envelope is kept at most; twin_ttl / twin_max_stale: s (see module doc)."""
+
+    _TRANSITIONS = {
+        ("replaying", "replayed"): "live",
+        ("replaying", "closed"): "closed",
+        ("live", "closed"): "closed",
+        ("replaying", "replaced"): "closed",
+        ("live", "replaced"): "closed",
+    }
+
+    def __init__(self, domains, *, limiter=None, ranker: Ranker | None = None,
+                 federation: FederationScheduler | None = None, max_size: int = 1 << 20,
+                 queue_ttl: float = 3600.0, twin_ttl: float = 60.0,
+                 twin_max_stale: float = 3600.0, max_twins: int = 100_000,
+                 federation_limiter=None, verify_federation: bool = True):
+        self.router = RelayRouter(domains, limiter)
+        self.ranker = ranker or Ranker()
+        self.federation = federation or FederationScheduler(self.ranker)
+        self.max_size = max_size
+        self.queue_ttl = queue_ttl
+        self.twin_ttl = twin_ttl
+        self.twin_max_stale = twin_max_stale
+        self.max_twins = max_twins
+        self._sessions: dict[Session, _Conn] = {}
+        self._conns: dict[Any, _Conn] = {}
+        self._twins: collections.OrderedDict[int, tuple[Any, float]] = collections.OrderedDict()
+        self._chains: dict[int, collections.deque] = {}
+        self._refreshing: set[int] = set()
+        self._pending: dict[int, tuple[Session | None, Envelope]] = {}
+        self._replaced: dict[Any, _Conn] = {}
+        self._resolved: dict[int, Any] = {}
+        #: federation-in: per source relay window, requests waiting for twin lookups
+        self.fed_limiter = federation_limiter or NoLimit()
+        self.verify_federation = verify_federation
+        self._fed_waiting: dict[int, list[_FedRequest]] = {}
+        #: background refreshes of stale twin records asked for (tests, metrics)
+        self.refreshes = 0
+        #: set when federation state changed (the adapter re-arms its timer), then cleared
+        self.federation_touched = False
+        self._token = 0
+        self._out: collections.deque[RelayCommand] = collections.deque()
+
+    # ------------------------------------------------------------------ helpers
+    def _move(self, c: _Conn, inp: str) -> None:
+        new = self._TRANSITIONS.get((c.state, inp))
+        if new is None:
+            raise RelayStateError(f"connection {c.name}: no transition from state "
+                                  f"{c.state!r} on input {inp!r}")
+        c.state = new
+
+    def _log(self, event: str, uid, level: str = "info", **attrs) -> None:
+        self._out.append(Log(event, uid, level, attrs))
+
+    def _send_to_session(self, session: Session, reply: Envelope, now: float) -> None:
+        """A relay error for a sender that may have reconnected or gone offline since:
+        its live connection, else its offline queue."""
+        target = self._sessions.get(session)
+        data = reply.SerializeToString()
+        if target is not None and target.state == "live":
+            self._out.append(WriteFrame(target.conn, data, session))
+            return
+        self._token += 1
+        self._pending[self._token] = (None, reply)
+        until = min(float(deadline(reply)), now + self.queue_ttl)
+        self._out.append(Enqueue(self._token, session, data, until, reply.uid, "error", ""))
+
+    def _reply_to(self, session: Session, env: Envelope, text: str) -> None:
+        """A relay error to a request's sender (drop for other kinds), logged."""
+        self._log("rmb.relay.rejected", env.uid, "warning", reason=text, src=_src(env),
+                  dst=address_str(env.destination) if env.HasField("destination") else "")
+        if message_kind(env) != "request":
+            return
+        target = self._sessions.get(session)
+        if target is not None and target.state != "closed":
+            self._out.append(WriteFrame(target.conn, relay_error(env, text).SerializeToString()))
+
+    def next_event(self) -> RelayCommand | None:
+        return self._out.popleft() if self._out else None
+
+    def get_timer(self) -> float | None:
+        return self.federation.get_timer()
+
+    def handle_timer(self, now: float) -> None:
+        self.federation.handle_timer(now)
+        self._pump_federation(now)
+
+    def state_of(self, session: Session) -> str | None:
+        c = self._sessions.get(session)
+        return c.state if c is not None else None
+
+    # ------------------------------------------------------------------ sessions
+    def peer_connected(self, conn: Any, session: Session, now: float) -> None:
+        if conn in self._conns:
+            raise RelayStateError(f"connection {session_str(session)}: no transition from "
+                                  f"state {self._conns[conn].state!r} on input 'connected'")
+        c = _Conn(conn, session, session_str(session))
+        old = self._sessions.get(session)
+        if old is not None:
+            self._move(old, "replaced")
+            del self._conns[old.conn]
+            self._replaced[old.conn] = old     # its disconnect still gets logged
+            self._out.append(CloseConnection(old.conn, CLOSE_REPLACED,
+                                             "replaced by a newer connection"))
+        self._sessions[session] = c
+        self._conns[conn] = c
+        self._log("rmb.relay.connected", None, src=c.name)
+        self._out.append(ReplayQueue(conn, session))
+
+    def peer_disconnected(self, conn: Any, now: float, reason: str = "closed by peer") -> None:
+        c = self._conns.pop(conn, None)
+        if c is None:
+            old = self._replaced.pop(conn, None)     # replaced: closed by our command
+            if old is not None:
+                self._log("rmb.relay.disconnected", None, src=old.name,
+                          reason="replaced by a newer connection")
+            return
+        self._move(c, "closed")
+        if self._sessions.get(c.session) is c:
+            del self._sessions[c.session]
+        self._log("rmb.relay.disconnected", None, src=c.name, reason=reason[:200])
+
+    def queue_replayed(self, conn: Any, now: float) -> None:
+        c = self._conns.get(conn)
+        if c is None:
+            return      # closed meanwhile
+        self._move(c, "replayed")
+
+    # ------------------------------------------------------------------ frames
+    def receive_frame(self, conn: Any, data: bytes, now: float) -> None:
+        c = self._conns.get(conn)
+        if c is None:
+            raise RelayStateError(f"connection {conn!r}: no transition from state 'closed' "
+                                  "on input 'frame'")
+        try:
+            env = parse_envelope(data, self.max_size, allow_ping_without_destination=True)
+        except EnvelopeError as exc:
+            self._bad_frame(c, data, exc)
+            return
+        verdict = self.router.check_inbound(c.session, env, len(data), now)
+        if type(verdict) is Forward:
+            dst = session_of(env.destination)
+            target = self._sessions.get(dst)
+            if target is not None and target.state == "live":
+                # the hot path: the live local route, one `forwarded` event (received and
+                # delivered in one loop pass; DESIGN.md section 6)
+                self._out.append(WriteFrame(target.conn, data, dst, Log(
+                    "rmb.relay.forwarded", env.uid, "info",
+                    {"kind": message_kind(env), "src": c.name, "dst": target.name,
+                     "size": len(data)})))
+                return
+            self._log("rmb.relay.received", env.uid, kind=message_kind(env), src=c.name,
+                      dst=address_str(env.destination), size=len(data))
+            self._forward(c.session, env, bytes(data), now)
+        elif type(verdict) is Reply:
+            if verdict.reason == "ping":
+                self._log("rmb.relay.answered", env.uid, kind="pong", dst=c.name)
+            elif verdict.reason == ERR_RATE_LIMIT:
+                self._log("rmb.relay.rate_limited", env.uid, "warning", src=c.name,
+                          size=len(data))
+            else:
+                self._log("rmb.relay.rejected", env.uid, "warning", reason=verdict.reason,
+                          src=_src(env), dst=address_str(env.destination))
+            self._out.append(WriteFrame(conn, verdict.envelope.SerializeToString()))
+        elif type(verdict) is Drop:
+            if verdict.reason == ERR_EXPIRED:
+                self._log("rmb.relay.expired", env.uid, kind=message_kind(env), src=_src(env),
+                          dst=address_str(env.destination), reason="expired on arrival")
+            else:
+                self._log("rmb.relay.rejected", env.uid, "warning", reason=verdict.reason,
+                          src=_src(env), dst=address_str(env.destination))
+
+    def _bad_frame(self, c: _Conn, data: bytes, exc: EnvelopeError) -> None:
+        env = _lenient(data)
+        text = str(exc)
+        if env is None:         # not an envelope at all: rmb-rs closes, so do we
+            self._log("rmb.relay.rejected", None, "warning", reason=text[:200], src=c.name,
+                      dst="")
+            self._out.append(CloseConnection(c.conn, CLOSE_INVALID, text[:120]))
+            return
+        if len(data) <= self.max_size and (not env.HasField("destination")
+                                           or env.destination.twin == 0):
+            text = ERR_MISSING_DESTINATION
+        self._reply_to(c.session, env, text)
+
+    def _forward(self, sender: Session, env: Envelope, data: bytes, now: float) -> None:
+        dst = session_of(env.destination)
+        target = self._sessions.get(dst)
+        if target is not None:
+            self._deliver(sender, dst, env, data, now, target)
+            return
+        chain = self._chains.get(dst[0])
+        if chain is not None:
+            chain.append((sender, env, data))
+            return
+        hit = self._twins.get(dst[0])
+        if hit is not None:
+            record, at = hit
+            age = now - at
+            if age <= self.twin_ttl + self.twin_max_stale:
+                if age > self.twin_ttl and dst[0] not in self._refreshing:
+                    self._refreshing.add(dst[0])
+                    self.refreshes += 1
+                    self._out.append(LookupTwin(dst[0]))
+                self._route(sender, env, data, now, record)
+                return
+        self._chains[dst[0]] = collections.deque([(sender, env, data)])
+        self._out.append(LookupTwin(dst[0]))
+
+    def _deliver(self, sender: Session | None, dst: Session, env: Envelope, data: bytes, now: float,
+                 target: _Conn | None) -> None:
+        if target is not None and target.state == "live":
+            self._out.append(WriteFrame(target.conn, data, dst, Log(
+                "rmb.relay.delivered", env.uid, "info",
+                {"kind": message_kind(env), "src": _src(env), "dst": target.name,
+                 "size": len(data), "queued_ms": 0.0})))
+            return
+        self._token += 1
+        self._pending[self._token] = (sender, env)
+        until = min(float(deadline(env)), now + self.queue_ttl)
+        self._out.append(Enqueue(self._token, dst, data, until, env.uid, message_kind(env),
+                                 _src(env)))
+
+    def write_failed(self, cmd: WriteFrame, now: float) -> None:
+        """A delivery WriteFrame whose connection closed meanwhile: queue it instead."""
+        if cmd.session is None:
+            return                      # a reply to a sender that is gone: nothing to do
+        env = _lenient(cmd.data)
+        if env is None:
+            return
+        self._token += 1
+        self._pending[self._token] = (None, env)
+        until = min(float(deadline(env)), now + self.queue_ttl)
+        self._out.append(Enqueue(self._token, cmd.session, cmd.data, until, env.uid,
+                                 message_kind(env), _src(env)))
+
+    def receive_federation(self, request: Any, data: bytes, origin: str, now: float) -> None:
+        """POST / from another relay (issue #11 finding 3: authenticated and bounded);
+        answered with one FederationAnswer(request, status, text), possibly after
+        LookupTwin commands. In order: per-source-relay window (`federation_limiter`, key
+        = `origin`, the remote address: 429), parse (400), expired (400), source present
+        (401: unsigned relay errors are never federated), destination twin known (404,
+        nothing queued for unknown twins) and served here (421), source twin known and the
+        signature valid for its account key (401: spoofed sources refused; rmb-rs verifies
+        nothing here), fail-fast offline (404), queue full (429), else 202."""
+        if not self.fed_limiter.allow(origin, len(data), now):
+            self._answer(request, 429, ERR_FED_RATE, None, origin)
+            return
+        try:
+            env = parse_envelope(data, self.max_size)
+        except EnvelopeError as exc:
+            self._answer(request, 400, str(exc), None, origin)
+            return
+        self._log("rmb.relay.federation_received", env.uid, kind=message_kind(env),
+                  src=_src(env), dst=address_str(env.destination), size=len(data))
+        if is_expired(env, now):
+            self._log("rmb.relay.expired", env.uid, kind=message_kind(env), src=_src(env),
+                      dst=address_str(env.destination), reason="expired on federation arrival")
+            self._out.append(FederationAnswer(request, 400, ERR_EXPIRED))
+            return
+        if not env.HasField("source") or env.source.twin == 0:
+            self._answer(request, 401, ERR_UNSIGNED, env, origin)
+            return
+        self._federation_step(_FedRequest(request, env, bytes(data), origin, {}), now)
+
+    def _record_for(self, req: _FedRequest, twin: int, now: float):
+        """The record (or lookup error) for `twin`, or None after asking for a lookup."""
+        if twin in req.resolved:
+            return req.resolved[twin]
+        hit = self._twins.get(twin)
+        if hit is not None and now - hit[1] <= self.twin_ttl + self.twin_max_stale:
+            if now - hit[1] > self.twin_ttl and twin not in self._refreshing:
+                self._refreshing.add(twin)
+                self.refreshes += 1
+                self._out.append(LookupTwin(twin))
+            return hit[0]
+        waiting = self._fed_waiting.setdefault(twin, [])
+        if not waiting and twin not in self._chains and twin not in self._refreshing:
+            self._refreshing.add(twin)
+            self._out.append(LookupTwin(twin))
+        waiting.append(req)
+        return None
+
+    def _federation_step(self, req: _FedRequest, now: float) -> None:
+        env, origin = req.env, req.origin
+        dst = session_of(env.destination)
+        if self.verify_federation:
+            record = self._record_for(req, dst[0], now)
+            if record is None:
+                return
+            if isinstance(record, BaseException):
+                if type(record).__name__ == "UnknownTwin":
+                    self._answer(req.request, 404, ERR_UNKNOWN_DESTINATION, env, origin)
+                else:
+                    self._answer(req.request, 503, f"failed to get twin details: {record}"[:300],
+                                 env, origin)
+                return
+            if not self.router.is_local(record.relays):
+                self._answer(req.request, 421, ERR_NOT_HERE, env, origin)
+                return
+            source = self._record_for(req, env.source.twin, now)
+            if source is None:
+                return
+            if isinstance(source, BaseException):
+                if type(source).__name__ == "UnknownTwin":
+                    self._answer(req.request, 401, ERR_UNKNOWN_SOURCE, env, origin)
+                else:
+                    self._answer(req.request, 503, f"failed to get twin details: {source}"[:300],
+                                 env, origin)
+                return
+            try:
+                verify_envelope(env, source.account)
+            except SignatureError as exc:
+                self._answer(req.request, 401, f"{ERR_BAD_SIGNATURE}: {exc}"[:300], env, origin)
+                return
+        target = self._sessions.get(dst)
+        if target is None and _fail_fast(env):
+            self._log("rmb.relay.rejected", env.uid, "info", reason=ERR_OFFLINE, src=_src(env),
+                      dst=session_str(dst))
+            self._out.append(FederationAnswer(req.request, 404, ERR_OFFLINE))
+            return
+        if target is not None and target.state == "live":
+            self._out.append(WriteFrame(target.conn, req.data, dst, Log(
+                "rmb.relay.delivered", env.uid, "info",
+                {"kind": message_kind(env), "src": _src(env), "dst": target.name,
+                 "size": len(req.data), "queued_ms": 0.0})))
+            self._out.append(FederationAnswer(req.request, 202, ""))
+            return
+        self._token += 1
+        self._pending[self._token] = (("federation", req.request, origin), env)
+        until = min(float(deadline(env)), now + self.queue_ttl)
+        self._out.append(Enqueue(self._token, dst, req.data, until, env.uid,
+                                 message_kind(env), _src(env)))
+
+    def _answer(self, request: Any, status: int, text: str, env: Envelope | None,
+                origin: str) -> None:
+        self._out.append(FederationAnswer(
+            request, status, text, env.uid if env is not None and env.uid else None,
+            _src(env) if env is not None else "",
+            address_str(env.destination) if env is not None and env.HasField("destination")
+            else "", origin))
+
+    def connected(self, session: Session) -> bool:
+        """True while `session` has a connection (replaying or live)."""
+        return session in self._sessions
+
+    def enqueued(self, token: int, outcome: str, now: float) -> None:
+        pending = self._pending.pop(token, None)
+        if pending is None:
+            raise RelayStateError(f"enqueue {token}: no transition from state 'done' on "
+                                  f"input {outcome!r}")
+        sender, env = pending
+        if isinstance(sender, tuple) and sender[0] == "federation":
+            _, request, origin = sender
+            if outcome == "queued":
+                self._log("rmb.relay.queued", env.uid, kind=message_kind(env), src=_src(env),
+                          dst=address_str(env.destination), size=env.ByteSize())
+                self._out.append(FederationAnswer(request, 202, ""))
+            elif outcome == "full":
+                self._answer(request, 429, ERR_QUEUE_FULL, env, origin)
+            elif outcome == "share":
+                self._answer(request, 429, ERR_SHARE_FULL, env, origin)
+            else:
+                self._answer(request, 503, "offline queue unavailable", env, origin)
+            return
+        if sender is None and outcome != "queued":
+            self._log("rmb.relay.rejected", env.uid, "warning",
+                      reason=ERR_QUEUE_FULL if outcome == "full" else ERR_SHARE_FULL
+                      if outcome == "share" else "failed to queue message for offline twin",
+                      src=_src(env), dst=address_str(env.destination))
+            return
+        if outcome == "queued":
+            self._log("rmb.relay.queued", env.uid, kind=message_kind(env), src=_src(env),
+                      dst=address_str(env.destination), size=env.ByteSize())
+        elif outcome == "full":
+            self._reply_to(sender, env, ERR_QUEUE_FULL)
+        elif outcome == "share":
+            self._reply_to(sender, env, ERR_SHARE_FULL)
+        elif outcome == "failed":
+            self._reply_to(sender, env, "failed to queue message for offline twin")
+        else:
+            raise RelayStateError(f"enqueue {token}: unknown outcome {outcome!r}")
+
+    # ------------------------------------------------------------------ lookups
+    def twin_resolved(self, twin: int, record: Any, now: float) -> None:
+        """`record`: an object with `.relays` (list of domains), or an exception: an
+        UnknownTwin-like error (`unknown=True` attribute or class name UnknownTwin) forgets
+        the twin; any other error keeps a known record (stale-if-error)."""
+        self._refreshing.discard(twin)
+        is_error = isinstance(record, BaseException)
+        unknown = is_error and type(record).__name__ == "UnknownTwin"
+        if not is_error:
+            self._twins[twin] = (record, now)
+            self._twins.move_to_end(twin)
+            while len(self._twins) > self.max_twins:
+                self._twins.popitem(last=False)
+        elif unknown:
+            self._twins.pop(twin, None)
+        else:
+            hit = self._twins.get(twin)
+            if hit is not None and now - hit[1] <= self.twin_ttl + self.twin_max_stale:
+                self._log("rmb.relay.twin_stale", None, "warning", twin=twin,
+                          stale_s=now - hit[1], reason=str(record)[:200])
+                record, is_error = hit[0], False
+        for req in self._fed_waiting.pop(twin, []):
+            req.resolved[twin] = record
+            self._federation_step(req, now)
+        chain = self._chains.get(twin)
+        if chain is None:
+            return
+        self._resolved[twin] = record
+        while chain:
+            sender, env, data = chain.popleft()
+            self._route(sender, env, data, now, record)
+        # the chain stays open (new envelopes for this twin keep queueing behind the ones
+        # just routed) until the adapter has executed their commands: chain_done()
+
+    def chain_done(self, twin: int, now: float) -> bool:
+        """The adapter executed the commands of the envelopes routed for `twin` after its
+        lookup. Routes envelopes that arrived meanwhile (their commands follow) and returns
+        False, or closes the chain and returns True. Keeps per-twin order across the
+        lookup (an envelope arriving while earlier ones are still being queued waits)."""
+        chain = self._chains.get(twin)
+        if chain is None:
+            return True
+        if not chain:
+            del self._chains[twin]
+            self._resolved.pop(twin, None)
+            return True
+        record = self._resolved.get(twin)
+        while chain:
+            sender, env, data = chain.popleft()
+            self._route(sender, env, data, now, record)
+        return False
+
+    def _route(self, sender: Session, env: Envelope, data: bytes, now: float, record) -> None:
+        dst = session_of(env.destination)
+        if isinstance(record, BaseException):
+            if type(record).__name__ == "UnknownTwin":
+                self._reply_to(sender, env, ERR_UNKNOWN_DESTINATION)
+            else:
+                self._reply_to(sender, env, f"failed to get twin details: {record}"[:300])
+            return
+        route = self.router.route(list(record.relays))
+        if isinstance(route, Local):
+            target = self._sessions.get(dst)
+            if target is None and _fail_fast(env):
+                self._reply_to(sender, env, ERR_OFFLINE)
+                return
+            self._deliver(sender, dst, env, data, now, target)
+        elif isinstance(route, Federate):
+            job = self.federation.submit(env, data, route.domains, now, context=sender)
+            if job is None:
+                self._reply_to(sender, env, self.federation.refusal or ERR_FEDERATION_FULL)
+                return
+            self._pump_federation(now)
+        elif isinstance(route, Refuse):
+            self._reply_to(sender, env, route.text)
+
+    # ------------------------------------------------------------------ federation
+    def take(self) -> list[RelayCommand]:
+        """Every pending command at once (the adapter takes them right after each input,
+        so each caller executes the commands its own input caused, in order)."""
+        out = list(self._out)
+        self._out.clear()
+        return out
+
+    def _pump_federation(self, now: float) -> None:
+        self.federation_touched = True
+        for att in self.federation.attempts_due(now):
+            self._out.append(PostFederation(att.job, att.uid, att.domain, att.attempt, att.data,
+                                            att.timeout))
+        while (ev := self.federation.next_event()) is not None:
+            if isinstance(ev, FederationAccepted):
+                self._log("rmb.relay.federated", ev.uid, domain=ev.domain, attempt=ev.attempt,
+                          duration_ms=ev.duration * 1000.0)
+            elif isinstance(ev, FederationAttemptFailed):
+                self._log("rmb.relay.federation_failed", ev.uid, "warning", domain=ev.domain,
+                          attempt=ev.attempt, status=ev.status, reason=ev.reason)
+            elif isinstance(ev, FederationCircuit):
+                self._log("rmb.relay.circuit", None,
+                          "warning" if ev.state == "open" else "info", domain=ev.domain,
+                          count=ev.failures,
+                          reason=(f"open: {ev.failures} consecutive failures, attempts "
+                                  f"paused {ev.cooldown:.0f} s" if ev.state == "open"
+                                  else "closed: the relay answered"))
+            elif isinstance(ev, (FederationRefused, FederationExpired)):
+                if isinstance(ev, FederationExpired):
+                    self._log("rmb.relay.expired", ev.uid, "warning",
+                              dst=session_str(ev.context) if ev.context else "",
+                              reason=f"federation failed after {ev.attempts} attempts")
+                else:
+                    self._log("rmb.relay.federation_failed", ev.uid, "warning",
+                              domain=ev.domain, attempt=ev.attempt, status=ev.status,
+                              reason=ev.reason or "refused")
+                if ev.reply is not None and ev.context is not None:
+                    self._send_to_session(ev.context, ev.reply, now)
+
+    def federation_result(self, job: int, outcome: str, now: float, status: int = 0,
+                          reason: str = "") -> None:
+        self.federation.report(job, outcome, now, status=status, reason=reason)
+        self._pump_federation(now)

@@ -45,8 +45,21 @@ Pipeline (one shuffle of the events: everything is keyed by trace_id):
    as OTLP JSON, one TracesData per line: spark/otlp.py; for Jaeger or an OpenTelemetry
    Collector's otlpjsonfile receiver with `include: [DIR/traces.otlp/part-*]`).
 
+Outcomes (spark/stages.py Outcomes, outcome_sql): per (trace, branch) decided once. RMB:
+the first reply or expiry notice before the deadline (the peer's send time + the request's
+ttl) decides answered / errored <code> / expired; anything after it (a reply, rmb-peer's
+102 "already completed or expired") is `late` and changes nothing. summary.json
+`delivery.<protocol>` = {sent, answered, expired, errored, errored_by_code (every code,
+string keys), late, lost_or_stuck, in_flight, planned: {...}, unplanned: {...}}.
+
+The demo plan (spark/plan.py, deploy/events.py demo.plan.*): node labels, and which
+failures were planned (expected trace, or hit a planned fault's target inside its window);
+summary.json `plan`, `failures.planned` / `failures.unplanned` (trace ids). `remp` and
+`marlin` sections when those logs are present (_remp_marlin_summary).
+
 SLA (spark/sla.toml, TOML): `[[objective]]` entries of three kinds, evaluated only when the
-stage has samples (else status "no data"):
+stage has samples (else status "no data"); `count = "unplanned"` (default) or `"all"`;
+each result carries objective, ok, value, target, unit, counts, budget_used, budget_unit:
 - quantile: `stage`, `quantile`, `max_ms`: pass when the quantile <= max_ms; error budget
   = 1 - quantile, used = (fraction of samples > max_ms) / budget.
 - within: `stage`, `within_ms`, `min`: fraction of finished (non in-flight) traces whose

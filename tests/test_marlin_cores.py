@@ -526,3 +526,29 @@ def test_overlapping_stake_ranges_are_reuse_adjacent_ones_are_not():
     # re-sending the very same chunk (a producer retry) is not reuse
     net.inject(member.address, encode_chunk_message(att0.wire(), None, chunk0), prod.address)
     assert member.counters["stake_evidence"] == 2 and member.counters["acks_sent"] == 3
+
+
+def test_two_producers_same_message_id_at_once_honest_rebuilt_corrupted_disputed(shared_data):
+    """Per-message state is keyed (message id, producer): the corrupted Bitcoin block (same
+    header, so the honest block's message id) sent by a second producer at the same instant
+    as the honest block neither collides with the honest chunks in the members' caches nor in
+    the consumers' pending/finished sets (before: its chunks were dropped as duplicates)."""
+    net = Net(producers=2)
+    honest = (shared_data / "btc" / "block413567.raw").read_bytes()
+    bad = (shared_data / "btc" / "block413567_corrupted_btc2arc.raw").read_bytes()
+    p1, p2 = net.producers
+    mid = p1.produce(honest, CHANNEL_BTC, net.now)
+    assert p2.produce(bad, CHANNEL_BTC, net.now) == mid          # same message id
+    net.run(30)
+    n = net.params.channel(CHANNEL_BTC).num_chunks
+    for c in net.consumers:
+        (b,) = net.of(c.address, BlockRebuilt)
+        assert (b.message_id, b.producer, b.block) == (mid, p1.address, honest)
+        (d,) = net.of(c.address, Dispute)
+        assert (d.message_id, d.reason, d.producers) == (mid, "invalid_block", [p2.address])
+        assert not net.of(c.address, ChunkRejected) and c.pending() == {}
+    for p in (p1, p2):                       # every chunk of both acknowledged
+        assert p.missing_acks(mid) == [] and sorted(p.acks(mid)) == list(range(n))
+    witnessed = sum(m.counters["witnessed"] for m in net.members.values())
+    assert witnessed == 2 * n
+    assert not any(net.of(a, ChunkRejected) for a in net.members)

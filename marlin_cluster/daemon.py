@@ -234,17 +234,14 @@ def restore_stake(core, store: Store, now: float) -> bool:
     epoch, used = saved
     if epoch != int(int(now) // core.params.refresh_interval):
         return False
-    if hasattr(core, "restore_stake"):
-        core.restore_stake(epoch, used)
-    else:  # ProducerCore has no public setter yet: its two stake fields
-        core._epoch, core._stake_used = epoch, used
+    # a stake budget lowered since: the interval's budget is spent (never reuse offsets)
+    core.restore_stake(epoch, min(used, core.params.stake_budget))
     return True
 
 
 def stake_state(core) -> tuple[int, int]:
-    if hasattr(core, "stake_state"):
-        return core.stake_state()
-    return core._epoch, core._stake_used
+    """The producer core's (epoch, stake units used) to save (ProducerCore.stake_state)."""
+    return core.stake_state()
 
 
 # ---------------------------------------------------------------------- the adapter

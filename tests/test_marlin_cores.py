@@ -552,3 +552,33 @@ def test_two_producers_same_message_id_at_once_honest_rebuilt_corrupted_disputed
     witnessed = sum(m.counters["witnessed"] for m in net.members.values())
     assert witnessed == 2 * n
     assert not any(net.of(a, ChunkRejected) for a in net.members)
+
+
+def test_stake_state_and_restore_stake_continue_offsets_after_a_restart():
+    """ProducerCore.stake_state() / restore_stake(epoch, used): a restarted producer continues
+    above the offsets it used in the same refresh interval, so no member records reuse."""
+    from marlin_cluster.wire import MarlinLocalError
+    net = Net()
+    p = net.producer
+    assert p.stake_state() == (-1, 0)
+    p.produce(BLOCK_RAW, CHANNEL_RAW, net.now)
+    net.run(5)
+    epoch, used = p.stake_state()
+    assert epoch == int(net.now // net.params.refresh_interval) and used > 0
+    before = len(net.of(p.address, ChunkSent))
+    fresh = ProducerCore(p.key, net.membership, net.params)          # the restarted producer
+    fresh.restore_stake(epoch, used)
+    assert fresh.stake_state() == (epoch, used) and fresh.stake_left(net.now) == p.stake_left(net.now)
+    net.producers[0] = net.producer = net.nodes[fresh.address] = fresh
+    fresh.produce(BLOCK_RAW[::-1], CHANNEL_RAW, net.now)
+    net.run(10)
+    later = net.of(fresh.address, ChunkSent)[before:]
+    assert later and min(e.stake_offset for e in later) == used      # continues above
+    assert fresh.stake_state()[1] > used
+    assert sum(len(m.evidence) for m in net.members.values()) == 0
+    assert not any(net.of(a, StakeEvidence) for a in net.members)
+    state = fresh.stake_state()
+    for bad in ((-2, 0), (epoch, -1), (epoch, net.params.stake_budget + 1), (epoch, 1.5), (True, 0)):
+        with pytest.raises(MarlinLocalError):
+            fresh.restore_stake(*bad)
+    assert fresh.stake_state() == state                                # refused: unchanged

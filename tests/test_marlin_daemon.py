@@ -24,8 +24,8 @@ from marlin_cluster.crypto import NodeKey, keccak256
 from marlin_cluster.daemon import build_parser, params_from_flags, parse_args
 from marlin_cluster.localnet import CORRUPTED_NAME, MarlinNet, wait_for
 from marlin_cluster.netfile import NetfileError, load_network, write_network
-from marlin_cluster.transport import encode_lpf, hello_frame
-from marlin_cluster.wire import encode_chunk_message, make_attestation, signed_attestation_data
+from marlin_cluster.transport import dial_handshake, encode_lpf
+from marlin_cluster.wire import MarlinWireError, encode_chunk_message, make_attestation, signed_attestation_data
 
 from .conftest import SHARED_DATA
 
@@ -186,11 +186,19 @@ def _attested(producer: NodeKey, mid: int, cid: int, ts: int, chunk: bytes, offs
 async def _raw(port: int, key: NodeKey | None, payload: bytes, wait_close: bool = False) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     if key is not None:
-        writer.write(encode_lpf(hello_frame(key, time.time())))
+        try:
+            await dial_handshake(reader, writer, key, None)
+        except MarlinWireError:             # refused (unknown peer): the node closed on us
+            writer.close()
+            return
     writer.write(payload)
     await writer.drain()
     if wait_close:
-        await asyncio.wait_for(reader.read(), 15)
+        try:
+            while await asyncio.wait_for(reader.read(4096), 15):
+                pass
+        except ConnectionResetError:        # closed with our bytes unread: a reset, not EOF
+            pass
     writer.close()
 
 

@@ -11,8 +11,15 @@ interval, the producer will be slashed").
     m.frames_to_send(now) -> [(address, frame)]; m.next_event(); get_timer()/handle_timer()
 
 Per chunk frame, in this order:
- 1. duplicate suppression on (message id, chunk id) before any signature check (a cache of
-    verified chunks only, so a forged chunk cannot shadow the real one); counted, not logged;
+ 1. duplicate suppression before any signature check, on (message id, chunk id, attestation
+    signature): the producer is not known before its signature is verified (it is recovered
+    from it), so the pre-check key is the exact attestation of a chunk this member already
+    verified. The cache holds verified chunks only, keyed (message id, producer, chunk id)
+    once the producer is known (seed: several producers may send the same message id), so
+    a forged duplicate cannot shadow or evict the honest chunk: a forgery with a new
+    signature is verified and refused (never cached); one that copies a verified chunk's
+    attestation is dropped as a duplicate of a chunk already relayed; a second producer's
+    chunk with the same (message id, chunk id) is a separate entry. Counted, not logged;
  2. channel configured, sizes (MIN/NUM_CHUNKS bounds, max chunk), timestamp not older than
     TOLERABLE_LATENCY ("stale") nor more than max_clock_skew ahead ("future");
  3. attestation: from a producer link (KIND_ATTESTED_CHUNK) the peer must be a known producer
@@ -44,8 +51,8 @@ from .crypto import BadSignature, NodeKey, keccak256, recover_address, recover_s
 from .events import AckSent, ChunkRejected, ChunkRelayed, ChunkWitnessed, MarlinEvent, StakeEvidence
 from .membership import Membership, MembershipError
 from .params import Params
-from .wire import (ATTESTATION_LEN, KIND_ACK, KIND_ATTESTED_CHUNK, KIND_CHUNK, Ack, MarlinWireError, decode_frame,
-                   encode_chunk_message, encode_frame, parse_chunk_message, peek_chunk_ids)
+from .wire import (ATTESTATION_LEN, KIND_ACK, KIND_ATTESTED_CHUNK, KIND_CHUNK, SIGNATURE_LEN, Ack, MarlinWireError,
+                   decode_frame, encode_chunk_message, encode_frame, parse_chunk_message, peek_chunk_ids)
 
 __all__ = ["ClusterMemberCore"]
 
@@ -63,7 +70,8 @@ class ClusterMemberCore:
         self.cluster_id = cluster_id
         self.counters: Counter = Counter()
         self.evidence: deque = deque(maxlen=params.max_evidence)
-        self._seen: OrderedDict = OrderedDict()    # (mid, cid) -> arrival (now)
+        self._seen: OrderedDict = OrderedDict()    # (mid, producer, cid) -> (arrival, att signature)
+        self._sigs: dict = {}                      # (mid, cid, att signature) -> key in _seen
         # (producer, epoch) -> [sorted stake range starts, [(start, end, record)]] in creation order
         self._stake: OrderedDict = OrderedDict()
         self._stake_entries = 0
@@ -85,7 +93,8 @@ class ClusterMemberCore:
                 raise MarlinWireError(f"a cluster member takes chunks, not frame kind {kind}", "unknown_kind")
             mid, channel, cid = peek_chunk_ids(body)
             ids = (mid, cid)
-            if ids in self._seen and kind == KIND_CHUNK:
+            if kind == KIND_CHUNK and len(body) >= ATTESTATION_LEN and \
+                    (mid, cid, bytes(body[ATTESTATION_LEN - SIGNATURE_LEN:ATTESTATION_LEN])) in self._sigs:
                 self.counters["duplicate"] += 1
                 return
             producer = self._accept(kind, body, mid, channel, cid, peer, now)
@@ -134,16 +143,20 @@ class ClusterMemberCore:
                 raise MarlinWireError(f"witness by 0x{witness_by.hex()}, not a member of cluster "
                                       f"{self.cluster_id}", "bad_witness")
         self._check_stake(signer, att, msg.attestation_wire, len(chunk), chunk_hash, mid, cid, now)
-        if (mid, cid) in self._seen:
-            # the producer re-sent a chunk this member already has (its first ack was lost, or
-            # another member of the cluster witnessed it): acknowledge again, do not relay
+        key = (mid, signer, cid)
+        if key in self._seen:
             self.counters["duplicate"] += 1
-            self._ack(mid, cid, signer, peer, now)
+            if from_producer:
+                # the producer re-sent a chunk this member already has (its first ack was lost,
+                # or another member of the cluster witnessed it): acknowledge again, do not relay
+                self._ack(mid, cid, signer, peer, now)
             return signer
         # accepted
-        self._seen[(mid, cid)] = now
+        sig = att.signature
+        self._seen[key] = (now, sig)
+        self._sigs[(mid, cid, sig)] = key
         if len(self._seen) > p.max_cached_chunks:
-            self._seen.popitem(last=False)
+            self._forget_oldest()
             self.counters["evicted"] += 1
         if from_producer:
             witness = self.key.sign_recoverable(message_hash)
@@ -194,7 +207,7 @@ class ClusterMemberCore:
             if 0 <= j < len(items):
                 s0, e0, prev = items[j]
                 if s0 < end and start < e0:         # overlapping ranges
-                    if prev[:2] == (mid, cid):
+                    if prev[:2] == (mid, cid):      # (this producer's group: same producer)
                         return                      # the same chunk again (a producer re-send)
                     ev = StakeEvidence(producer, epoch, start, prev, record)
                     self.evidence.append(ev)
@@ -211,6 +224,10 @@ class ClusterMemberCore:
             self._stake_entries -= len(old)
             self.counters["evicted"] += len(old)
 
+    def _forget_oldest(self) -> None:
+        (mid, _, cid), (_, sig) = self._seen.popitem(last=False)
+        self._sigs.pop((mid, cid, sig), None)
+
     def _stake_expiry(self, epoch: int) -> float:
         # every chunk of an epoch is stale TOLERABLE_LATENCY after the epoch ends
         return (epoch + 1) * self.params.refresh_interval + self.params.tolerable_latency
@@ -220,10 +237,10 @@ class ClusterMemberCore:
         limit = now - self._horizon
         seen = self._seen
         while seen:
-            k, arrival = next(iter(seen.items()))
+            arrival = next(iter(seen.values()))[0]
             if arrival > limit:
                 break
-            del seen[k]
+            self._forget_oldest()
         while self._stake:
             (producer, epoch), (_, items) = next(iter(self._stake.items()))
             if self._stake_expiry(epoch) > now:
@@ -242,7 +259,7 @@ class ClusterMemberCore:
         """When the oldest cache entry expires (unix seconds), or None when empty."""
         firsts = []
         if self._seen:
-            firsts.append(next(iter(self._seen.values())) + self._horizon)
+            firsts.append(next(iter(self._seen.values()))[0] + self._horizon)
         if self._stake:
             firsts.append(self._stake_expiry(next(iter(self._stake))[1]))
         return min(firsts) if firsts else None

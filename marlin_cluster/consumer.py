@@ -9,11 +9,21 @@ Consumer::raiseDispute).
     c.next_event() -> ChunkReceived | ChunkRejected | BlockRebuilt | Dispute | None
     c.frames_to_send(now) -> []                             # a consumer sends nothing
 
-Per chunk frame: duplicate suppression on (message id, chunk id) (and on messages already
-finished) before any signature check; channel and sizes; timestamp not "stale"/"future";
-attestation must recover to a known producer ("unknown_producer"); the witness must recover
-to a member of one of the NO_OF_CLUSTER_OPTIONS clusters of that chunk ("bad_witness"); all
-chunks of a message on one channel ("channel_mismatch").
+Messages are keyed (message id, producer): several producers may send the same message id
+(seed "TODO: What happens when multiple producers send the block simultaneously? ... the
+receiver will not drop even if the same message is being sent again"), e.g. a corrupted
+block with an honest block's header; each is rebuilt, delivered or disputed on its own.
+Per chunk frame: duplicate suppression before any signature check on (message id, chunk
+id, attestation signature) of chunks already accepted (the producer is only known once the
+signature is verified, so the pre-check key is the exact attestation); channel and sizes;
+timestamp not "stale"/"future"; attestation must recover to a known producer
+("unknown_producer"); then duplicates by (message id, producer, chunk id) and chunks of a
+finished (message id, producer) are counted and dropped (a late chunk of a finished message
+costs one chunk hash and one signature recovery); the witness must recover to a member of
+one of the NO_OF_CLUSTER_OPTIONS clusters of that chunk ("bad_witness"); all chunks of a
+message on one channel ("channel_mismatch"). A forged chunk cannot evict or shadow an honest
+one: only verified chunks enter the caches, a forgery copying an accepted attestation is a
+duplicate of a chunk already held, and another producer's chunks are another message.
 The first accepted chunk of a message starts its expiry timer (now + chunk_expiry). At
 MIN_CHUNKS chunks the block is rebuilt (coding.py), validated (`validate(channel, block)`,
 default validate.validate_block, which raises a ValueError for an invalid block) and its
@@ -39,7 +49,8 @@ from .events import BlockRebuilt, ChunkReceived, ChunkRejected, Dispute, MarlinE
 from .membership import Membership
 from .params import Params
 from .validate import BlockInfo, block_hash, validate_block
-from .wire import KIND_CHUNK, MarlinWireError, decode_frame, parse_chunk_message, peek_chunk_ids
+from .wire import (ATTESTATION_LEN, KIND_CHUNK, SIGNATURE_LEN, MarlinWireError, decode_frame, parse_chunk_message,
+                   peek_chunk_ids)
 
 __all__ = ["ConsumerCore", "Validator"]
 
@@ -68,8 +79,9 @@ class ConsumerCore:
         self.params = params
         self.validate = validate or validate_block
         self.counters: Counter = Counter()
-        self._pending: OrderedDict[int, _Pending] = OrderedDict()
-        self._done: OrderedDict[int, float] = OrderedDict()
+        self._pending: OrderedDict[tuple, _Pending] = OrderedDict()   # (mid, producer) ->
+        self._done: OrderedDict[tuple, float] = OrderedDict()         # (mid, producer) -> finished at
+        self._sigs: OrderedDict[tuple, float] = OrderedDict()         # (mid, cid, att signature) -> at
         self._pending_bytes = 0
         self._events: deque = deque()
         self._horizon = params.tolerable_latency + params.max_clock_skew
@@ -85,18 +97,17 @@ class ConsumerCore:
                 raise MarlinWireError(f"a consumer takes witnessed chunks, not frame kind {kind}", "unknown_kind")
             mid, channel, cid = peek_chunk_ids(body)
             ids = (mid, cid)
-            pend = self._pending.get(mid)
-            if mid in self._done or (pend is not None and cid in pend.chunks):
+            if len(body) >= ATTESTATION_LEN and \
+                    (mid, cid, bytes(body[ATTESTATION_LEN - SIGNATURE_LEN:ATTESTATION_LEN])) in self._sigs:
                 self.counters["duplicate"] += 1
                 return
-            producer = self._accept(body, mid, channel, cid, pend, peer, now)
+            producer = self._accept(body, mid, channel, cid, peer, now)
         except MarlinWireError as exc:
             self.counters[f"rejected.{exc.reason}"] += 1
             self._events.append(ChunkRejected("consumer", exc.reason, str(exc), peer, len(frame), ids[0],
                                               producer, ids[1]))
 
-    def _accept(self, body, mid: int, channel: int, cid: int, pend: _Pending | None, peer: bytes,
-                now: float) -> bytes:
+    def _accept(self, body, mid: int, channel: int, cid: int, peer: bytes, now: float) -> bytes | None:
         p = self.params
         cp = p.channels.get(channel)
         if cp is None:
@@ -119,6 +130,11 @@ class ConsumerCore:
         if not self.membership.is_producer(signer):
             raise MarlinWireError(f"attestation recovers to 0x{signer.hex()}, not a known producer",
                                   "unknown_producer")
+        key = (mid, signer)
+        pend = self._pending.get(key)
+        if key in self._done or (pend is not None and cid in pend.chunks):
+            self.counters["duplicate"] += 1
+            return None
         try:
             witness_by = recover_address(keccak256(msg.attestation_wire, chunk), msg.witness)
         except BadSignature as exc:
@@ -135,10 +151,13 @@ class ConsumerCore:
             if len(self._pending) >= p.max_messages:
                 raise MarlinWireError(f"{len(self._pending)} messages pending (max_messages)", "memory")
             pend = _Pending(channel, now, now + p.chunk_expiry)
-            self._pending[mid] = pend
+            self._pending[key] = pend
         if self._pending_bytes + len(chunk) > p.max_pending_bytes:
             raise MarlinWireError(f"{self._pending_bytes} chunk bytes pending (max_pending_bytes)", "memory")
         pend.chunks[cid] = chunk
+        self._sigs[(mid, cid, att.signature)] = now
+        if len(self._sigs) > p.max_cached_chunks:
+            self._sigs.popitem(last=False)     # only costs a verification of a later duplicate
         pend.size += len(chunk)
         self._pending_bytes += len(chunk)
         if signer not in pend.producers:
@@ -146,12 +165,13 @@ class ConsumerCore:
         self.counters["chunks"] += 1
         self._events.append(ChunkReceived(mid, signer, cid, peer, len(chunk)))
         if len(pend.chunks) >= cp.min_chunks:
-            self._rebuild(mid, pend, now)
+            self._rebuild(key, pend, now)
         return signer
 
-    def _rebuild(self, mid: int, pend: _Pending, now: float) -> None:
+    def _rebuild(self, key: tuple, pend: _Pending, now: float) -> None:
         cp = self.params.channel(pend.channel)
-        self._finish(mid, pend, now)
+        mid = key[0]
+        self._finish(key, pend, now)
         duration = (now - pend.first_at) * 1000.0
         try:
             block = coder(cp.num_chunks, cp.min_chunks).decode(pend.chunks)
@@ -176,10 +196,10 @@ class ConsumerCore:
         self._events.append(Dispute(mid, list(pend.producers), reason, detail, pend.channel, len(pend.chunks),
                                     duration))
 
-    def _finish(self, mid: int, pend: _Pending, now: float) -> None:
-        del self._pending[mid]
+    def _finish(self, key: tuple, pend: _Pending, now: float) -> None:
+        del self._pending[key]
         self._pending_bytes -= pend.size
-        self._done[mid] = now
+        self._done[key] = now
         if len(self._done) > 4 * self.params.max_messages:
             self._done.popitem(last=False)
 
@@ -190,6 +210,12 @@ class ConsumerCore:
             if t > limit:
                 break
             del self._done[mid]
+        sigs = self._sigs
+        while sigs:
+            t = next(iter(sigs.values()))
+            if t > limit:
+                break
+            sigs.popitem(last=False)
 
     # ---- timers ---------------------------------------------------------------------------
     def get_timer(self) -> float | None:
@@ -197,17 +223,17 @@ class ConsumerCore:
         ids, else None."""
         if self._pending:
             return next(iter(self._pending.values())).deadline
-        if self._done:
-            return next(iter(self._done.values())) + self._horizon
-        return None
+        firsts = [next(iter(d.values())) + self._horizon for d in (self._done, self._sigs) if d]
+        return min(firsts) if firsts else None
 
     def handle_timer(self, now: float) -> None:
         """Messages whose expiry passed before MIN_CHUNKS -> Dispute("expired")."""
         while self._pending:
-            mid, pend = next(iter(self._pending.items()))
+            key, pend = next(iter(self._pending.items()))
             if pend.deadline > now:
                 break
-            self._finish(mid, pend, now)
+            mid = key[0]
+            self._finish(key, pend, now)
             cp = self.params.channel(pend.channel)
             self._dispute(mid, pend, "expired", f"{len(pend.chunks)} of {cp.min_chunks} chunks within "
                           f"{self.params.chunk_expiry} s", (now - pend.first_at) * 1000.0)
@@ -221,6 +247,6 @@ class ConsumerCore:
         """The next event (events.py), or None."""
         return self._events.popleft() if self._events else None
 
-    def pending(self) -> dict[int, int]:
-        """{message id: chunks held} of unfinished messages."""
-        return {mid: len(p.chunks) for mid, p in self._pending.items()}
+    def pending(self) -> dict[tuple[int, bytes], int]:
+        """{(message id, producer address): chunks held} of unfinished messages."""
+        return {key: len(p.chunks) for key, p in self._pending.items()}

@@ -70,7 +70,10 @@ def parse_channel(value: str | None, block: bytes) -> int:
     names = {v: k for k, v in CHANNEL_NAMES.items()}
     if value in names:
         return names[value]
-    return int(value)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"unknown channel {value!r}: btc, eth, raw, auto or a channel id") from None
 
 
 class Metrics:
@@ -96,6 +99,7 @@ class Metrics:
         "bugs": "unexpected exceptions caught at the daemon boundary",
         "redeliveries_suppressed": "rebuilt blocks not delivered again (delivered before a restart)",
         "injected_drops": "chunk frames not transmitted by --inject-drop-chunks (fault injection)",
+        "delivery_errors": "rebuilt blocks an output could not take (Redis down, out-dir not writable), by output",
     }
     TRANSPORT = {"frames_in": "LPF frames received", "frames_out": "LPF frames sent",
                  "bytes_in": "bytes received (with LPF headers)", "bytes_out": "bytes sent (with LPF headers)",
@@ -120,7 +124,7 @@ class Metrics:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily
         labelled = {"rejected": "reason", "disputes": "reason", "acks_missing": "outcome",
-                    "input_errors": "reason"}
+                    "input_errors": "reason", "delivery_errors": "output"}
         for name, doc in self.HELP.items():
             if name in labelled:
                 fam = CounterMetricFamily(f"marlin_{name}", doc, labels=[labelled[name]])
@@ -139,6 +143,11 @@ class Metrics:
                 if k == "dropped":
                     fam.add_metric([reason], v)
             yield fam
+
+
+def redis_errors() -> type:
+    import redis.exceptions
+    return redis.exceptions.RedisError
 
 
 class RateLimited:
@@ -234,17 +243,14 @@ def restore_stake(core, store: Store, now: float) -> bool:
     epoch, used = saved
     if epoch != int(int(now) // core.params.refresh_interval):
         return False
-    if hasattr(core, "restore_stake"):
-        core.restore_stake(epoch, used)
-    else:  # ProducerCore has no public setter yet: its two stake fields
-        core._epoch, core._stake_used = epoch, used
+    # a stake budget lowered since: the interval's budget is spent (never reuse offsets)
+    core.restore_stake(epoch, min(used, core.params.stake_budget))
     return True
 
 
 def stake_state(core) -> tuple[int, int]:
-    if hasattr(core, "stake_state"):
-        return core.stake_state()
-    return core._epoch, core._stake_used
+    """The producer core's (epoch, stake units used) to save (ProducerCore.stake_state)."""
+    return core.stake_state()
 
 
 # ---------------------------------------------------------------------- the adapter
@@ -405,12 +411,26 @@ class Outputs:
         self.bug = bug
         self.redis = None
         self.pending: set[asyncio.Task] = set()
+        self._limit = RateLimited()
 
     async def start(self) -> None:
+        """Raises RuntimeError (one line naming the URL and the flag) when Redis is unreachable."""
         if self.redis_url:
             import redis.asyncio as aioredis
-            self.redis = aioredis.Redis.from_url(self.redis_url)
-            await self.redis.ping()
+            import redis.exceptions
+            try:
+                self.redis = aioredis.Redis.from_url(self.redis_url)
+                await self.redis.ping()
+            except (ValueError, OSError, redis.exceptions.RedisError) as exc:
+                raise RuntimeError(f"cannot reach Redis at {self.redis_url} (--redis): {exc}") from None
+
+    def _failed(self, output: str, where: str, exc: BaseException) -> None:
+        """An output outage is not a bug: counted (delivery_errors{output}) and one stderr
+        line per output every 5 s."""
+        self.metrics.inc("delivery_errors", output)
+        if self._limit.allow(output):
+            print(json.dumps({"warning": "rebuilt block not delivered", "output": output, "to": where,
+                              "error": f"{type(exc).__name__}: {exc}"}), file=sys.stderr, flush=True)
 
     def deliver(self, ev: BlockRebuilt) -> None:
         tid = trace_id(ev.message_id, ev.producer)
@@ -427,7 +447,7 @@ class Outputs:
                 tmp.write_bytes(ev.block)
                 tmp.replace(self.dir / name)
             except OSError as exc:
-                self.bug(exc)
+                self._failed("dir", f"{self.dir} (--out-dir)", exc)
         if self.redis is not None:
             task = asyncio.get_running_loop().create_task(self._xadd(tid, ch, ev.block))
             self.pending.add(task)
@@ -440,7 +460,9 @@ class Outputs:
             await self.redis.xadd(self.stream, {"trace_id": tid, "channel": ch, "block": block},
                                   maxlen=self.maxlen, approximate=True)
             self.metrics.inc("blocks_delivered")
-        except Exception as exc:   # Redis down: logged, counted, the daemon keeps rebuilding
+        except (OSError, redis_errors()) as exc:   # Redis down: counted, one line, keeps rebuilding
+            self._failed("redis", f"{self.redis_url} (--redis)", exc)
+        except Exception as exc:
             self.bug(exc)
 
     async def close(self) -> None:
@@ -730,6 +752,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error("--queue-bytes must be positive and --grace >= 0")
         if role == "producer" and args.inject_drop_chunks < 0:
             parser.error("--inject-drop-chunks must be >= 0")
+        if role == "producer":
+            try:
+                parse_channel(args.channel, b"")
+            except ValueError as exc:
+                parser.error(f"--channel: {exc}")
+        from daemon_runtime.lifecycle import parse_hostport
+        for flag in ("listen", "status"):
+            value = getattr(args, flag, None)
+            if value:
+                try:
+                    parse_hostport(value)
+                except ValueError as exc:
+                    parser.error(f"--{flag}: {exc} (want HOST:PORT, port 0..65535)")
     else:
         print(TOP_HELP, file=sys.stderr)
         print(f"marlin-node: unknown subcommand {role!r}", file=sys.stderr)
@@ -842,15 +877,26 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
 
     registry = CollectorRegistry()
     registry.register(metrics)
-    app = web.Application(client_max_size=net.params.max_frame * 2)
+    max_block = max(cp.max_block for cp in net.params.channels.values())
+    # room for the largest block a channel takes (POST /produce answers anything larger itself)
+    app = web.Application(client_max_size=max(net.params.max_frame * 2, max_block + 1))
     add_status_routes(app, registry, health)
     if producer is not None:
-        max_block = max(cp.max_block for cp in net.params.channels.values())
+
+        def too_large(size: str) -> web.Response:
+            metrics.inc("input_errors", "oversized")
+            return web.json_response({"error": f"block of {size} bytes exceeds the largest channel "
+                                               f"max_block {max_block}"}, status=413)
 
         async def produce(request: web.Request) -> web.Response:
-            body = await request.read()
+            if request.content_length is not None and request.content_length > max_block:
+                return too_large(str(request.content_length))      # refused before reading it
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:                   # a chunked body without a length
+                return too_large(f"more than {max_block}")
             if len(body) > max_block:
-                return web.json_response({"error": f"block of {len(body)} bytes exceeds {max_block}"}, status=413)
+                return too_large(str(len(body)))
             try:
                 out = producer.produce(body, request.query.get("channel"))
             except ValueError as exc:
@@ -875,7 +921,10 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
             await transport.start(host, port)
         except OSError as exc:
             raise RuntimeError(f"cannot listen on {host}:{port} for the transport: {exc}") from None
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise RuntimeError(f"cannot listen on {shost}:{sport} for /metrics and /health (--status): {exc}") from None
         site_started = True
         status_port = site._server.sockets[0].getsockname()[1]  # aiohttp has no public accessor
         # dial every peer this role sends to now, so the first block does not pay for it

@@ -13,9 +13,10 @@ block's), consumers "consumer1" and "consumer2". drive() sends every payload blo
 one cluster member (`kill` label, default "c2m1") with SIGKILL part-way through (logged with
 `plan.fault("member_kill", label, duration)` first) and restarts it `kill_duration` s later
 (`plan.recovered`), waits until both consumers rebuilt every block, then sends the corrupted
-Bitcoin block (`plan.expect(trace, "dispute", "corrupted_block")`) once the honest block's
-message id has left every cache (the cores key chunks on the message id, which the corrupted
-block shares: same header) and waits for both consumers' disputes.
+Bitcoin block (`plan.expect(trace, "dispute", "corrupted_block")`) right away and waits for
+both consumers' disputes. The corrupted block shares the honest block's message id (same
+header); the cores key per-message state on (message id, producer), so no cache horizon
+has to pass first.
 
 cfg keys ([marlin] table): enabled, clusters, members, kill ("c2m1"), kill_at (fraction of
 the blocks sent before the kill, 0.5), kill_duration (s, 3), deadline (s, 120),
@@ -259,10 +260,8 @@ class MarlinSegment(Segment):
         want = len(self.sent) * len(consumers)
         await wait_for(lambda: self._rebuilt_pairs() >= want, max(1.0, loop_deadline - time.monotonic()), 0.25)
         if self.corrupted is not None:
-            # the corrupted block shares the honest block's message id (same header): wait
-            # until every member and consumer has forgotten that id
-            self.state = "cache horizon"
-            await asyncio.sleep(self.horizon + 1.0)
+            # same message id as the honest block (same header), another producer: the cores
+            # key per-message state on (message id, producer), so it is sent right away
             from .validate import message_id_of
             from .params import CHANNEL_BTC
             from .events import trace_id as make_trace

@@ -120,6 +120,24 @@ class ProducerCore:
         epoch = self._epoch_of(int(now))
         return self.params.stake_budget - (self._stake_used if epoch == self._epoch else 0)
 
+    def stake_state(self) -> tuple[int, int]:
+        """(epoch, used): the refresh interval the stake counter belongs to (unix seconds //
+        refresh_interval; -1 before the first block) and the stake units used in it, i.e. the
+        next chunk's stake offset. Save it durably before the block's frames leave, so a
+        restart does not reuse offsets (members record reuse as slashing evidence; seed
+        "Attestation": "If the same stake is attached again ... the producer will be slashed")."""
+        return self._epoch, self._stake_used
+
+    def restore_stake(self, epoch: int, used: int) -> None:
+        """Continue a saved stake_state() after a restart: later chunks of `epoch` get offsets
+        from `used` up (a block produced in a later epoch starts from 0 as usual). Raises
+        MarlinLocalError for an epoch < -1 or `used` outside 0..stake_budget."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < -1:
+            raise MarlinLocalError(f"stake epoch {epoch!r} is not an int >= -1")
+        if isinstance(used, bool) or not isinstance(used, int) or not 0 <= used <= self.params.stake_budget:
+            raise MarlinLocalError(f"stake used {used!r} is not an int in 0..{self.params.stake_budget}")
+        self._epoch, self._stake_used = epoch, used
+
     def _epoch_of(self, ts: int) -> int:
         return int(ts // self.params.refresh_interval)
 

@@ -21,20 +21,27 @@ Two layers, aioquic style:
   (`counters[("dropped", reason)]`, `on_drop`); writes await `drain()` (backpressure from
   the kernel's socket buffer to the queue).
 
-Identify step: the first frame a dialler sends is a `KIND_HELLO` (wire.Hello: address,
-unix seconds, signature over keccak256("marlin-hello" || address || timestamp)). The
-acceptor recovers the signer, requires it to equal the claimed address, the address to be
-in the known directory (`known`) and the timestamp within `hello_tolerance` seconds of its
-clock; only then are the connection's frames handed to `on_frame(peer_address, frame)`.
-(The hello has no challenge, so a captured hello replays within the tolerance from the
-same network position: it names a peer, it is not a session key.)
+Handshake (mutual challenge-response, wire.py "Connection handshake"):
 
-Connections are one-way: frames flow dialler -> acceptor; the acceptor only reads (the
-dialler watches its socket for EOF to notice a peer restart sooner). The acceptor never
-proves its identity to the dialler (chunks are public; what is authenticated is who sends
-them). Frames the kernel had accepted when a peer died are lost without notice; the
-protocol's acknowledgements and erasure coding cover that, frames still queued here are
-sent after the reconnect.
+    dialler  -> acceptor  KIND_HELLO        | dialler address | nonce_D (32 fresh bytes) |
+    acceptor -> dialler   KIND_HELLO_REPLY  | acceptor address | nonce_A | sig_A |
+                          sig_A over hello_signed_data("A", acceptor, dialler, nonce_D)
+    dialler  -> acceptor  KIND_HELLO_PROOF  | sig_D |
+                          sig_D over hello_signed_data("D", dialler, acceptor, nonce_A)
+
+The acceptor refuses a dialler address not in `known` ("unknown_peer", before it signs
+anything) and a proof that does not recover to the claimed address over ITS fresh nonce
+("bad_hello": a replayed or forged handshake; a captured handshake is worthless on a new
+connection). The dialler refuses a reply not signed over its nonce ("bad_hello") or naming
+another address than the directory entry it dialled ("wrong_peer"), so the acceptor proves
+who it is too. Either side gives the handshake `hello_timeout` seconds ("hello_timeout").
+Only after it are the connection's frames handed to `on_frame(peer_address, frame)`.
+No clock is involved (no timestamp to tolerate).
+
+After the handshake connections are one-way: frames flow dialler -> acceptor (the dialler
+watches its socket for EOF to notice a peer restart sooner). Frames the kernel had accepted
+when a peer died are lost without notice; the protocol's acknowledgements and erasure
+coding cover that, frames still queued here are sent after the reconnect.
 
 Errors and the one boundary per connection: a decoder or hello error (a MarlinWireError)
 is counted under `counters[("rejected", reason)]`, reported to `on_reject(peer, reason,
@@ -47,16 +54,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import random
 import struct
 import time
 from typing import Callable, Iterable, Mapping
 
-from .crypto import NodeKey, recover_signer
-from .wire import (DEFAULT_MAX_FRAME, KIND_HELLO, Hello, MarlinLocalError, MarlinWireError,
-                   decode_frame, encode_frame, parse_hello)
+from .crypto import BadSignature, NodeKey, recover_signer
+from .wire import (DEFAULT_MAX_FRAME, HELLO_ACCEPTOR, HELLO_DIALLER, KIND_HELLO, KIND_HELLO_PROOF, KIND_HELLO_REPLY,
+                   NONCE_LEN, Hello, HelloReply, MarlinLocalError, MarlinWireError, decode_frame, encode_frame,
+                   hello_signed_data, parse_hello, parse_hello_proof, parse_hello_reply)
 
-__all__ = ["LpfDecoder", "encode_lpf", "Transport", "LPF_HEADER", "hello_frame"]
+__all__ = ["LpfDecoder", "encode_lpf", "Transport", "LPF_HEADER", "dial_handshake"]
 
 _LEN = struct.Struct(">Q")
 LPF_HEADER = _LEN.size  # 8
@@ -120,34 +129,56 @@ class LpfDecoder:
             raise MarlinWireError(f"stream ended inside an LPF record ({got} of {want} bytes)", "truncated")
 
 
-def hello_frame(key: NodeKey, now_unix: float) -> bytes:
-    """The KIND_HELLO frame naming `key`'s address at unix second `now_unix`."""
-    ts = int(now_unix) & 0xFFFFFFFF
-    unsigned = Hello(key.address, ts, b"")
-    return encode_frame(KIND_HELLO, Hello(key.address, ts, key.sign(unsigned.signed_data())).wire())
-
-
-def verify_hello(frame: bytes, known: Callable[[bytes], bool], now_unix: float, tolerance: float,
-                 max_frame: int) -> bytes:
-    """The verified peer address of a hello frame. Raises MarlinWireError with reason
-    "no_hello" (another kind first), "bad_hello" (signature does not match the address),
-    "stale_hello" (timestamp off by more than `tolerance` s), "unknown_peer"."""
-    kind, body = decode_frame(frame, max_frame)
-    if kind != KIND_HELLO:
-        raise MarlinWireError(f"first frame is kind {kind}, not hello", "no_hello")
-    hello = parse_hello(body)
+def _recover(data: bytes, signature: bytes, what: str) -> bytes:
     try:
-        signer = recover_signer(hello.signed_data(), hello.signature)
-    except MarlinWireError as exc:
-        raise MarlinWireError(f"hello signature: {exc}", "bad_hello") from None
-    if signer != hello.address:
-        raise MarlinWireError("hello signed by another key than the address it names", "bad_hello")
-    if abs(now_unix - hello.timestamp) > tolerance:
-        raise MarlinWireError(f"hello timestamp {hello.timestamp} is {now_unix - hello.timestamp:.0f} s "
-                              f"off", "stale_hello")
-    if not known(hello.address):
-        raise MarlinWireError(f"0x{hello.address.hex()} is not in the network", "unknown_peer")
-    return hello.address
+        return recover_signer(data, signature)
+    except BadSignature as exc:
+        raise MarlinWireError(f"{what} signature: {exc}", "bad_hello") from None
+
+
+async def _read_frame(reader: asyncio.StreamReader, decoder: LpfDecoder) -> bytes:
+    while True:
+        data = await reader.read(4096)
+        if not data:
+            decoder.eof()
+            raise MarlinWireError("connection closed during the handshake", "truncated")
+        frames = decoder.feed(data)
+        if frames:
+            return frames[0]
+
+
+async def dial_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: NodeKey,
+                         expected: bytes | None, *, timeout: float = 10.0,
+                         max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
+    """The dialler's side of the handshake (module docstring) on an open connection: sends
+    the hello with a fresh nonce, checks the reply (signed by the address it names over our
+    nonce; that address == `expected` unless None), sends the proof. Returns the acceptor's
+    address. Raises MarlinWireError: "bad_hello", "wrong_peer", "no_hello" (another frame
+    kind), "hello_timeout" (no reply within `timeout` s), "truncated"/"oversized"; OSError
+    when the connection fails."""
+    nonce = os.urandom(NONCE_LEN)
+    writer.write(encode_lpf(encode_frame(KIND_HELLO, Hello(key.address, nonce).wire())))
+    await writer.drain()
+    try:
+        frame = await asyncio.wait_for(_read_frame(reader, LpfDecoder(max_frame)), timeout)
+    except asyncio.TimeoutError:
+        raise MarlinWireError(f"no hello reply within {timeout} s", "hello_timeout") from None
+    kind, body = decode_frame(frame, max_frame)
+    if kind != KIND_HELLO_REPLY:
+        raise MarlinWireError(f"frame kind {kind} instead of a hello reply", "no_hello")
+    reply = parse_hello_reply(body)
+    signer = _recover(hello_signed_data(HELLO_ACCEPTOR, reply.address, key.address, nonce), reply.signature,
+                      "hello reply")
+    if signer != reply.address:
+        raise MarlinWireError(f"hello reply naming 0x{reply.address.hex()} does not sign our nonce with its key",
+                              "bad_hello")
+    if expected is not None and reply.address != expected:
+        raise MarlinWireError(f"dialled 0x{expected.hex()}, the acceptor proved to be 0x{reply.address.hex()}",
+                              "wrong_peer")
+    proof = key.sign(hello_signed_data(HELLO_DIALLER, key.address, reply.address, reply.nonce))
+    writer.write(encode_lpf(encode_frame(KIND_HELLO_PROOF, proof)))
+    await writer.drain()
+    return reply.address
 
 
 class _Outbox:
@@ -176,8 +207,8 @@ class Transport:
     on_bug(exc):             an unexpected exception from on_frame
     max_frame:   bytes, largest LPF record accepted (default wire.DEFAULT_MAX_FRAME)
     queue_frames / queue_bytes: per-peer send queue bounds
-    hello_tolerance: seconds a hello timestamp may differ from our clock
-    clock:       unix-seconds clock for hellos (time.time)
+    hello_timeout: seconds either side gives the handshake to finish
+    clock:       unix-seconds clock (time.time; kept for callers, the handshake reads none)
     """
 
     def __init__(self, key: NodeKey, directory: Mapping[bytes, tuple[str, int]], *,
@@ -187,7 +218,7 @@ class Transport:
                  on_drop: Callable[[bytes, str, int], None] | None = None,
                  on_bug: Callable[[BaseException], None] | None = None,
                  max_frame: int = DEFAULT_MAX_FRAME, queue_frames: int = 4096,
-                 queue_bytes: int = 64 * 1024 * 1024, hello_tolerance: float = 300.0,
+                 queue_bytes: int = 64 * 1024 * 1024, hello_timeout: float = 10.0,
                  backoff_min: float = 0.05, backoff_max: float = 2.0, connect_timeout: float = 5.0,
                  clock: Callable[[], float] = time.time):
         self.key = key
@@ -200,7 +231,7 @@ class Transport:
         self.max_frame = max_frame
         self.queue_frames = queue_frames
         self.queue_bytes = queue_bytes
-        self.hello_tolerance = hello_tolerance
+        self.hello_timeout = hello_timeout
         self.backoff_min = backoff_min
         self.backoff_max = backoff_max
         self.connect_timeout = connect_timeout
@@ -245,18 +276,50 @@ class Transport:
         self._writers.add(writer)
         self.counters[("accepted", "")] += 1
         peer: bytes | None = None
+        claimed: bytes | None = None       # the dialler's address, until its proof verifies
+        challenge = b""
         decoder = LpfDecoder(self.max_frame)
+        handshake_until = asyncio.get_running_loop().time() + self.hello_timeout
         try:
             while not self._closing:
-                data = await reader.read(1 << 18)
+                if peer is None:
+                    left = handshake_until - asyncio.get_running_loop().time()
+                    try:
+                        data = await asyncio.wait_for(reader.read(1 << 18), max(0.0, left))
+                    except asyncio.TimeoutError:
+                        raise MarlinWireError(f"handshake not finished within {self.hello_timeout} s",
+                                              "hello_timeout") from None
+                else:
+                    data = await reader.read(1 << 18)
                 if not data:
                     decoder.eof()
                     return
                 frames = decoder.feed(data)
                 for frame in frames:
                     if peer is None:
-                        peer = verify_hello(frame, self.is_known, self.clock(), self.hello_tolerance,
-                                            self.max_frame)
+                        kind, body = decode_frame(frame, self.max_frame)
+                        if claimed is None:
+                            if kind != KIND_HELLO:
+                                raise MarlinWireError(f"first frame is kind {kind}, not hello", "no_hello")
+                            hello = parse_hello(body)
+                            if not self.is_known(hello.address):
+                                raise MarlinWireError(f"0x{hello.address.hex()} is not in the network",
+                                                      "unknown_peer")
+                            claimed, challenge = hello.address, os.urandom(NONCE_LEN)
+                            sig = self.key.sign(hello_signed_data(HELLO_ACCEPTOR, self.key.address, claimed,
+                                                                  hello.nonce))
+                            writer.write(encode_lpf(encode_frame(
+                                KIND_HELLO_REPLY, HelloReply(self.key.address, challenge, sig).wire())))
+                            await writer.drain()
+                            continue
+                        if kind != KIND_HELLO_PROOF:
+                            raise MarlinWireError(f"frame kind {kind} before the hello proof", "no_hello")
+                        signer = _recover(hello_signed_data(HELLO_DIALLER, claimed, self.key.address, challenge),
+                                          parse_hello_proof(body), "hello proof")
+                        if signer != claimed:
+                            raise MarlinWireError(f"hello proof for 0x{claimed.hex()} does not sign this "
+                                                  "connection's challenge (replayed or forged)", "bad_hello")
+                        peer = claimed
                         continue
                     self.counters[("frames_in", "")] += 1
                     self.counters[("bytes_in", "")] += len(frame) + LPF_HEADER
@@ -338,6 +401,19 @@ class Transport:
                 await asyncio.sleep(backoff * random.uniform(0.75, 1.25))
                 backoff = min(backoff * 2, self.backoff_max)
                 continue
+            try:
+                await dial_handshake(reader, writer, self.key, box.peer, timeout=self.hello_timeout,
+                                     max_frame=self.max_frame)
+            except (MarlinWireError, OSError) as exc:
+                if isinstance(exc, MarlinWireError):     # the acceptor did not prove who it is
+                    self._reject(box.peer, exc.reason, str(exc))
+                else:
+                    self.counters[("connect_failures", "")] += 1
+                box.failures += 1
+                writer.close()
+                await asyncio.sleep(backoff * random.uniform(0.75, 1.25))
+                backoff = min(backoff * 2, self.backoff_max)
+                continue
             backoff = self.backoff_min
             box.connects += 1
             self.counters[("connects", "")] += 1
@@ -346,8 +422,6 @@ class Transport:
             watcher = asyncio.get_running_loop().create_task(self._watch_eof(reader, writer, box))
             inflight = 0
             try:
-                writer.write(encode_lpf(hello_frame(self.key, self.clock())))
-                await writer.drain()
                 while not self._closing:
                     if writer.is_closing():
                         raise ConnectionResetError("peer closed")
@@ -383,7 +457,8 @@ class Transport:
 
     async def _watch_eof(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          box: _Outbox) -> None:
-        """The acceptor never writes: EOF or an error here means the peer went away."""
+        """The acceptor writes nothing after its hello reply: EOF or an error here means the
+        peer went away."""
         try:
             while await reader.read(4096):
                 pass

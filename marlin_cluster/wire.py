@@ -22,9 +22,16 @@ Frames (ours; the transport carries one frame per LPF record): one kind byte, th
         (the seed's producer sends chunk + attestation; no witness exists yet)
     KIND_CHUNK (2): member -> member / consumer: | Attestation | Witness | Chunk |
     KIND_ACK (3): member -> producer: the acknowledgement
-    KIND_HELLO (4): first frame on a connection: | Address 20 | Timestamp 4 | Signature 65 |
-        signed over keccak256(b"marlin-hello" || address || timestamp) (a transport may use it
-        to learn and check the peer's address)
+    Connection handshake (ours; a mutual challenge-response, transport.py):
+    KIND_HELLO (4): dialler -> acceptor, first frame: | Address 20 | Nonce 32 |
+    KIND_HELLO_REPLY (5): acceptor -> dialler: | Address 20 | Nonce 32 | Signature 65 |
+        signature over keccak256(hello_signed_data(HELLO_ACCEPTOR, acceptor address, dialler
+        address, dialler's nonce))
+    KIND_HELLO_PROOF (6): dialler -> acceptor: | Signature 65 | over keccak256(
+        hello_signed_data(HELLO_DIALLER, dialler address, acceptor address, acceptor's nonce))
+    Each side signs the other's fresh 32-byte nonce plus both addresses, so a captured
+    handshake proves nothing on a new connection (a fresh nonce), and a signature cannot be
+    reflected (the role byte and the address order differ).
 
 Errors: every parser raises MarlinWireError (a ValueError) and nothing else for bad input.
 Local misuse (encoding out-of-range values) raises MarlinLocalError (not a ValueError).
@@ -36,9 +43,11 @@ from dataclasses import dataclass
 
 __all__ = [
     "MarlinWireError", "MarlinLocalError",
-    "KIND_ATTESTED_CHUNK", "KIND_CHUNK", "KIND_ACK", "KIND_HELLO", "KIND_NAMES",
-    "SIGNATURE_LEN", "ATTESTATION_LEN", "WITNESS_LEN", "ACK_LEN", "HELLO_LEN", "SIGNED_ATTESTATION_LEN",
-    "Attestation", "ChunkMessage", "Ack", "Hello",
+    "KIND_ATTESTED_CHUNK", "KIND_CHUNK", "KIND_ACK", "KIND_HELLO", "KIND_HELLO_REPLY", "KIND_HELLO_PROOF",
+    "KIND_NAMES", "SIGNATURE_LEN", "ATTESTATION_LEN", "WITNESS_LEN", "ACK_LEN", "HELLO_LEN", "HELLO_REPLY_LEN",
+    "HELLO_PROOF_LEN", "NONCE_LEN", "HELLO_ACCEPTOR", "HELLO_DIALLER", "SIGNED_ATTESTATION_LEN",
+    "Attestation", "ChunkMessage", "Ack", "Hello", "HelloReply", "hello_signed_data", "parse_hello_reply",
+    "parse_hello_proof",
     "encode_frame", "decode_frame", "peek_chunk_ids",
     "parse_attestation", "parse_chunk_message", "parse_ack", "parse_hello",
     "encode_chunk_message", "DEFAULT_MAX_FRAME",
@@ -66,19 +75,27 @@ KIND_ATTESTED_CHUNK = 1
 KIND_CHUNK = 2
 KIND_ACK = 3
 KIND_HELLO = 4
-KIND_NAMES = {KIND_ATTESTED_CHUNK: "attested_chunk", KIND_CHUNK: "chunk", KIND_ACK: "ack", KIND_HELLO: "hello"}
+KIND_HELLO_REPLY = 5
+KIND_HELLO_PROOF = 6
+KIND_NAMES = {KIND_ATTESTED_CHUNK: "attested_chunk", KIND_CHUNK: "chunk", KIND_ACK: "ack", KIND_HELLO: "hello",
+              KIND_HELLO_REPLY: "hello_reply", KIND_HELLO_PROOF: "hello_proof"}
 
 SIGNATURE_LEN = 65
 _ATT_HEAD = struct.Struct(">IHHII")       # message id, channel id, chunk id, timestamp, stake offset
 _ATT_SIGNED = struct.Struct(">IHHIII32s")  # + chunk length between timestamp and stake offset, chunk hash
 _ACK_HEAD = struct.Struct(">IHHI20s")     # message id, chunk id, cluster id, timestamp, producer id
-_HELLO_HEAD = struct.Struct(">20sI")
+_HELLO_HEAD = struct.Struct(">20s32s")     # address, nonce
+NONCE_LEN = 32
 ATTESTATION_LEN = _ATT_HEAD.size + SIGNATURE_LEN      # 81
 SIGNED_ATTESTATION_LEN = _ATT_SIGNED.size            # 52
 WITNESS_LEN = SIGNATURE_LEN                          # 65
 ACK_LEN = _ACK_HEAD.size + SIGNATURE_LEN             # 97
-HELLO_LEN = _HELLO_HEAD.size + SIGNATURE_LEN         # 89
+HELLO_LEN = _HELLO_HEAD.size                         # 52
+HELLO_REPLY_LEN = _HELLO_HEAD.size + SIGNATURE_LEN   # 117
+HELLO_PROOF_LEN = SIGNATURE_LEN                      # 65
 HELLO_DOMAIN = b"marlin-hello"
+HELLO_ACCEPTOR = b"A"
+HELLO_DIALLER = b"D"
 #: Default bound on one frame (bytes): room for a 4 MiB block split in 2 data chunks.
 DEFAULT_MAX_FRAME = 4 * 1024 * 1024
 
@@ -263,24 +280,65 @@ def parse_ack(body) -> Ack:
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """The first frame on a connection: the sender's address, unix seconds, a signature
-    over keccak256(b"marlin-hello" || address || timestamp)."""
+    """The dialler's first frame (KIND_HELLO): its address and a fresh 32-byte nonce (the
+    challenge the acceptor must sign)."""
 
     address: bytes
-    timestamp: int
-    signature: bytes
-
-    def signed_data(self) -> bytes:
-        return HELLO_DOMAIN + _HELLO_HEAD.pack(self.address, _u(self.timestamp, 32, "timestamp"))
+    nonce: bytes
 
     def wire(self) -> bytes:
-        return _HELLO_HEAD.pack(self.address, self.timestamp) + self.signature
+        if len(self.address) != 20 or len(self.nonce) != NONCE_LEN:
+            raise MarlinLocalError("hello needs a 20-byte address and a 32-byte nonce")
+        return _HELLO_HEAD.pack(self.address, self.nonce)
+
+
+@dataclass(frozen=True, slots=True)
+class HelloReply:
+    """The acceptor's answer (KIND_HELLO_REPLY): its address, its own fresh nonce (the
+    dialler's challenge) and its signature over hello_signed_data(HELLO_ACCEPTOR, its
+    address, the dialler's address, the dialler's nonce)."""
+
+    address: bytes
+    nonce: bytes
+    signature: bytes
+
+    def wire(self) -> bytes:
+        if len(self.address) != 20 or len(self.nonce) != NONCE_LEN or len(self.signature) != SIGNATURE_LEN:
+            raise MarlinLocalError("hello reply needs a 20-byte address, a 32-byte nonce, a 65-byte signature")
+        return _HELLO_HEAD.pack(self.address, self.nonce) + self.signature
+
+
+def hello_signed_data(role: bytes, signer: bytes, other: bytes, challenge: bytes) -> bytes:
+    """b"marlin-hello" || role (HELLO_ACCEPTOR / HELLO_DIALLER) || signer address || other
+    side's address || the other side's nonce: what a handshake signature covers (keccak256
+    of it is signed)."""
+    if role not in (HELLO_ACCEPTOR, HELLO_DIALLER) or len(signer) != 20 or len(other) != 20 \
+            or len(challenge) != NONCE_LEN:
+        raise MarlinLocalError("hello_signed_data: role A/D, two 20-byte addresses, a 32-byte nonce")
+    return HELLO_DOMAIN + role + signer + other + challenge
 
 
 def parse_hello(body) -> Hello:
-    """89 bytes -> Hello. Raises MarlinWireError("truncated"/"oversized")."""
+    """52 bytes -> Hello. Raises MarlinWireError("truncated"/"oversized")."""
     if len(body) != HELLO_LEN:
         raise MarlinWireError(f"hello must be {HELLO_LEN} bytes, got {len(body)}",
                               "truncated" if len(body) < HELLO_LEN else "oversized")
-    addr, ts = _HELLO_HEAD.unpack_from(body, 0)
-    return Hello(bytes(addr), ts, bytes(body[_HELLO_HEAD.size:]))
+    addr, nonce = _HELLO_HEAD.unpack_from(body, 0)
+    return Hello(bytes(addr), bytes(nonce))
+
+
+def parse_hello_reply(body) -> HelloReply:
+    """117 bytes -> HelloReply. Raises MarlinWireError("truncated"/"oversized")."""
+    if len(body) != HELLO_REPLY_LEN:
+        raise MarlinWireError(f"hello reply must be {HELLO_REPLY_LEN} bytes, got {len(body)}",
+                              "truncated" if len(body) < HELLO_REPLY_LEN else "oversized")
+    addr, nonce = _HELLO_HEAD.unpack_from(body, 0)
+    return HelloReply(bytes(addr), bytes(nonce), bytes(body[_HELLO_HEAD.size:]))
+
+
+def parse_hello_proof(body) -> bytes:
+    """65 bytes -> the dialler's signature. Raises MarlinWireError("truncated"/"oversized")."""
+    if len(body) != HELLO_PROOF_LEN:
+        raise MarlinWireError(f"hello proof must be {HELLO_PROOF_LEN} bytes, got {len(body)}",
+                              "truncated" if len(body) < HELLO_PROOF_LEN else "oversized")
+    return bytes(body)

@@ -526,3 +526,59 @@ def test_overlapping_stake_ranges_are_reuse_adjacent_ones_are_not():
     # re-sending the very same chunk (a producer retry) is not reuse
     net.inject(member.address, encode_chunk_message(att0.wire(), None, chunk0), prod.address)
     assert member.counters["stake_evidence"] == 2 and member.counters["acks_sent"] == 3
+
+
+def test_two_producers_same_message_id_at_once_honest_rebuilt_corrupted_disputed(shared_data):
+    """Per-message state is keyed (message id, producer): the corrupted Bitcoin block (same
+    header, so the honest block's message id) sent by a second producer at the same instant
+    as the honest block neither collides with the honest chunks in the members' caches nor in
+    the consumers' pending/finished sets (before: its chunks were dropped as duplicates)."""
+    net = Net(producers=2)
+    honest = (shared_data / "btc" / "block413567.raw").read_bytes()
+    bad = (shared_data / "btc" / "block413567_corrupted_btc2arc.raw").read_bytes()
+    p1, p2 = net.producers
+    mid = p1.produce(honest, CHANNEL_BTC, net.now)
+    assert p2.produce(bad, CHANNEL_BTC, net.now) == mid          # same message id
+    net.run(30)
+    n = net.params.channel(CHANNEL_BTC).num_chunks
+    for c in net.consumers:
+        (b,) = net.of(c.address, BlockRebuilt)
+        assert (b.message_id, b.producer, b.block) == (mid, p1.address, honest)
+        (d,) = net.of(c.address, Dispute)
+        assert (d.message_id, d.reason, d.producers) == (mid, "invalid_block", [p2.address])
+        assert not net.of(c.address, ChunkRejected) and c.pending() == {}
+    for p in (p1, p2):                       # every chunk of both acknowledged
+        assert p.missing_acks(mid) == [] and sorted(p.acks(mid)) == list(range(n))
+    witnessed = sum(m.counters["witnessed"] for m in net.members.values())
+    assert witnessed == 2 * n
+    assert not any(net.of(a, ChunkRejected) for a in net.members)
+
+
+def test_stake_state_and_restore_stake_continue_offsets_after_a_restart():
+    """ProducerCore.stake_state() / restore_stake(epoch, used): a restarted producer continues
+    above the offsets it used in the same refresh interval, so no member records reuse."""
+    from marlin_cluster.wire import MarlinLocalError
+    net = Net()
+    p = net.producer
+    assert p.stake_state() == (-1, 0)
+    p.produce(BLOCK_RAW, CHANNEL_RAW, net.now)
+    net.run(5)
+    epoch, used = p.stake_state()
+    assert epoch == int(net.now // net.params.refresh_interval) and used > 0
+    before = len(net.of(p.address, ChunkSent))
+    fresh = ProducerCore(p.key, net.membership, net.params)          # the restarted producer
+    fresh.restore_stake(epoch, used)
+    assert fresh.stake_state() == (epoch, used) and fresh.stake_left(net.now) == p.stake_left(net.now)
+    net.producers[0] = net.producer = net.nodes[fresh.address] = fresh
+    fresh.produce(BLOCK_RAW[::-1], CHANNEL_RAW, net.now)
+    net.run(10)
+    later = net.of(fresh.address, ChunkSent)[before:]
+    assert later and min(e.stake_offset for e in later) == used      # continues above
+    assert fresh.stake_state()[1] > used
+    assert sum(len(m.evidence) for m in net.members.values()) == 0
+    assert not any(net.of(a, StakeEvidence) for a in net.members)
+    state = fresh.stake_state()
+    for bad in ((-2, 0), (epoch, -1), (epoch, net.params.stake_budget + 1), (epoch, 1.5), (True, 0)):
+        with pytest.raises(MarlinLocalError):
+            fresh.restore_stake(*bad)
+    assert fresh.stake_state() == state                                # refused: unchanged

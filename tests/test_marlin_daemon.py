@@ -18,23 +18,22 @@ import struct
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from marlin_cluster.crypto import NodeKey, keccak256
 from marlin_cluster.daemon import build_parser, params_from_flags, parse_args
 from marlin_cluster.localnet import CORRUPTED_NAME, MarlinNet, wait_for
 from marlin_cluster.netfile import NetfileError, load_network, write_network
-from marlin_cluster.transport import encode_lpf, hello_frame
-from marlin_cluster.wire import encode_chunk_message, make_attestation, signed_attestation_data
+from marlin_cluster.transport import dial_handshake, encode_lpf
+from marlin_cluster.wire import MarlinWireError, encode_chunk_message, make_attestation, signed_attestation_data
 
 from .conftest import SHARED_DATA
 
-# short cache horizon so the corrupted block (same header, so same message id as the
-# honest one) can follow the honest block within the test; acks time out quickly so chunks
-# sent to a dead cluster are re-sent to the next option soon
-PARAMS = ["tolerable_latency=6", "max_clock_skew=2", "ack_timeout=1.5", "chunk_expiry=12",
+# acks time out quickly so chunks sent to a dead cluster are re-sent to the next option soon
+PARAMS = ["tolerable_latency=120", "max_clock_skew=2", "ack_timeout=1.5", "chunk_expiry=12",
           "refresh_interval=3600"]
-HORIZON = 6 + 2
+HORIZON = 120 + 2       # the caches keep a chunk this long: the corrupted block is sent well within it
 NUM, MIN = 12, 8          # the default channels' NUM_CHUNKS / MIN_CHUNKS (params.py)
 
 
@@ -77,6 +76,52 @@ def test_cli_parsers_and_params():
         parse_args(["cluster", "--name", "c1m1"])          # --network missing
     with pytest.raises(SystemExit):
         parse_args(["relay"])
+
+
+def test_operator_mistakes_are_one_clear_line(tmp_path, capsys):
+    """Bad --channel / --status / --listen values are refused by the parser naming the flag;
+    a missing network or key file, a key file of mode 0644 and a port already taken each end
+    the process with one "fatal:"/error line and no traceback (real processes)."""
+    base = ["producer", "--network", "n.json", "--name", "producer"]
+    for extra, want in ((["--channel", "zzz"], "--channel: unknown channel 'zzz'"),
+                        (["--status", "nohostport"], "--status: bad port"),
+                        (["--listen", "127.0.0.1:99999"], "--listen: port out of range")):
+        with pytest.raises(SystemExit):
+            parse_args(base + extra)
+        assert want in capsys.readouterr().err
+    import socket
+    import subprocess
+    import sys as _sys
+    net = write_network(tmp_path / "n", clusters=1, members=1, producers=1, consumers=1)
+    node = [_sys.executable, "-m", "marlin_cluster.daemon"]
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    key = tmp_path / "n" / "keys" / "c1m1.key"
+
+    def run(*args):
+        p = subprocess.run(node + list(args) + ["--log", str(tmp_path / "log.jsonl")], capture_output=True,
+                           text=True, timeout=60)
+        return p.returncode, p.stderr.strip()
+    cases = [
+        (["cluster", "--network", str(tmp_path / "nope.json"), "--name", "c1m1"], "No such file"),
+        (["cluster", "--network", str(tmp_path / "n"), "--name", "c1m1", "--key-file", str(tmp_path / "no.key")],
+         "key file"),
+        (["cluster", "--network", str(tmp_path / "n"), "--name", "c1m1", "--listen",
+          f"127.0.0.1:{taken.getsockname()[1]}"], "cannot listen on"),
+        (["cluster", "--network", str(tmp_path / "n"), "--name", "c1m1", "--listen", "127.0.0.1:0",
+          "--status", f"127.0.0.1:{taken.getsockname()[1]}"], "for /metrics and /health (--status)"),
+    ]
+    try:
+        for args, want in cases:
+            rc, err = run(*args)
+            assert rc != 0 and want in err and "Traceback" not in err and len(err.splitlines()) == 1, (args, err)
+        os.chmod(key, 0o644)
+        rc, err = run("cluster", "--network", str(tmp_path / "n"), "--name", "c1m1", "--listen", "127.0.0.1:0")
+        assert rc != 0 and "mode 0644" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    finally:
+        taken.close()
+    assert net.nodes
     p = params_from_flags(["tolerable_latency=6", "chunks.1=16/8", "no_of_cluster_options=3"])
     assert p.tolerable_latency == 6.0 and p.channel(1).num_chunks == 16 and p.no_of_cluster_options == 3
     from marlin_cluster.wire import MarlinLocalError
@@ -188,11 +233,19 @@ def _attested(producer: NodeKey, mid: int, cid: int, ts: int, chunk: bytes, offs
 async def _raw(port: int, key: NodeKey | None, payload: bytes, wait_close: bool = False) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     if key is not None:
-        writer.write(encode_lpf(hello_frame(key, time.time())))
+        try:
+            await dial_handshake(reader, writer, key, None)
+        except MarlinWireError:             # refused (unknown peer): the node closed on us
+            writer.close()
+            return
     writer.write(payload)
     await writer.drain()
     if wait_close:
-        await asyncio.wait_for(reader.read(), 15)
+        try:
+            while await asyncio.wait_for(reader.read(4096), 15):
+                pass
+        except ConnectionResetError:        # closed with our bytes unread: a reset, not EOF
+            pass
     writer.close()
 
 
@@ -320,9 +373,9 @@ def test_corrupted_bitcoin_block_rebuilt_refused_and_disputed(marlin, blocks):
     net = marlin.net
     data = path.read_bytes()
     producer2 = net.address("producer2")
-    # same header as the honest block, so the same message id: wait out the caches' horizon
-    if marlin.btc_done_at is not None:
-        time.sleep(max(0.0, marlin.btc_done_at + HORIZON + 1.5 - time.time()))
+    # same header as the honest block, so the same message id, sent while the honest block's
+    # chunks are still in every cache: the cores key messages on (message id, producer)
+    assert marlin.btc_done_at is None or time.time() - marlin.btc_done_at < HORIZON
 
     async def go():
         # producer2 takes it from its --blocks-dir (written aside, renamed in)
@@ -403,6 +456,38 @@ def test_store_keeps_stake_delivered_and_evidence(tmp_path):
     store.close()
 
 
+def test_produce_http_refusals_are_precise_json_and_counted(marlin):
+    """POST /produce as an operator's mistakes and an attacker's bodies: empty, garbage for
+    btc, an unknown channel, a body above max_block (refused from its Content-Length, JSON
+    413, counted as input_errors{reason="oversized"}); a 1.2 MiB raw block (above the old
+    2 x max_frame HTTP body limit, below max_block) is taken and rebuilt."""
+    net = marlin.net
+    url = net._url("producer", "/produce")
+    max_block = 4 * 1024 * 1024
+
+    async def go():
+        out = {}
+        async with aiohttp.ClientSession() as s:
+            for name, params, data in (("empty", {}, b""), ("garbage_btc", {"channel": "btc"}, b"garbage!!"),
+                                       ("bad_channel", {"channel": "zzz"}, b"abc"),
+                                       ("oversized", {"channel": "raw"}, b"\0" * (max_block + 1))):
+                async with s.post(url, params=params, data=data) as r:
+                    out[name] = (r.status, r.content_type, await r.text())
+        big = os.urandom(1_200_000)
+        ok = await net.produce("producer", big, "raw")
+        rebuilt = await wait_for(lambda: both_rebuilt(net, [ok["trace_id"]]), 40, 0.2)
+        return out, ok, rebuilt, await net.metrics_text("producer")
+
+    out, ok, rebuilt, text = marlin.run(go(), 60)
+    assert {k: v[0] for k, v in out.items()} == {"empty": 400, "garbage_btc": 400, "bad_channel": 400,
+                                                 "oversized": 413}
+    assert all(ct == "application/json" for _, ct, _ in out.values()), out
+    assert "unknown channel 'zzz'" in out["bad_channel"][2]
+    assert f"exceeds the largest channel max_block {max_block}" in out["oversized"][2]
+    assert ok["size"] == 1_200_000 and rebuilt
+    assert 'marlin_input_errors_total{reason="oversized"} 1.0' in text
+
+
 def test_sigterm_stops_every_role_gracefully(marlin):
     net = marlin.net
     text = marlin.run(net.metrics_text("consumer1"))
@@ -468,3 +553,40 @@ def test_producer_reads_blocks_from_stdin(tmp_path):
     assert alive and code == 0 and n_refused == 1
     produced = net.events("producer", "marlin.producer.produced")
     assert [r["attrs"]["size"] for r in produced] == [len(b) for b in blocks]
+
+
+
+async def test_consumer_outputs_outage_is_counted_not_a_bug(tmp_path, capsys):
+    """Redis going down mid-run and an out-dir that stops being writable: each rebuilt block
+    an output could not take is counted (delivery_errors{output}) with one stderr line per
+    output, not reported as a bug with a traceback; Redis unreachable at start is one
+    RuntimeError naming the URL and --redis."""
+    from daemon_runtime.redis_server import EmbeddedRedis
+    from marlin_cluster.daemon import Metrics, Outputs
+    from marlin_cluster.events import BlockRebuilt
+    bugs = []
+    metrics = Metrics()
+    srv = EmbeddedRedis().start()
+    out = Outputs(str(tmp_path / "out"), srv.url, "marlin:outage", 100, metrics, bugs.append)
+    try:
+        await out.start()
+        out.deliver(BlockRebuilt(1, b"\x01" * 20, 0, b"block one", 8, 1.0))
+        await asyncio.wait_for(asyncio.gather(*out.pending), 10)
+        assert metrics.get("blocks_delivered") == 1
+        srv.stop()
+        (tmp_path / "out").rename(tmp_path / "gone")
+        (tmp_path / "out").write_bytes(b"")                      # the out-dir is now a file
+        for i in (2, 3):
+            out.deliver(BlockRebuilt(i, b"\x01" * 20, 0, b"block %d" % i, 8, 1.0))
+        await asyncio.wait_for(asyncio.gather(*out.pending, return_exceptions=True), 30)
+        assert metrics.get("delivery_errors", "redis") == 2 and metrics.get("delivery_errors", "dir") == 2
+        assert bugs == [] and metrics.get("bugs") == 0
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 2 and all('"rebuilt block not delivered"' in line for line in err)
+        assert any("(--redis)" in line for line in err) and any("(--out-dir)" in line for line in err)
+    finally:
+        await out.close()
+        srv.stop()
+    dead = Outputs(None, "redis://127.0.0.1:1/0", "s", 10, Metrics(), bugs.append)
+    with pytest.raises(RuntimeError, match=r"cannot reach Redis at redis://127.0.0.1:1/0 \(--redis\)"):
+        await dead.start()

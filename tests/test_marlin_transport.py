@@ -1,6 +1,7 @@
 """marlin_cluster.transport on 127.0.0.1: LPF frames round-trip, a truncated and an
 oversized record are refused with their reason and counted and close only that peer's
-connection, hellos are authenticated, reconnect with backoff after the peer restarts, and
+connection, the handshake is a mutual challenge-response (a replayed handshake and an
+impostor acceptor are refused and counted), reconnect with backoff after the peer restarts, and
 send queues stay bounded (overflow reported)."""
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import struct
 import pytest
 
 from marlin_cluster.crypto import NodeKey
-from marlin_cluster.transport import LpfDecoder, Transport, encode_lpf, hello_frame
-from marlin_cluster.wire import KIND_ACK, KIND_CHUNK, MarlinLocalError, MarlinWireError, encode_frame
+from marlin_cluster.transport import LpfDecoder, Transport, dial_handshake, encode_lpf
+from marlin_cluster.wire import (HELLO_DIALLER, KIND_ACK, KIND_CHUNK, KIND_HELLO, KIND_HELLO_PROOF, Hello,
+                                 MarlinLocalError, MarlinWireError, decode_frame, encode_frame, hello_signed_data,
+                                 parse_hello_reply)
 
 MAX = 2 * 1024 * 1024
 
@@ -110,9 +113,19 @@ async def test_frames_round_trip_in_order_with_the_verified_peer(keys):
 async def raw_connect(port, key=None):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     if key is not None:
-        writer.write(encode_lpf(hello_frame(key, __import__("time").time())))
-        await writer.drain()
+        await dial_handshake(reader, writer, key, None)
     return reader, writer
+
+
+async def closed_on_us(reader) -> bool:
+    """True when the acceptor closed the connection (EOF, or a reset when it closed with our
+    bytes unread)."""
+    try:
+        while await asyncio.wait_for(reader.read(4096), 10):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
 
 
 async def test_truncated_and_oversized_records_close_only_that_connection(keys):
@@ -148,39 +161,76 @@ async def test_truncated_and_oversized_records_close_only_that_connection(keys):
         await b.t.close()
 
 
-async def test_hello_is_authenticated(keys):
+async def test_handshake_is_a_mutual_challenge_response(keys):
     a_key, b_key, stranger = keys
-    b = Node(b_key, {}, known=[a_key.address])
+    b = Node(b_key, {}, known=[a_key.address], hello_timeout=2.0)
     port = await b.t.start()
     try:
-        # an unknown (but correctly signed) key
-        r, w = await raw_connect(port, stranger)
+        # an honest handshake by a, its bytes captured: hello + proof, then one chunk
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        sent = []
+        real_write = w.write
+        w.write = lambda data: (sent.append(bytes(data)), real_write(data))[1]
+        assert await dial_handshake(r, w, a_key, b_key.address) == b_key.address
+        w.write(encode_lpf(encode_frame(KIND_CHUNK, b"honest")))
+        await w.drain()
+        await until(lambda: len(b.got) == 1)
+        assert b.got[0][0] == a_key.address
+        w.close()
+        captured = sent[0] + sent[1]          # hello with a's nonce, proof over b's old nonce
+        # replayed verbatim on a new connection: b's fresh challenge is not what it signed
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(captured + encode_lpf(encode_frame(KIND_CHUNK, b"replayed")))
+        await w.drain()
+        assert await closed_on_us(r)
+        await until(lambda: b.t.counters[("rejected", "bad_hello")] == 1)
+        assert (None, "bad_hello") in b.rejects
+        # a's address claimed by the stranger, who signs b's real challenge with its own key
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(encode_lpf(encode_frame(KIND_HELLO, Hello(a_key.address, os.urandom(32)).wire())))
+        await w.drain()
+        dec = LpfDecoder(MAX)
+        frames = []
+        while not frames:
+            frames = dec.feed(await asyncio.wait_for(r.read(4096), 10))
+        reply = parse_hello_reply(decode_frame(frames[0])[1])
+        forged = stranger.sign(hello_signed_data(HELLO_DIALLER, a_key.address, b_key.address, reply.nonce))
+        w.write(encode_lpf(encode_frame(KIND_HELLO_PROOF, forged)))
+        await w.drain()
+        assert await closed_on_us(r)
+        # an unknown (but correctly answering) key; a chunk before any hello; silence
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        with pytest.raises((MarlinWireError, ConnectionError)):
+            await dial_handshake(r, w, stranger, None)
+        r, w = await asyncio.open_connection("127.0.0.1", port)
         w.write(encode_lpf(encode_frame(KIND_CHUNK, b"x")))
         await w.drain()
-        assert await asyncio.wait_for(r.read(), 10) == b""
-        # a chunk before any hello
-        r, w = await raw_connect(port)
-        w.write(encode_lpf(encode_frame(KIND_CHUNK, b"x")))
-        await w.drain()
-        assert await asyncio.wait_for(r.read(), 10) == b""
-        # a hello naming a's address, signed by the stranger
-        forged = bytearray(hello_frame(stranger, __import__("time").time()))
-        forged[1:21] = a_key.address
-        r, w = await raw_connect(port)
-        w.write(encode_lpf(bytes(forged)))
-        await w.drain()
-        assert await asyncio.wait_for(r.read(), 10) == b""
-        # a stale hello
-        r, w = await raw_connect(port)
-        w.write(encode_lpf(hello_frame(a_key, __import__("time").time() - 3600)))
-        await w.drain()
-        assert await asyncio.wait_for(r.read(), 10) == b""
+        assert await closed_on_us(r)
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        assert await closed_on_us(r)                   # nothing sent: closed after hello_timeout
         c = b.t.counters
-        assert (c[("rejected", "unknown_peer")], c[("rejected", "no_hello")], c[("rejected", "bad_hello")],
-                c[("rejected", "stale_hello")]) == (1, 1, 1, 1)
-        assert b.got == []
+        await until(lambda: c[("rejected", "hello_timeout")] == 1)
+        assert (c[("rejected", "bad_hello")], c[("rejected", "unknown_peer")], c[("rejected", "no_hello")]) == \
+            (2, 1, 1)
+        assert b.got == [(a_key.address, encode_frame(KIND_CHUNK, b"honest"))]
     finally:
         await b.t.close()
+
+
+async def test_dialler_refuses_an_acceptor_that_is_not_the_peer_it_dialled(keys):
+    a_key, b_key, impostor_key = keys
+    impostor = Node(impostor_key, {}, known=[a_key.address])       # listens where b should be
+    port = await impostor.t.start()
+    a = Node(a_key, {b_key.address: ("127.0.0.1", port)}, known=[])
+    try:
+        a.t.send(b_key.address, encode_frame(KIND_CHUNK, b"for b only"))
+        await until(lambda: a.t.counters[("rejected", "wrong_peer")] >= 2)
+        assert (b_key.address, "wrong_peer") in a.rejects
+        assert impostor.got == [] and not a.t.connected(b_key.address)
+        assert a.t.queued(b_key.address) == 1                      # kept for the real b
+    finally:
+        await a.t.close()
+        await impostor.t.close()
 
 
 async def test_reconnects_with_backoff_after_the_peer_restarts(keys):

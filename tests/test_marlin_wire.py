@@ -18,7 +18,9 @@ from marlin_cluster.membership import Membership, MembershipError, cluster_optio
 from marlin_cluster.params import ChannelParams, MarlinConfigError, Params
 from marlin_cluster.producer import ProducerCore
 from marlin_cluster.wire import (ACK_LEN, ATTESTATION_LEN, KIND_ACK, KIND_ATTESTED_CHUNK, KIND_CHUNK,
-                                 KIND_HELLO, SIGNED_ATTESTATION_LEN, WITNESS_LEN, Ack, Hello,
+                                 HELLO_ACCEPTOR, HELLO_DIALLER, KIND_HELLO, KIND_HELLO_PROOF, KIND_HELLO_REPLY,
+                                 SIGNED_ATTESTATION_LEN, WITNESS_LEN, Ack, Hello, HelloReply, hello_signed_data,
+                                 parse_hello_proof, parse_hello_reply,
                                  MarlinLocalError, MarlinWireError, decode_frame, encode_chunk_message,
                                  encode_frame, make_attestation, parse_ack, parse_attestation,
                                  parse_chunk_message, parse_hello, peek_chunk_ids, signed_attestation_data)
@@ -125,11 +127,26 @@ def test_frames_hello_and_limits():
         assert e.value.reason == reason
     with pytest.raises(MarlinLocalError):
         encode_frame(99, b"")
-    k = NodeKey.generate()
-    h = Hello(k.address, 12345, b"")
-    h = Hello(k.address, 12345, k.sign(h.signed_data()))
-    parsed = parse_hello(decode_frame(encode_frame(KIND_HELLO, h.wire()))[1])
-    assert parsed == h and recover_signer(parsed.signed_data(), parsed.signature) == k.address
+    k, other = NodeKey.generate(), NodeKey.generate()
+    h = Hello(k.address, bytes(range(32)))
+    assert len(h.wire()) == 52 and parse_hello(decode_frame(encode_frame(KIND_HELLO, h.wire()))[1]) == h
+    signed = hello_signed_data(HELLO_ACCEPTOR, other.address, k.address, h.nonce)
+    assert signed == b"marlin-hello" + b"A" + other.address + k.address + h.nonce
+    r = HelloReply(other.address, bytes(32), other.sign(signed))
+    parsed = parse_hello_reply(decode_frame(encode_frame(KIND_HELLO_REPLY, r.wire()))[1])
+    assert parsed == r and len(r.wire()) == 117 and recover_signer(signed, parsed.signature) == other.address
+    # the dialler's signature over the same fields is not the acceptor's (role byte, order)
+    assert hello_signed_data(HELLO_DIALLER, other.address, k.address, h.nonce) != signed
+    proof = k.sign(hello_signed_data(HELLO_DIALLER, k.address, other.address, r.nonce))
+    assert parse_hello_proof(decode_frame(encode_frame(KIND_HELLO_PROOF, proof))[1]) == proof
+    for bad in (b"", b"x" * 51, b"x" * 53):
+        with pytest.raises(MarlinWireError):
+            parse_hello(bad)
+    for bad in (b"x" * 116, b"x" * 118):
+        with pytest.raises(MarlinWireError):
+            parse_hello_reply(bad)
+    with pytest.raises(MarlinLocalError):
+        hello_signed_data(b"X", k.address, other.address, h.nonce)
 
 
 def test_cluster_options_are_the_closest_ids_to_the_hash():
@@ -176,6 +193,8 @@ PARSERS = [
     lambda b: parse_attestation(b),
     lambda b: parse_ack(b),
     lambda b: parse_hello(b),
+    lambda b: parse_hello_reply(b),
+    lambda b: parse_hello_proof(b),
     lambda b: peek_chunk_ids(b),
     lambda b: parse_chunk_message(b, witnessed=True, max_chunk=4096),
     lambda b: parse_chunk_message(b, witnessed=False, max_chunk=4096),

@@ -850,8 +850,10 @@ class ValidatorCore:
         msgs: list[BlockMessage] = []
         size = 0
         for qm in q.pending(limit=4 * MAX_BLOCK_MESSAGES):
-            if len(msgs) >= MAX_BLOCK_MESSAGES or (msgs and size + len(qm.body) > MAX_BLOCK_BYTES):
+            if len(msgs) >= MAX_BLOCK_MESSAGES:
                 break
+            if msgs and size + len(qm.body) > MAX_BLOCK_BYTES:
+                continue        # a bigger one goes first in a later block (oldest first)
             if self.cache.collation_refusal(qm.message_id, qm.uid) is not None:
                 continue
             parsed = qm.parsed or self._parse(qm.body)
@@ -1031,8 +1033,10 @@ class ValidatorCore:
         msgs: list[BlockMessage] = []
         size = 0
         for qm in q.pending(limit=4 * MAX_BLOCK_MESSAGES):
-            if len(msgs) >= MAX_BLOCK_MESSAGES or (msgs and size + len(qm.body) > MAX_BLOCK_BYTES):
+            if len(msgs) >= MAX_BLOCK_MESSAGES:
                 break
+            if msgs and size + len(qm.body) > MAX_BLOCK_BYTES:
+                continue        # a bigger one goes first in a later block (oldest first)
             if self.cache.collation_refusal(qm.message_id, qm.uid) is not None:
                 continue
             parsed = qm.parsed or self._parse(qm.body)

@@ -81,7 +81,7 @@ async def outcomes(s, api, ids) -> dict:
 async def test_remp_network_of_processes(tmp_path, redis_url):
     ext = SHARED_DATA / "ton" / "ext_messages.jsonl"
     real = load_jsonl(ext) if ext.is_file() else []
-    ln = LocalNet(tmp_path, shards=2, validators_per_shard=7, mc_catchain_lifetime=20.0, block_interval=0.25,
+    ln = LocalNet(tmp_path, shards=2, validators_per_shard=7, mc_catchain_lifetime=90.0, block_interval=0.25,
                   master_block_interval=0.4, redis_url=redis_url, ext_messages=ext if real else None,
                   start_timeout=120.0)
     net = await ln.init()

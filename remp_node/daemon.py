@@ -77,6 +77,7 @@ def _init(argv: list[str]) -> int:
 
 
 ROLES = {"init": "write a local network directory",
+         "verify": "check receipt JSON signatures offline (remp_node/verify.py)",
          "validator": "run a validator (shard and masterchain) daemon",
          "fullnode": "run a full node (REMP client + API) daemon"}
 
@@ -96,6 +97,9 @@ def parse_args(argv: list[str]):
         build_parser().parse_args(argv[:1] or ["--help"])
     if argv[0] == "init":
         return build_init_parser().parse_args(argv[1:])
+    if argv[0] == "verify":
+        from .verify import build_parser as verify_parser
+        return verify_parser().parse_args(argv[1:])
     from .node import parse_role_args
     return parse_role_args(argv[0], argv[1:])[1]
 
@@ -108,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     role, rest = argv[0], argv[1:]
     if role == "init":
         return _init(rest)
+    if role == "verify":
+        from .verify import main as verify_main
+        return verify_main(rest)
     from .node import run_role
     return run_role(role, rest)
 

@@ -96,6 +96,15 @@ def build_fullnode_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _kind(payload: bytes) -> str:
+    """Metric label of a payload: client_message, receipt, receipt_batch, receipt_ack
+    (delivery.classify) or the validator mux channel (rmq, shard, master, announce)."""
+    k = classify(payload)
+    if k == "validator_mux":
+        return CHANNEL_NAMES.get(payload[0], "other")
+    return k
+
+
 def _sibling_log(log: str | None, tag: str) -> str | None:
     """v1.jsonl -> v1.<tag>.jsonl (stdout stays stdout)."""
     if log in (None, "-"):
@@ -188,7 +197,7 @@ class _Daemon:
                 "node": self.node_id, "role": self.role}
 
     def _on_payload(self, src: bytes, payload: bytes, _t: float) -> None:
-        ch = CHANNEL_NAMES.get(payload[0], "other") if payload else "other"
+        ch = _kind(payload)
         self.m_datagrams.labels("in", ch).inc()
         self.m_bytes.labels("in", ch).inc(len(payload))
         try:
@@ -213,7 +222,7 @@ class _Daemon:
             self._bug("step", exc)
             out = []
         for dst, data in out:
-            ch = CHANNEL_NAMES.get(data[0], "other") if data else "other"
+            ch = _kind(data)
             self.m_datagrams.labels("out", ch).inc()
             self.m_bytes.labels("out", ch).inc(len(data))
             self.endpoint.send(dst, data)

@@ -143,8 +143,13 @@ async def test_graphql_and_redis_stream(tmp_path, redis_url):
             async with s.get(ln.api + "/health") as resp:
                 h = await resp.json()
             assert resp.status == 200 and h["redis"]["connected"] is False
-            log = (ln.logdir / "fullnode1.jsonl").read_text()
-            assert "flag --redis" in log and redis_url in log
+            end = time.monotonic() + 30                     # the event log flushes every 0.1 s
+            while True:
+                log = (ln.logdir / "fullnode1.jsonl").read_text()
+                if "flag --redis" in log and redis_url in log:
+                    break
+                assert time.monotonic() < end, "the Redis outage was not logged with its URL and flag"
+                await asyncio.sleep(0.5)
     finally:
         try:
             redis.Redis.from_url(redis_url.replace("redis://", "redis://:locked-out@")).config_set("requirepass", "")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -80,7 +81,7 @@ async def outcomes(s, api, ids) -> dict:
 async def test_remp_network_of_processes(tmp_path, redis_url):
     ext = SHARED_DATA / "ton" / "ext_messages.jsonl"
     real = load_jsonl(ext) if ext.is_file() else []
-    ln = LocalNet(tmp_path, shards=2, validators_per_shard=7, mc_catchain_lifetime=20.0, block_interval=0.25,
+    ln = LocalNet(tmp_path, shards=2, validators_per_shard=7, mc_catchain_lifetime=90.0, block_interval=0.25,
                   master_block_interval=0.4, redis_url=redis_url, ext_messages=ext if real else None,
                   start_timeout=120.0)
     net = await ln.init()
@@ -156,6 +157,14 @@ async def test_remp_network_of_processes(tmp_path, redis_url):
                     if r["kind"] == "Finalized":
                         blocks.add((r["block_id"], r.get("mc_block_id")))
                 assert len(blocks) <= 1, (mid, blocks)
+            # ... and with the receipt verifier CLI (remp-node verify), all of them at once
+            allr = [r for d in final.values() for r in d["receipts"]]
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "remp_node.daemon", "verify", "--validators", str(ln.netdir / "network.json"),
+                "-q", "-", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            out, err = await proc.communicate("\n".join(json.dumps(r) for r in allr).encode())
+            assert proc.returncode == 0, (out[-2000:], err[-2000:])
             st, h = await get(s, f"{api}/health")
             assert h["follower"].get("finalized_twice", 0) == 0
             n_final = sum(1 for d in final.values() if d["outcome"]["outcome"] == "finalized")

@@ -1,6 +1,6 @@
 """Every protocol's event catalogue in one place, for the Spark schema and the docs.
 
-    all_catalogues() -> [RMB_EVENTS, REMP_EVENTS, MARLIN_EVENTS, DEMO_EVENTS]
+    all_catalogues() -> [RMB_EVENTS, RELAY_EVENTS, REMP_EVENTS, MARLIN_EVENTS, DEMO_EVENTS]
     render_markdown() -> the text of docs/event-catalogue.md (a test keeps the file in sync:
                          regenerate with `python -m daemon_runtime.catalogues > docs/event-catalogue.md`)
 """
@@ -14,7 +14,8 @@ def all_catalogues() -> list[Catalogue]:
     from remp_node.events import REMP_EVENTS
     from deploy.events import DEMO_EVENTS
     from rmb_peer.events import RMB_EVENTS
-    return [RMB_EVENTS, REMP_EVENTS, MARLIN_EVENTS, DEMO_EVENTS]
+    from rmb_relay.events import RELAY_EVENTS
+    return [RMB_EVENTS, RELAY_EVENTS, REMP_EVENTS, MARLIN_EVENTS, DEMO_EVENTS]
 
 
 def render_markdown() -> str:

@@ -230,7 +230,8 @@ class Cluster:
             print(f"redis: embedded redis-server on {self.redis_base}")
 
         self.registry = Daemon("rmb-registry", [
-            script("rmb-registry"), "--listen", f"{self.host}:0", "--redis", self._redis_db(0),
+            script("rmb-registry"), "--listen", f"{self.host}:0",
+            "--data-dir", str(self.workdir / "data" / "rmb-registry"),  # durable twin records
             "--log", str(self.logdir / "rmb-registry.jsonl")], self.logdir)
         info = await self.registry.start(self.timeout)
         self.registry_url = f"http://{self.host}:{info['port']}"
@@ -286,6 +287,7 @@ class Cluster:
         argv = [script("rmb-peer"), "--seed", seed_for(name), "--key-type", twin.get("key_type", "sr25519"),
                 "--twin", str(self.twin_ids[name]), "--redis", self._redis_db(self.twin_db[name]),
                 "--registry", self.registry_url, "--status-listen", f"{self.host}:0",
+                "--data-dir", str(self.workdir / "data" / f"rmb-peer-{name}"),  # last known twins
                 "--log", str(self.logdir / f"rmb-peer-{name}.jsonl")]
         for relay in twin["relays"]:
             argv += ["--relay", f"ws://{self.relay_domain[relay]}"]

@@ -59,7 +59,8 @@ def test_default_demo_counts_match_the_report_and_planned_faults_are_logged(tmp_
     assert labels[("alice", "demo-client")] == events(logs / "app-demo-client-alice.jsonl")[0]["node"]
     assert labels[("registry", "rmb-registry")] == events(logs / "rmb-registry.jsonl")[0]["node"]
     faults = [(e["event"], e["attrs"]["fault"], e["attrs"]["target"]) for e in plan
-              if e["event"] in ("demo.plan.fault", "demo.plan.recovered")]
+              if e["event"] in ("demo.plan.fault", "demo.plan.recovered")
+              and e["attrs"]["fault"] in ("twin_offline", "relay_restart")]   # RMB's; segments log theirs
     assert faults == [("demo.plan.fault", "twin_offline", "dave"),
                       ("demo.plan.recovered", "twin_offline", "dave"),
                       ("demo.plan.fault", "relay_restart", "relay2"),
@@ -98,6 +99,11 @@ def test_default_demo_counts_match_the_report_and_planned_faults_are_logged(tmp_
     assert not bad, out[-4000:]
     assert {r["name"] for r in result["rows"]} >= {"rmb requests", "rmb sent", "rmb answered", "rmb expired",
                                                    "rmb errored by code", "rmb late"}
+    # the main job runs all three protocols: REMP and Marlin rows compared too, their faults planned
+    assert any(r["name"].startswith("remp ") for r in result["rows"]), out[-4000:]
+    assert any(r["name"].startswith("marlin ") for r in result["rows"]), out[-4000:]
+    planned = {e["attrs"]["fault"] for e in plan if e["event"] == "demo.plan.fault"}
+    assert {"validator_kill", "member_kill"} <= planned, planned
     assert proc.returncode == 0 and result["exit"] == 0, out[-3000:] + proc.stderr[-3000:]
     assert "MISMATCH" not in out and "result: ok" in out
     report = run / "report"

@@ -19,7 +19,7 @@ header); the cores key per-message state on (message id, producer), so no cache 
 has to pass first.
 
 cfg keys ([marlin] table): enabled, clusters, members, kill ("c2m1"), kill_at (fraction of
-the blocks sent before the kill, 0.5), kill_duration (s, 3), deadline (s, 120),
+the blocks sent before the kill, 0.5), kill_duration (s, 3), deadline (s, 120), interval (s between blocks, 0.5),
 tolerable_latency (s, 10), max_clock_skew (s, 2), params (list of extra "NAME=VALUE" for init).
 """
 from __future__ import annotations
@@ -201,6 +201,9 @@ class MarlinSegment(Segment):
         self.kill_at = float(c.get("kill_at", 0.5))
         self.kill_duration = float(c.get("kill_duration", 3.0))
         self.deadline = float(c.get("deadline", 120.0))
+        # seconds between two blocks: a chain produces blocks at intervals, not in one burst;
+        # a burst measures queueing behind the other blocks, not a block's propagation
+        self.interval = float(c.get("interval", 0.5))
         tol = float(c.get("tolerable_latency", 10))
         skew = float(c.get("max_clock_skew", 2))
         self.horizon = tol + skew
@@ -254,6 +257,8 @@ class MarlinSegment(Segment):
                 self.sent[out["trace_id"]] = block.name
             except LaunchError as exc:
                 self.refused.append(f"{block.name}: {exc}")
+            if self.interval > 0 and i + 1 < len(self.honest):
+                await asyncio.sleep(self.interval)
         if restart_task is not None:
             await restart_task
         self.state = "waiting"

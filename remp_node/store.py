@@ -8,7 +8,10 @@ a daemon that writes a fact and then sends a datagram depending on it never send
 ValidatorStore keeps a validator's ValidatorJournal (validator.py, "restarts"): the commit
 certificate of every accepted master block (from which the restarted core rebuilds its
 chain view, shard and masterchain states, message cache statuses and session seeds), the
-highest height it signed per consensus session, and the catchain sessions it authored.
+highest height it signed per consensus session, and the catchain sessions it authored; and
+its receipt outbox (delivery.ReceiptSender journal=True): every receipt for a full node
+from its "add" record until its "done", so a SIGKILLed validator sends again, after its
+restart, the statuses it had produced but no full node had acknowledged.
 
 FullnodeStore keeps what users were told: every message submitted (id, BOC, time) and every
 status (the seed's JSON, in arrival order) with the final outcome, so ``GET /messages/{id}``
@@ -23,6 +26,7 @@ import sqlite3
 from pathlib import Path
 from typing import Iterable
 
+from .delivery import OutboxChange
 from .validator import JournalEntry, ValidatorJournal
 
 __all__ = ["StoreError", "ValidatorStore", "FullnodeStore", "DB_NAME"]
@@ -56,6 +60,9 @@ class ValidatorStore:
             CREATE TABLE IF NOT EXISTS master_commits (seqno INTEGER PRIMARY KEY, raw BLOB NOT NULL);
             CREATE TABLE IF NOT EXISTS signed_heights (session_id BLOB PRIMARY KEY, height INTEGER NOT NULL);
             CREATE TABLE IF NOT EXISTS authored (session_id BLOB PRIMARY KEY);
+            CREATE TABLE IF NOT EXISTS outbox (n INTEGER PRIMARY KEY AUTOINCREMENT, dst BLOB NOT NULL,
+                                               digest BLOB NOT NULL, receipt BLOB NOT NULL,
+                                               session INTEGER NOT NULL, UNIQUE (dst, digest));
         """)
         self.writes = 0
 
@@ -69,15 +76,31 @@ class ValidatorStore:
             j.authored.add(bytes(sid))
         return j
 
-    def write(self, entries: Iterable[JournalEntry]) -> int:
-        """Commit entries (one transaction, fsynced). Returns how many were written."""
+    def outbox(self) -> list[tuple[bytes, bytes, int]]:
+        """The receipt outbox (delivery.ReceiptSender journal=True): (full node key id,
+        receipt bytes, session) still without "done", in the order they were added; what
+        ReceiptSender.restore(entries, now) takes after a restart."""
+        return [(bytes(d), bytes(r), int(s)) for d, r, s in
+                self.db.execute("SELECT dst, receipt, session FROM outbox ORDER BY n")]
+
+    def write(self, entries: Iterable[JournalEntry | OutboxChange]) -> int:
+        """Commit entries (one transaction, fsynced; call before sending the datagrams they
+        precede). JournalEntry: the validator journal; OutboxChange (delivery.py): "add"
+        inserts the receipt keyed by (dst, digest) in order, "done" deletes it. Returns how
+        many were written."""
         entries = list(entries)
         if not entries:
             return 0
         try:
             self.db.execute("BEGIN")
             for e in entries:
-                if e.kind == "master_commit":
+                if isinstance(e, OutboxChange):
+                    if e.kind == "add":
+                        self.db.execute("INSERT OR IGNORE INTO outbox (dst, digest, receipt, session) "
+                                        "VALUES (?, ?, ?, ?)", (e.dst, e.digest, e.receipt, int(e.session)))
+                    else:
+                        self.db.execute("DELETE FROM outbox WHERE dst = ? AND digest = ?", (e.dst, e.digest))
+                elif e.kind == "master_commit":
                     self.db.execute("INSERT OR IGNORE INTO master_commits VALUES (?, ?)", (int(e.key), e.value))
                 elif e.kind == "signed_height":
                     self.db.execute("INSERT INTO signed_heights VALUES (?, ?) ON CONFLICT(session_id) DO UPDATE "

@@ -349,3 +349,37 @@ def test_newer_receipt_still_reopens_and_stale_final_does_not_end():
     deliver(Rejected(Level.COLLATOR, SHARD_BLOCK, "new"), T0 + 1.7, T0 + 1.7)
     (final,) = net.finals()
     assert (final.outcome, final.reason) == ("rejected", "new")
+
+
+def test_authenticated_receipts_skip_the_second_verify_and_keep_their_signature(monkeypatch):
+    """receive_authenticated (receipts out of delivery.ReceiptReceiver, whose packet signature
+    covers them): no ed25519 verify per receipt, the same events as receive_datagram, each
+    status still verifiable alone; a receipt whose source_id is not the vouched source is a
+    local error."""
+    import remp_node.receipts as rmod
+    from remp_node.client import ClientError
+    c = client()
+    mid = c.submit(wallet_msg(), T0)
+    v = G1[0]
+    calls = []
+    real = rmod._verify_with
+    monkeypatch.setattr(rmod, "_verify_with", lambda *a: calls.append(1) or real(*a))
+    sr = make_signed_receipt(v, mid, Rejected(Level.SHARDCHAIN, SHARD_BLOCK, "no funds"), int(T0 * 1000) + 5)
+    c.receive_authenticated(sr, sr.open(), v.key_id, T0 + 1)
+    assert calls == [] and c.stats["receipts_preverified"] == 1
+    evs = []
+    while (ev := c.next_event()) is not None:
+        evs.append(ev)
+    got = [e for e in evs if isinstance(e, ReceiptEvent) and e.origin == "validator"]
+    assert len(got) == 1 and got[0].signature == sr.signature
+    assert verify_receipt_json(got[0].to_json(), [v.public]).message_id == mid     # verifies alone
+    assert [e.outcome for e in evs if isinstance(e, FinalStatus)] == ["rejected"]
+    other = make_signed_receipt(G1[1], mid, New(), int(T0 * 1000) + 6)
+    with pytest.raises(ClientError):
+        c.receive_authenticated(other, other.open(), v.key_id, T0 + 2)
+    # the datagram path still verifies (and refuses a forged one)
+    forged = SignedReceipt(other.receipt, b"\x00" * 64)
+    c2 = client()
+    c2.submit(wallet_msg(), T0)
+    with pytest.raises(ReceiptError):
+        c2.receive_datagram(forged.serialize(), G1[1].key_id, T0 + 1)

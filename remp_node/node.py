@@ -160,6 +160,7 @@ class _Daemon:
         self.m_bytes = PCounter("remp_datagram_bytes", "datagram payload bytes by direction and channel",
                                 ["direction", "channel"], registry=self.registry)
         self.stopping = False
+        self.epoch: int | None = None      # this run's transport epoch (the role's store sets it)
         self.peers = {n.key_id: (n.public_key, parse_hostport(n.address)) for n in self.net.nodes
                       if n.key_id != self.key.key_id}
 
@@ -184,7 +185,8 @@ class _Daemon:
         self.loop = asyncio.get_running_loop()
         self.offset = time.time() - self.loop.time()
         bind = parse_hostport(self.args.listen or self.entry.address)
-        self.endpoint = await open_endpoint(self.key, self.peers, bind, self._on_payload, self.faults)
+        self.endpoint = await open_endpoint(self.key, self.peers, bind, self._on_payload, self.faults,
+                                            epoch=self.epoch)
         add_status_routes(http_app, self.registry, self.health)
         self.runner = web.AppRunner(http_app, access_log=None)
         await self.runner.setup()
@@ -257,6 +259,9 @@ class ValidatorDaemon(_Daemon):
         from .catchain import Catchain
         from .store import ValidatorStore
         self.store = ValidatorStore(args.data_dir)
+        # transport epoch = delivery stream: max(previous + 1, now) from the data dir, so a
+        # clock set back cannot make peers refuse this run as stale
+        self.epoch = self.store.run_epoch(time.time_ns() // 1000)
         journal = self.store.load()
         self.restored_blocks = len(journal.master_commits)
         tm = self.net.timing
@@ -274,7 +279,7 @@ class ValidatorDaemon(_Daemon):
         self.fullnode_ids = {n.key_id for n in self.net.fullnodes()}
         # journal=True: the outbox goes to the store with the validator journal (fsynced before
         # the packets leave) and what no full node acknowledged is sent again after a restart
-        self.sender = ReceiptSender(self.key, journal=True)
+        self.sender = ReceiptSender(self.key, journal=True, stream=self.epoch)
         outbox = self.store.outbox()
         self.sender.restore(outbox, time.time())
         self.restored_receipts = len(outbox)
@@ -301,7 +306,7 @@ class ValidatorDaemon(_Daemon):
                         for (_, n), s in c.shard_sessions.items()}
         return {"ok": not self.stopping, "role": "validator", "label": self.label, "session": c.session,
                 "master_height": c.master.height if c.master else 0, "restored_master_blocks": self.restored_blocks,
-                "restored_receipts": self.restored_receipts,
+                "restored_receipts": self.restored_receipts, "epoch": self.epoch,
                 "master_signed_height": c.master.signed_height if c.master else 0,
                 "master_muted_through": c.master.muted_through if c.master else 0,
                 "shard_signed_heights": shard_signed,
@@ -374,6 +379,7 @@ class FullnodeDaemon(_Daemon):
         from .follower import ChainFollower
         from .store import FullnodeStore
         self.store = FullnodeStore(args.data_dir)
+        self.epoch = self.store.run_epoch(time.time_ns() // 1000)
         self.resubmitted = 0
         tm = self.net.timing
         self.follower = ChainFollower(self.key, self.net.config, self.net.zerostate(),
@@ -400,7 +406,7 @@ class FullnodeDaemon(_Daemon):
     def health(self) -> dict:
         return {"ok": not self.stopping, "role": "fullnode", "label": self.label,
                 "followed_master_height": self.follower.master.height, "pending": len(self.client.pending()),
-                "resubmitted": self.resubmitted,
+                "resubmitted": self.resubmitted, "epoch": self.epoch,
                 "client": dict(self.client.stats), "follower": dict(self.follower.stats),
                 "delivery": dict(self.receiver.stats),
                 "redis": self.hub.redis_state(),

@@ -49,6 +49,30 @@ def _open(path: Path) -> sqlite3.Connection:
         raise StoreError(f"{path}: {exc}") from None
 
 
+def _run_epoch(db: sqlite3.Connection, path: Path, now_us: int) -> int:
+    """The number naming this run of the daemon (its transport `epoch` and its receipt
+    delivery `stream`): max(previous + 1, now_us), written (fsynced) before it is used, so
+    it grows across restarts even when the clock was set back (peers refuse a lower epoch /
+    stream as stale: transport.py "Restarts", delivery.py module doc). now_us: the current
+    Unix time in microseconds. Raises StoreError."""
+    try:
+        db.execute("CREATE TABLE IF NOT EXISTS run_epoch (one INTEGER PRIMARY KEY CHECK (one = 1), "
+                   "epoch INTEGER NOT NULL)")
+        db.execute("BEGIN IMMEDIATE")
+        row = db.execute("SELECT epoch FROM run_epoch WHERE one = 1").fetchone()
+        epoch = max(int(row[0]) + 1, int(now_us)) if row else int(now_us)
+        db.execute("INSERT INTO run_epoch VALUES (1, ?) ON CONFLICT(one) DO UPDATE SET epoch = excluded.epoch",
+                   (epoch,))
+        db.execute("COMMIT")
+        return epoch
+    except sqlite3.Error as exc:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        raise StoreError(f"{path}: {exc}") from None
+
+
 class ValidatorStore:
     """ValidatorStore(data_dir). load() -> ValidatorJournal; write(entries) commits them in
     one fsynced transaction (call before sending the datagrams they precede)."""
@@ -75,6 +99,10 @@ class ValidatorStore:
         for (sid,) in self.db.execute("SELECT session_id FROM authored"):
             j.authored.add(bytes(sid))
         return j
+
+    def run_epoch(self, now_us: int) -> int:
+        """This run's transport epoch / delivery stream: max(previous + 1, now_us), fsynced."""
+        return _run_epoch(self.db, self.path, now_us)
 
     def outbox(self) -> list[tuple[bytes, bytes, int]]:
         """The receipt outbox (delivery.ReceiptSender journal=True): (full node key id,
@@ -134,6 +162,10 @@ class FullnodeStore:
                                                  json TEXT NOT NULL);
             CREATE INDEX IF NOT EXISTS statuses_id ON statuses (id, n);
         """)
+
+    def run_epoch(self, now_us: int) -> int:
+        """This run's transport epoch: max(previous + 1, now_us), fsynced."""
+        return _run_epoch(self.db, self.path, now_us)
 
     def add_message(self, mid: bytes, boc: bytes, submitted: float) -> None:
         self.db.execute("INSERT OR IGNORE INTO messages (id, boc, submitted) VALUES (?, ?, ?)", (mid, boc, submitted))

@@ -91,6 +91,7 @@ async def test_validator_outbox_and_fullnode_pending_survive_sigkill(tmp_path):
                 h = await r.json()
             assert h["restored_receipts"] > 0      # the outbox held receipts when it was killed
             async with s.get(ln.api + "/health") as r:
-                assert (await r.json())["resubmitted"] == len(ids)
+                # the messages without a final outcome in its store at the SIGKILL (some may have ended)
+                assert 0 < (await r.json())["resubmitted"] <= len(ids)
     finally:
         await ln.stop()

@@ -181,12 +181,19 @@ class RempClient:
     wall_clock: now -> Unix seconds (receipt timestamps in ms, valid_until checks).
     extra_keys: () -> more validator public keys whose receipts are accepted (e.g. the
         previous session's group, which also serves the RMQ).
+    silent_after: seconds (0.5; None: off). A validator the client sent a message to more
+        than this long ago and has heard nothing from since is "silent" (crashed, cut off,
+        overloaded): a wave picks the next validator of the message's order that is not
+        silent, when there is one (a killed validator otherwise took every message whose
+        order started with it, and each waited a whole resend interval for its first
+        receipt). Hearing any receipt from it ends its silence.
     """
 
     def __init__(self, key: NodeKey, states: Any, groups: GroupsFn, *,
                  resend_interval: float = RESEND_INTERVAL, lifetime: float = MESSAGE_LIFETIME,
                  wall_clock: Callable[[float], float] = lambda now: now,
-                 extra_keys: Callable[[], Iterable[bytes]] = lambda: ()):
+                 extra_keys: Callable[[], Iterable[bytes]] = lambda: (),
+                 silent_after: float | None = 0.5):
         if resend_interval <= 0 or lifetime <= 0:
             raise ClientError("resend_interval and lifetime must be > 0")
         self.key = key
@@ -196,6 +203,8 @@ class RempClient:
         self.lifetime = lifetime
         self.wall_clock = wall_clock
         self.extra_keys = extra_keys
+        self.silent_after = silent_after
+        self._unheard_since: dict[bytes, float] = {}   # key id -> first send not answered yet
         self._tracked: dict[bytes, _Tracked] = {}
         self._finished: dict[bytes, float] = {}
         self._late: dict[bytes, tuple[float, dict, set, int]] = {}   # id -> (until, keys, seen, shard)
@@ -204,10 +213,11 @@ class RempClient:
         #: Counters: "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts",
         #: "receipts_dropped" (unknown/finished message or duplicate), "finalized",
         #: "rejected", "timeout", "late_receipts", "receipts_preverified" (accepted through
-        #: receive_authenticated without a second ed25519 verify).
+        #: receive_authenticated without a second ed25519 verify), "silent_skipped" (a wave
+        #: passed over a silent validator).
         self.stats: dict[str, int] = {k: 0 for k in (
             "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts", "receipts_dropped",
-            "finalized", "rejected", "timeout", "late_receipts", "receipts_preverified")}
+            "finalized", "rejected", "timeout", "late_receipts", "receipts_preverified", "silent_skipped")}
 
     # -- public API ---------------------------------------------------------------------
 
@@ -283,6 +293,7 @@ class RempClient:
         t.seen.add(digest)
         self.stats["receipts"] += 1
         src = receipt.source_id
+        self._unheard_since.pop(src, None)
         t.answered.add(src)
         self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", t.shard))
         kind = kind_of(receipt.status)
@@ -332,6 +343,7 @@ class RempClient:
             current, nxt = self.groups(shard, now)
             dg.verify(list(keys.values()) + list(current) + list(nxt) + list(self.extra_keys()))
         seen.add(digest)
+        self._unheard_since.pop(receipt.source_id, None)
         self.stats["late_receipts"] += 1
         self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", shard, late=True))
 
@@ -392,6 +404,7 @@ class RempClient:
         data = encode_remp_message(t.msg.boc, t.msg.id, self._ms(now), self.key)
         self._out.append((kid, data))
         t.sent[kid] = now
+        self._unheard_since.setdefault(kid, now)
         self._events.append(MessageSent(t.msg.id, kid, t.shard, len(data), len(t.sent)))
         t.datagrams += 1
         self.stats["datagrams_sent"] += 1
@@ -410,6 +423,11 @@ class RempClient:
             order = ids[start:] + ids[:start]
             fresh = [k for k in order if k not in t.sent]
             if fresh:
+                if self.silent_after is not None:
+                    awake = [k for k in fresh if now - self._unheard_since.get(k, now) <= self.silent_after]
+                    if awake and awake[0] != fresh[0]:
+                        self.stats["silent_skipped"] += 1
+                    fresh = awake or fresh
                 self._send(t, fresh[0], now)
             else:  # everyone was tried: the datagrams or answers may have been lost
                 for k in order:

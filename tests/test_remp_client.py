@@ -383,3 +383,35 @@ def test_authenticated_receipts_skip_the_second_verify_and_keep_their_signature(
     c2.submit(wallet_msg(), T0)
     with pytest.raises(ReceiptError):
         c2.receive_datagram(forged.serialize(), G1[1].key_id, T0 + 1)
+
+
+def test_a_silent_validator_is_passed_over_by_new_messages():
+    """Validators that were sent a message and said nothing for more than silent_after (0.5 s)
+    are not a new message's first choice while others are; hearing from one ends it."""
+    from remp_node.client import MessageSent
+    silent = {v.key_id for v in G1[:3]}
+    c = client()
+    net = Net(c, answer=lambda v, mid: [] if v.key_id in silent else [New()])
+
+    def firsts(batch):
+        out = {}
+        for e in net.events:
+            if isinstance(e, MessageSent) and e.message_id in batch and e.message_id not in out:
+                out[e.message_id] = e.peer
+        return out
+    b1 = {c.submit(wallet_msg(nonce=100 + i), T0) for i in range(30)}
+    net.step(T0)
+    hit = {p for p in firsts(b1).values() if p in silent}
+    assert hit                                          # before: some went to the silent ones
+    b2 = {c.submit(wallet_msg(nonce=200 + i), T0 + 1.5) for i in range(30)}
+    net.step(T0 + 1.5)
+    f2 = firsts(b2)
+    assert len(f2) == 30 and not [p for p in f2.values() if p in hit]
+    assert c.stats["silent_skipped"] > 0
+    # one of them answers again: it is a first choice again
+    back = sorted(hit)[0]
+    v = BY_ID[back]
+    net.send_receipt(v, next(iter(b1)), New(), T0 + 1.6)
+    b3 = {c.submit(wallet_msg(nonce=300 + i), T0 + 1.7) for i in range(30)}
+    net.step(T0 + 1.7)
+    assert back in set(firsts(b3).values())

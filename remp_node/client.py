@@ -166,6 +166,7 @@ class _Tracked:
     seen: set[bytes] = field(default_factory=set)                 # sha256 of signed receipts
     datagrams: int = 0
     reported_sent: int = 0
+    early: bool = False            # its one early wave (silent_after) is used up
 
 
 class RempClient:
@@ -186,7 +187,9 @@ class RempClient:
         overloaded): a wave picks the next validator of the message's order that is not
         silent, when there is one (a killed validator otherwise took every message whose
         order started with it, and each waited a whole resend interval for its first
-        receipt). Hearing any receipt from it ends its silence.
+        receipt). Hearing any receipt from it ends its silence. A message not answered yet
+        whose validators all fell silent, while some validator answered within the resend
+        interval, gets one early wave (to the next non-silent one) instead of waiting.
     """
 
     def __init__(self, key: NodeKey, states: Any, groups: GroupsFn, *,
@@ -205,6 +208,7 @@ class RempClient:
         self.extra_keys = extra_keys
         self.silent_after = silent_after
         self._unheard_since: dict[bytes, float] = {}   # key id -> first send not answered yet
+        self._heard_at = -1e18                          # last receipt from any validator
         self._tracked: dict[bytes, _Tracked] = {}
         self._finished: dict[bytes, float] = {}
         self._late: dict[bytes, tuple[float, dict, set, int]] = {}   # id -> (until, keys, seen, shard)
@@ -214,10 +218,11 @@ class RempClient:
         #: "receipts_dropped" (unknown/finished message or duplicate), "finalized",
         #: "rejected", "timeout", "late_receipts", "receipts_preverified" (accepted through
         #: receive_authenticated without a second ed25519 verify), "silent_skipped" (a wave
-        #: passed over a silent validator).
+        #: passed over a silent validator), "early_waves" (a message whose validators all
+        #: fell silent while others answered went to the next one before its resend interval).
         self.stats: dict[str, int] = {k: 0 for k in (
             "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts", "receipts_dropped",
-            "finalized", "rejected", "timeout", "late_receipts", "receipts_preverified", "silent_skipped")}
+            "finalized", "rejected", "timeout", "late_receipts", "receipts_preverified", "silent_skipped", "early_waves")}
 
     # -- public API ---------------------------------------------------------------------
 
@@ -294,6 +299,7 @@ class RempClient:
         self.stats["receipts"] += 1
         src = receipt.source_id
         self._unheard_since.pop(src, None)
+        self._heard_at = now
         t.answered.add(src)
         self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", t.shard))
         kind = kind_of(receipt.status)
@@ -356,6 +362,7 @@ class RempClient:
     def get_timer(self) -> float | None:
         """Earliest deadline (seconds, caller's clock) at which handle_timer must run."""
         times = [min(t.next_send, t.deadline) for t in self._tracked.values()]
+        times += [e for t in self._tracked.values() if (e := self._silent_at(t)) is not None]
         if self._finished:
             times.append(min(self._finished.values()))
         return min(times) if times else None
@@ -439,6 +446,17 @@ class RempClient:
             signed = self._own_receipt(t.msg.id, SentToValidators(reached, len(total)), now)
             self._events.append(ReceiptEvent(t.msg.id, signed.open(), signed.signature, "fullnode", t.shard))
 
+    def _silent_at(self, t: _Tracked) -> float | None:
+        """When every validator an unanswered message went to is silent (silent_after), if
+        its early wave is not used up and some validator answered within the resend
+        interval before that moment; else None."""
+        if self.silent_after is None or t.early or t.answered or not t.sent:
+            return None
+        if any(k not in self._unheard_since for k in t.sent):
+            return None
+        at = max(self._unheard_since[k] for k in t.sent) + self.silent_after + 1e-6
+        return at if at - self._heard_at <= self.resend_interval else None
+
     def _tick(self, now: float) -> None:
         for t in list(self._tracked.values()):
             if now >= t.deadline:
@@ -447,6 +465,12 @@ class RempClient:
                 self._finish(t, "timeout", "Timeout", f"no final status within {self.lifetime:g} s", now)
                 continue
             if now >= t.next_send:
+                self._wave(t, now)
+                t.next_send = now + self.resend_interval
+            elif (e := self._silent_at(t)) is not None and now >= e:
+                # every validator it went to fell silent while others answer: one early wave
+                t.early = True
+                self.stats["early_waves"] += 1
                 self._wave(t, now)
                 t.next_send = now + self.resend_interval
         for mid, until in list(self._finished.items()):

@@ -415,3 +415,25 @@ def test_a_silent_validator_is_passed_over_by_new_messages():
     b3 = {c.submit(wallet_msg(nonce=300 + i), T0 + 1.7) for i in range(30)}
     net.step(T0 + 1.7)
     assert back in set(firsts(b3).values())
+
+
+def test_a_message_stuck_at_a_silent_validator_gets_one_early_wave():
+    """A message whose validator fell silent (0.5 s) while others answer goes to the next
+    one at once, not after the 2 s resend interval; with nobody answering the interval holds
+    (test_no_answers_reaches_everyone_then_resends)."""
+    from remp_node.client import MessageSent
+    silent = {v.key_id for v in G1[:3]}
+    c = client()
+    net = Net(c, answer=lambda v, mid: [] if v.key_id in silent else [New()])
+    ids = [c.submit(wallet_msg(nonce=400 + i), T0) for i in range(30)]
+    net.run(T0 + 1.0, dt=0.1)
+    sent = {}
+    for e in net.events:
+        if isinstance(e, MessageSent):
+            sent.setdefault(e.message_id, []).append(e.peer)
+    stuck = [m for m in ids if sent[m][0] in silent]
+    assert stuck and c.stats["early_waves"] >= len(stuck)
+    assert all(len(sent[m]) >= 2 and sent[m][1] not in silent for m in stuck)
+    assert all(m in sent and any(
+        isinstance(e, ReceiptEvent) and e.message_id == m and e.origin == "validator" for e in net.events)
+        for m in ids)                                   # every one answered within 1 s

@@ -254,13 +254,48 @@ def delivery_cost(n: int = 9000, burst: int = 30, gap: float = 0.01) -> dict:
             "verify_us": t_verify * 1e6}
 
 
+def client_cost(n: int = 3000) -> dict:
+    """CPU per receipt in the full node's RempClient (client.py): the same `n` distinct
+    signed receipts of one tracked message fed through receive_datagram (decode + its own
+    ed25519 verify) and through receive_authenticated (what the daemon uses for receipts out
+    of ReceiptReceiver, whose packet signature covers them: no second verify)."""
+    from remp_node.client import RempClient
+    from remp_node.receipts import New, make_signed_receipt
+    from remp_node.state import build_zero_state, make_wallet_message, wallet_address
+    alice = NodeKey.from_seed(b"\x01" * 32)
+    addr = wallet_address(alice.public)
+    t0 = 1_700_000_000.0
+    out = {}
+    for mode in ("receive_datagram", "receive_authenticated"):
+        c = RempClient(CLIENT, build_zero_state(wallets=[(alice.public, 1000)]), lambda shard, now: ([SERVER.public], []))
+        mid = c.submit(make_wallet_message(alice, addr, addr, 1, int(t0 + 600), 1), t0)
+        rs = [make_signed_receipt(SERVER, mid, New(), int(t0 * 1000) + i) for i in range(n)]
+        datas = [r.serialize() for r in rs]
+        opened = [r.open() for r in rs]
+        a = time.perf_counter()
+        if mode == "receive_datagram":
+            for d in datas:
+                c.receive_datagram(d, SERVER.key_id, t0 + 1)
+        else:
+            for r, o in zip(rs, opened):
+                c.receive_authenticated(r, o, SERVER.key_id, t0 + 1)
+        out[mode] = (time.perf_counter() - a) / n * 1e6
+        assert c.stats["receipts"] == n
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=2000, help="sequential round trips per size and mode")
     ap.add_argument("--seconds", type=float, default=3.0, help="duration of the max-rate phase per size and mode")
     ap.add_argument("--window", type=int, default=32, help="requests outstanding in the max-rate phase")
     ap.add_argument("--sizes", default="200,16384", help="payload sizes in bytes, comma separated")
+    ap.add_argument("--receipts-only", action="store_true",
+                    help="print only the receipt CPU figures (delivery.py, RempClient), no sockets")
     args = ap.parse_args()
+    if args.receipts_only:
+        receipt_figures()
+        return
     print(f"request/response on 127.0.0.1, {os.cpu_count()} CPUs; latency over {args.requests} sequential "
           f"round trips, rate with {args.window} outstanding for {args.seconds:.0f} s")
     print(f"{'size':>6} {'mode':<5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'rt/s':>9} {'lost':>5}")
@@ -279,12 +314,21 @@ def main() -> None:
               f"rate x{ours['rate'] / raw['rate']:.2f}; p50 added {added:.3f} ms "
               f"(target < 0.100 ms for a one-datagram payload: {verdict})")
 
+    receipt_figures()
 
+
+def receipt_figures() -> None:
     d = delivery_cost()
     print(f"receipt delivery CPU (delivery.py, {d['receipts']} receipts at 3,000/s to one full node): "
           f"{d['receipts'] / d['packets']:.1f} receipts per signed packet, sender {d['send_us']:.1f} us/receipt, "
           f"receiver {d['recv_us']:.1f} us/receipt (packet ed25519 verify + parse + order + ack); "
-          f"one receipt's own ed25519 verify (what RempClient adds per receipt) {d['verify_us']:.1f} us")
+          f"one receipt's own ed25519 verify {d['verify_us']:.1f} us")
+    c = client_cost()
+    saved = c["receive_datagram"] - c["receive_authenticated"]
+    print(f"RempClient CPU per receipt: receive_datagram (own ed25519 verify) {c['receive_datagram']:.1f} us, "
+          f"receive_authenticated (packet-authenticated, the daemon's path) {c['receive_authenticated']:.1f} us: "
+          f"saved {saved:.1f} us/receipt (x{c['receive_datagram'] / c['receive_authenticated']:.2f}; "
+          f"target: no second verify, saving ~ one verify = {d['verify_us']:.1f} us)")
 
 
 if __name__ == "__main__":

@@ -166,6 +166,7 @@ class _Tracked:
     seen: set[bytes] = field(default_factory=set)                 # sha256 of signed receipts
     datagrams: int = 0
     reported_sent: int = 0
+    early: bool = False            # its one early wave (silent_after) is used up
 
 
 class RempClient:
@@ -181,12 +182,21 @@ class RempClient:
     wall_clock: now -> Unix seconds (receipt timestamps in ms, valid_until checks).
     extra_keys: () -> more validator public keys whose receipts are accepted (e.g. the
         previous session's group, which also serves the RMQ).
+    silent_after: seconds (0.5; None: off). A validator the client sent a message to more
+        than this long ago and has heard nothing from since is "silent" (crashed, cut off,
+        overloaded): a wave picks the next validator of the message's order that is not
+        silent, when there is one (a killed validator otherwise took every message whose
+        order started with it, and each waited a whole resend interval for its first
+        receipt). Hearing any receipt from it ends its silence. A message not answered yet
+        whose validators all fell silent, while some validator answered within the resend
+        interval, gets one early wave (to the next non-silent one) instead of waiting.
     """
 
     def __init__(self, key: NodeKey, states: Any, groups: GroupsFn, *,
                  resend_interval: float = RESEND_INTERVAL, lifetime: float = MESSAGE_LIFETIME,
                  wall_clock: Callable[[float], float] = lambda now: now,
-                 extra_keys: Callable[[], Iterable[bytes]] = lambda: ()):
+                 extra_keys: Callable[[], Iterable[bytes]] = lambda: (),
+                 silent_after: float | None = 0.5):
         if resend_interval <= 0 or lifetime <= 0:
             raise ClientError("resend_interval and lifetime must be > 0")
         self.key = key
@@ -196,6 +206,9 @@ class RempClient:
         self.lifetime = lifetime
         self.wall_clock = wall_clock
         self.extra_keys = extra_keys
+        self.silent_after = silent_after
+        self._unheard_since: dict[bytes, float] = {}   # key id -> first send not answered yet
+        self._heard_at = -1e18                          # last receipt from any validator
         self._tracked: dict[bytes, _Tracked] = {}
         self._finished: dict[bytes, float] = {}
         self._late: dict[bytes, tuple[float, dict, set, int]] = {}   # id -> (until, keys, seen, shard)
@@ -203,10 +216,13 @@ class RempClient:
         self._events: deque[RempClientEvent] = deque()
         #: Counters: "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts",
         #: "receipts_dropped" (unknown/finished message or duplicate), "finalized",
-        #: "rejected", "timeout".
+        #: "rejected", "timeout", "late_receipts", "receipts_preverified" (accepted through
+        #: receive_authenticated without a second ed25519 verify), "silent_skipped" (a wave
+        #: passed over a silent validator), "early_waves" (a message whose validators all
+        #: fell silent while others answered went to the next one before its resend interval).
         self.stats: dict[str, int] = {k: 0 for k in (
             "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts", "receipts_dropped",
-            "finalized", "rejected", "timeout", "late_receipts")}
+            "finalized", "rejected", "timeout", "late_receipts", "receipts_preverified", "silent_skipped", "early_waves")}
 
     # -- public API ---------------------------------------------------------------------
 
@@ -249,21 +265,41 @@ class RempClient:
         dg = decode_datagram(data)
         if isinstance(dg, RempMessageDatagram):
             raise ReceiptError("malformed", "a full node does not accept tonNode.rempMessage datagrams")
-        receipt = dg.open()
+        self._receipt(dg, dg.open(), now, False)
+
+    def receive_authenticated(self, signed: SignedReceipt, receipt: Receipt, source: bytes, now: float) -> None:
+        """Feed one receipt whose bytes the caller already authenticated as validator
+        `source`'s (32-byte key id): delivery.ReceiptReceiver checked the packet's ed25519
+        signature against that validator's key and that receipt.source_id is the packet's
+        source. The receipt's own signature is then not verified again (one ed25519 verify,
+        ~80-95 us, saved per receipt); it is kept unchanged in the ReceiptEvent, so a
+        subscriber can still verify each status alone. receipt: signed.open(). Raises
+        ClientError when receipt.source_id is not `source` (not a remote error: the caller
+        vouched for it)."""
+        if receipt.source_id != source:
+            raise ClientError("receive_authenticated: receipt source_id is not the authenticated source")
+        self._receipt(signed, receipt, now, True)
+
+    def _receipt(self, dg: SignedReceipt, receipt: Receipt, now: float, authenticated: bool) -> None:
         t = self._tracked.get(receipt.message_id)
         if t is None:
-            self._late_receipt(dg, receipt, now)
+            self._late_receipt(dg, receipt, now, authenticated)
             return
         digest = hashlib.sha256(dg.serialize()).digest()
         if digest in t.seen:
             self.stats["receipts_dropped"] += 1
             return
-        current, nxt = self.groups(t.shard, now)  # members may answer via the RMQ
-        keys = list(t.keys.values()) + list(current) + list(nxt) + list(self.extra_keys())
-        dg.verify(keys)  # raises ReceiptError unknown_source / bad_signature
+        if authenticated:
+            self.stats["receipts_preverified"] += 1
+        else:
+            current, nxt = self.groups(t.shard, now)  # members may answer via the RMQ
+            keys = list(t.keys.values()) + list(current) + list(nxt) + list(self.extra_keys())
+            dg.verify(keys)  # raises ReceiptError unknown_source / bad_signature
         t.seen.add(digest)
         self.stats["receipts"] += 1
         src = receipt.source_id
+        self._unheard_since.pop(src, None)
+        self._heard_at = now
         t.answered.add(src)
         self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", t.shard))
         kind = kind_of(receipt.status)
@@ -299,7 +335,7 @@ class RempClient:
                 self._finish(t, "rejected", decisive, reasons, now)
         self._tick(now)
 
-    def _late_receipt(self, dg: SignedReceipt, receipt: Receipt, now: float) -> None:
+    def _late_receipt(self, dg: SignedReceipt, receipt: Receipt, now: float, authenticated: bool = False) -> None:
         late = self._late.get(receipt.message_id)
         if late is None or late[0] < now:
             self.stats["receipts_dropped"] += 1
@@ -309,9 +345,11 @@ class RempClient:
         if digest in seen:
             self.stats["receipts_dropped"] += 1
             return
-        current, nxt = self.groups(shard, now)
-        dg.verify(list(keys.values()) + list(current) + list(nxt) + list(self.extra_keys()))
+        if not authenticated:
+            current, nxt = self.groups(shard, now)
+            dg.verify(list(keys.values()) + list(current) + list(nxt) + list(self.extra_keys()))
         seen.add(digest)
+        self._unheard_since.pop(receipt.source_id, None)
         self.stats["late_receipts"] += 1
         self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", shard, late=True))
 
@@ -324,6 +362,7 @@ class RempClient:
     def get_timer(self) -> float | None:
         """Earliest deadline (seconds, caller's clock) at which handle_timer must run."""
         times = [min(t.next_send, t.deadline) for t in self._tracked.values()]
+        times += [e for t in self._tracked.values() if (e := self._silent_at(t)) is not None]
         if self._finished:
             times.append(min(self._finished.values()))
         return min(times) if times else None
@@ -372,6 +411,7 @@ class RempClient:
         data = encode_remp_message(t.msg.boc, t.msg.id, self._ms(now), self.key)
         self._out.append((kid, data))
         t.sent[kid] = now
+        self._unheard_since.setdefault(kid, now)
         self._events.append(MessageSent(t.msg.id, kid, t.shard, len(data), len(t.sent)))
         t.datagrams += 1
         self.stats["datagrams_sent"] += 1
@@ -390,6 +430,11 @@ class RempClient:
             order = ids[start:] + ids[:start]
             fresh = [k for k in order if k not in t.sent]
             if fresh:
+                if self.silent_after is not None:
+                    awake = [k for k in fresh if now - self._unheard_since.get(k, now) <= self.silent_after]
+                    if awake and awake[0] != fresh[0]:
+                        self.stats["silent_skipped"] += 1
+                    fresh = awake or fresh
                 self._send(t, fresh[0], now)
             else:  # everyone was tried: the datagrams or answers may have been lost
                 for k in order:
@@ -401,6 +446,17 @@ class RempClient:
             signed = self._own_receipt(t.msg.id, SentToValidators(reached, len(total)), now)
             self._events.append(ReceiptEvent(t.msg.id, signed.open(), signed.signature, "fullnode", t.shard))
 
+    def _silent_at(self, t: _Tracked) -> float | None:
+        """When every validator an unanswered message went to is silent (silent_after), if
+        its early wave is not used up and some validator answered within the resend
+        interval before that moment; else None."""
+        if self.silent_after is None or t.early or t.answered or not t.sent:
+            return None
+        if any(k not in self._unheard_since for k in t.sent):
+            return None
+        at = max(self._unheard_since[k] for k in t.sent) + self.silent_after + 1e-6
+        return at if at - self._heard_at <= self.resend_interval else None
+
     def _tick(self, now: float) -> None:
         for t in list(self._tracked.values()):
             if now >= t.deadline:
@@ -409,6 +465,12 @@ class RempClient:
                 self._finish(t, "timeout", "Timeout", f"no final status within {self.lifetime:g} s", now)
                 continue
             if now >= t.next_send:
+                self._wave(t, now)
+                t.next_send = now + self.resend_interval
+            elif (e := self._silent_at(t)) is not None and now >= e:
+                # every validator it went to fell silent while others answer: one early wave
+                t.early = True
+                self.stats["early_waves"] += 1
                 self._wave(t, now)
                 t.next_send = now + self.resend_interval
         for mid, until in list(self._finished.items()):

@@ -35,9 +35,9 @@ Full-node side: `ReceiptReceiver`
     source produced them; packets_to_send(now) -> acks; get_timer() / handle_timer(now).
   Checks: the packet signature against the validator's key (by its key id), `dst` is this
   full node, every inner receipt parses and names the packet's source as source_id (each
-  inner ed25519 signature is kept as is; client.RempClient.receive_datagram verifies each
-  one again when the daemon feeds it `signed.serialize()`; pass verify_receipts=True to do
-  it here too). Ordering: packets are released in seqno order per (source, stream);
+  inner ed25519 signature is kept as is, so each status still verifies alone; the daemon
+  hands them to client.RempClient.receive_authenticated, which does not verify them again:
+  the packet signature already covers them; pass verify_receipts=True to verify each here). Ordering: packets are released in seqno order per (source, stream);
   a later packet waits in a bounded buffer for the missing one, or until the sender's
   `base` says the missing one was abandoned. Duplicates (resent packets, duplicated
   datagrams, the same receipt in two packets) are dropped and acknowledged again.

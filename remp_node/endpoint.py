@@ -86,12 +86,13 @@ class AuthEndpoint:
 
 async def open_endpoint(key, peers: dict[bytes, tuple[bytes, tuple[str, int]]], bind: tuple[str, int],
                         on_payload: Callable[[bytes, bytes, float], None], faults: Faults | None = None,
-                        on_drop: Callable | None = None):
+                        on_drop: Callable | None = None, epoch: int | None = None):
     """Bind A's authenticated UDP endpoint for node `key` (NodeKey) talking to `peers`
-    (module doc). on_drop(transport.DatagramDropped) for every dropped datagram."""
+    (module doc). on_drop(transport.DatagramDropped) for every dropped datagram. epoch: this
+    run's transport epoch (must grow across restarts; default: the current time in us)."""
     from .transport import TransportCore
     from .udp import Faults as UdpFaults, UdpEndpoint
-    core = TransportCore(key, {pk: (addr[0], int(addr[1])) for pk, addr in peers.values()})
+    core = TransportCore(key, {pk: (addr[0], int(addr[1])) for pk, addr in peers.values()}, epoch=epoch)
     uf = None
     if faults is not None:
         uf = UdpFaults(loss=faults.loss, duplicate=faults.duplicate, reorder=faults.reorder,

@@ -160,6 +160,7 @@ class _Daemon:
         self.m_bytes = PCounter("remp_datagram_bytes", "datagram payload bytes by direction and channel",
                                 ["direction", "channel"], registry=self.registry)
         self.stopping = False
+        self.epoch: int | None = None      # this run's transport epoch (the role's store sets it)
         self.peers = {n.key_id: (n.public_key, parse_hostport(n.address)) for n in self.net.nodes
                       if n.key_id != self.key.key_id}
 
@@ -184,7 +185,8 @@ class _Daemon:
         self.loop = asyncio.get_running_loop()
         self.offset = time.time() - self.loop.time()
         bind = parse_hostport(self.args.listen or self.entry.address)
-        self.endpoint = await open_endpoint(self.key, self.peers, bind, self._on_payload, self.faults)
+        self.endpoint = await open_endpoint(self.key, self.peers, bind, self._on_payload, self.faults,
+                                            epoch=self.epoch)
         add_status_routes(http_app, self.registry, self.health)
         self.runner = web.AppRunner(http_app, access_log=None)
         await self.runner.setup()
@@ -257,6 +259,9 @@ class ValidatorDaemon(_Daemon):
         from .catchain import Catchain
         from .store import ValidatorStore
         self.store = ValidatorStore(args.data_dir)
+        # transport epoch = delivery stream: max(previous + 1, now) from the data dir, so a
+        # clock set back cannot make peers refuse this run as stale
+        self.epoch = self.store.run_epoch(time.time_ns() // 1000)
         journal = self.store.load()
         self.restored_blocks = len(journal.master_commits)
         tm = self.net.timing
@@ -272,7 +277,12 @@ class ValidatorDaemon(_Daemon):
         # every receipt for a full node goes through delivery.ReceiptSender: batched <= 100 ms,
         # one packet signature, resent until acknowledged or obsolete (issue 8 item 5)
         self.fullnode_ids = {n.key_id for n in self.net.fullnodes()}
-        self.sender = ReceiptSender(self.key)
+        # journal=True: the outbox goes to the store with the validator journal (fsynced before
+        # the packets leave) and what no full node acknowledged is sent again after a restart
+        self.sender = ReceiptSender(self.key, journal=True, stream=self.epoch)
+        outbox = self.store.outbox()
+        self.sender.restore(outbox, time.time())
+        self.restored_receipts = len(outbox)
         self.log = EventLog(SERVICE_VALIDATOR, self.node_id, [REMP_EVENTS], sink=args.log, min_level=args.log_level)
         self.mlog = EventLog(SERVICE_MASTERCHAIN, self.node_id, [REMP_EVENTS],
                              sink=_sibling_log(args.log, "masterchain"),
@@ -296,6 +306,7 @@ class ValidatorDaemon(_Daemon):
                         for (_, n), s in c.shard_sessions.items()}
         return {"ok": not self.stopping, "role": "validator", "label": self.label, "session": c.session,
                 "master_height": c.master.height if c.master else 0, "restored_master_blocks": self.restored_blocks,
+                "restored_receipts": self.restored_receipts, "epoch": self.epoch,
                 "master_signed_height": c.master.signed_height if c.master else 0,
                 "master_muted_through": c.master.muted_through if c.master else 0,
                 "shard_signed_heights": shard_signed,
@@ -329,7 +340,7 @@ class ValidatorDaemon(_Daemon):
         if t is not None and t <= now:
             self.sender.handle_timer(now)
         out += self.sender.packets_to_send(now)
-        entries = c.journal_updates()
+        entries = c.journal_updates() + self.sender.journal_updates()
         if entries:
             self.store.write(entries)        # fsynced before the datagrams that depend on it
             self.m_journal.inc(len(entries))
@@ -368,6 +379,8 @@ class FullnodeDaemon(_Daemon):
         from .follower import ChainFollower
         from .store import FullnodeStore
         self.store = FullnodeStore(args.data_dir)
+        self.epoch = self.store.run_epoch(time.time_ns() // 1000)
+        self.resubmitted = 0
         tm = self.net.timing
         self.follower = ChainFollower(self.key, self.net.config, self.net.zerostate(),
                                       round_timeout=min(1.0, tm["master_round_timeout"]))
@@ -393,6 +406,7 @@ class FullnodeDaemon(_Daemon):
     def health(self) -> dict:
         return {"ok": not self.stopping, "role": "fullnode", "label": self.label,
                 "followed_master_height": self.follower.master.height, "pending": len(self.client.pending()),
+                "resubmitted": self.resubmitted, "epoch": self.epoch,
                 "client": dict(self.client.stats), "follower": dict(self.follower.stats),
                 "delivery": dict(self.receiver.stats),
                 "redis": self.hub.redis_state(),
@@ -425,7 +439,9 @@ class FullnodeDaemon(_Daemon):
         while (ev := self.receiver.next_event()) is not None:
             if isinstance(ev, ReceiptDelivered):
                 try:
-                    self.client.receive_datagram(ev.signed.serialize(), ev.source, now)
+                    # the packet signature (checked by the receiver against this validator's
+                    # key) covers the receipt: no second ed25519 verify per receipt
+                    self.client.receive_authenticated(ev.signed, ev.receipt, ev.source, now)
                 except (WireError, ReceiptError, ValueError) as exc:
                     self._drop(ev.source, f"{type(exc).__name__}: {exc}", 0)
 
@@ -442,6 +458,29 @@ class FullnodeDaemon(_Daemon):
             self._flush_handle = self.loop.call_soon(self._step)
         self._drain_client()
         return mid
+
+    async def start_io(self, http_app: web.Application) -> dict:
+        info = await super().start_io(http_app)
+        self.resubmit_pending()
+        return info
+
+    def resubmit_pending(self) -> int:
+        """After a restart: hand every message the store holds without a final outcome
+        (accepted by POST /messages before a crash) to the client core again, oldest first,
+        so each still reaches a final outcome. Returns how many were resubmitted."""
+        n = 0
+        now = self.now()
+        for mid, boc in self.store.pending():
+            try:
+                self.client.submit(boc, now)
+                n += 1
+            except Exception as exc:
+                self._bug("resubmit", exc)
+        self.resubmitted = n
+        self._drain_client()
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._step)
+        return n
 
     def next_timer(self):
         ts = [t for t in (self.client.get_timer(), self.follower.get_timer(), self.receiver.get_timer())

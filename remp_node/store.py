@@ -8,7 +8,10 @@ a daemon that writes a fact and then sends a datagram depending on it never send
 ValidatorStore keeps a validator's ValidatorJournal (validator.py, "restarts"): the commit
 certificate of every accepted master block (from which the restarted core rebuilds its
 chain view, shard and masterchain states, message cache statuses and session seeds), the
-highest height it signed per consensus session, and the catchain sessions it authored.
+highest height it signed per consensus session, and the catchain sessions it authored; and
+its receipt outbox (delivery.ReceiptSender journal=True): every receipt for a full node
+from its "add" record until its "done", so a SIGKILLed validator sends again, after its
+restart, the statuses it had produced but no full node had acknowledged.
 
 FullnodeStore keeps what users were told: every message submitted (id, BOC, time) and every
 status (the seed's JSON, in arrival order) with the final outcome, so ``GET /messages/{id}``
@@ -23,6 +26,7 @@ import sqlite3
 from pathlib import Path
 from typing import Iterable
 
+from .delivery import OutboxChange
 from .validator import JournalEntry, ValidatorJournal
 
 __all__ = ["StoreError", "ValidatorStore", "FullnodeStore", "DB_NAME"]
@@ -45,6 +49,30 @@ def _open(path: Path) -> sqlite3.Connection:
         raise StoreError(f"{path}: {exc}") from None
 
 
+def _run_epoch(db: sqlite3.Connection, path: Path, now_us: int) -> int:
+    """The number naming this run of the daemon (its transport `epoch` and its receipt
+    delivery `stream`): max(previous + 1, now_us), written (fsynced) before it is used, so
+    it grows across restarts even when the clock was set back (peers refuse a lower epoch /
+    stream as stale: transport.py "Restarts", delivery.py module doc). now_us: the current
+    Unix time in microseconds. Raises StoreError."""
+    try:
+        db.execute("CREATE TABLE IF NOT EXISTS run_epoch (one INTEGER PRIMARY KEY CHECK (one = 1), "
+                   "epoch INTEGER NOT NULL)")
+        db.execute("BEGIN IMMEDIATE")
+        row = db.execute("SELECT epoch FROM run_epoch WHERE one = 1").fetchone()
+        epoch = max(int(row[0]) + 1, int(now_us)) if row else int(now_us)
+        db.execute("INSERT INTO run_epoch VALUES (1, ?) ON CONFLICT(one) DO UPDATE SET epoch = excluded.epoch",
+                   (epoch,))
+        db.execute("COMMIT")
+        return epoch
+    except sqlite3.Error as exc:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        raise StoreError(f"{path}: {exc}") from None
+
+
 class ValidatorStore:
     """ValidatorStore(data_dir). load() -> ValidatorJournal; write(entries) commits them in
     one fsynced transaction (call before sending the datagrams they precede)."""
@@ -56,6 +84,9 @@ class ValidatorStore:
             CREATE TABLE IF NOT EXISTS master_commits (seqno INTEGER PRIMARY KEY, raw BLOB NOT NULL);
             CREATE TABLE IF NOT EXISTS signed_heights (session_id BLOB PRIMARY KEY, height INTEGER NOT NULL);
             CREATE TABLE IF NOT EXISTS authored (session_id BLOB PRIMARY KEY);
+            CREATE TABLE IF NOT EXISTS outbox (n INTEGER PRIMARY KEY AUTOINCREMENT, dst BLOB NOT NULL,
+                                               digest BLOB NOT NULL, receipt BLOB NOT NULL,
+                                               session INTEGER NOT NULL, UNIQUE (dst, digest));
         """)
         self.writes = 0
 
@@ -69,15 +100,35 @@ class ValidatorStore:
             j.authored.add(bytes(sid))
         return j
 
-    def write(self, entries: Iterable[JournalEntry]) -> int:
-        """Commit entries (one transaction, fsynced). Returns how many were written."""
+    def run_epoch(self, now_us: int) -> int:
+        """This run's transport epoch / delivery stream: max(previous + 1, now_us), fsynced."""
+        return _run_epoch(self.db, self.path, now_us)
+
+    def outbox(self) -> list[tuple[bytes, bytes, int]]:
+        """The receipt outbox (delivery.ReceiptSender journal=True): (full node key id,
+        receipt bytes, session) still without "done", in the order they were added; what
+        ReceiptSender.restore(entries, now) takes after a restart."""
+        return [(bytes(d), bytes(r), int(s)) for d, r, s in
+                self.db.execute("SELECT dst, receipt, session FROM outbox ORDER BY n")]
+
+    def write(self, entries: Iterable[JournalEntry | OutboxChange]) -> int:
+        """Commit entries (one transaction, fsynced; call before sending the datagrams they
+        precede). JournalEntry: the validator journal; OutboxChange (delivery.py): "add"
+        inserts the receipt keyed by (dst, digest) in order, "done" deletes it. Returns how
+        many were written."""
         entries = list(entries)
         if not entries:
             return 0
         try:
             self.db.execute("BEGIN")
             for e in entries:
-                if e.kind == "master_commit":
+                if isinstance(e, OutboxChange):
+                    if e.kind == "add":
+                        self.db.execute("INSERT OR IGNORE INTO outbox (dst, digest, receipt, session) "
+                                        "VALUES (?, ?, ?, ?)", (e.dst, e.digest, e.receipt, int(e.session)))
+                    else:
+                        self.db.execute("DELETE FROM outbox WHERE dst = ? AND digest = ?", (e.dst, e.digest))
+                elif e.kind == "master_commit":
                     self.db.execute("INSERT OR IGNORE INTO master_commits VALUES (?, ?)", (int(e.key), e.value))
                 elif e.kind == "signed_height":
                     self.db.execute("INSERT INTO signed_heights VALUES (?, ?) ON CONFLICT(session_id) DO UPDATE "
@@ -111,6 +162,10 @@ class FullnodeStore:
                                                  json TEXT NOT NULL);
             CREATE INDEX IF NOT EXISTS statuses_id ON statuses (id, n);
         """)
+
+    def run_epoch(self, now_us: int) -> int:
+        """This run's transport epoch: max(previous + 1, now_us), fsynced."""
+        return _run_epoch(self.db, self.path, now_us)
 
     def add_message(self, mid: bytes, boc: bytes, submitted: float) -> None:
         self.db.execute("INSERT OR IGNORE INTO messages (id, boc, submitted) VALUES (?, ?, ?)", (mid, boc, submitted))

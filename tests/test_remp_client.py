@@ -349,3 +349,91 @@ def test_newer_receipt_still_reopens_and_stale_final_does_not_end():
     deliver(Rejected(Level.COLLATOR, SHARD_BLOCK, "new"), T0 + 1.7, T0 + 1.7)
     (final,) = net.finals()
     assert (final.outcome, final.reason) == ("rejected", "new")
+
+
+def test_authenticated_receipts_skip_the_second_verify_and_keep_their_signature(monkeypatch):
+    """receive_authenticated (receipts out of delivery.ReceiptReceiver, whose packet signature
+    covers them): no ed25519 verify per receipt, the same events as receive_datagram, each
+    status still verifiable alone; a receipt whose source_id is not the vouched source is a
+    local error."""
+    import remp_node.receipts as rmod
+    from remp_node.client import ClientError
+    c = client()
+    mid = c.submit(wallet_msg(), T0)
+    v = G1[0]
+    calls = []
+    real = rmod._verify_with
+    monkeypatch.setattr(rmod, "_verify_with", lambda *a: calls.append(1) or real(*a))
+    sr = make_signed_receipt(v, mid, Rejected(Level.SHARDCHAIN, SHARD_BLOCK, "no funds"), int(T0 * 1000) + 5)
+    c.receive_authenticated(sr, sr.open(), v.key_id, T0 + 1)
+    assert calls == [] and c.stats["receipts_preverified"] == 1
+    evs = []
+    while (ev := c.next_event()) is not None:
+        evs.append(ev)
+    got = [e for e in evs if isinstance(e, ReceiptEvent) and e.origin == "validator"]
+    assert len(got) == 1 and got[0].signature == sr.signature
+    assert verify_receipt_json(got[0].to_json(), [v.public]).message_id == mid     # verifies alone
+    assert [e.outcome for e in evs if isinstance(e, FinalStatus)] == ["rejected"]
+    other = make_signed_receipt(G1[1], mid, New(), int(T0 * 1000) + 6)
+    with pytest.raises(ClientError):
+        c.receive_authenticated(other, other.open(), v.key_id, T0 + 2)
+    # the datagram path still verifies (and refuses a forged one)
+    forged = SignedReceipt(other.receipt, b"\x00" * 64)
+    c2 = client()
+    c2.submit(wallet_msg(), T0)
+    with pytest.raises(ReceiptError):
+        c2.receive_datagram(forged.serialize(), G1[1].key_id, T0 + 1)
+
+
+def test_a_silent_validator_is_passed_over_by_new_messages():
+    """Validators that were sent a message and said nothing for more than silent_after (0.5 s)
+    are not a new message's first choice while others are; hearing from one ends it."""
+    from remp_node.client import MessageSent
+    silent = {v.key_id for v in G1[:3]}
+    c = client()
+    net = Net(c, answer=lambda v, mid: [] if v.key_id in silent else [New()])
+
+    def firsts(batch):
+        out = {}
+        for e in net.events:
+            if isinstance(e, MessageSent) and e.message_id in batch and e.message_id not in out:
+                out[e.message_id] = e.peer
+        return out
+    b1 = {c.submit(wallet_msg(nonce=100 + i), T0) for i in range(30)}
+    net.step(T0)
+    hit = {p for p in firsts(b1).values() if p in silent}
+    assert hit                                          # before: some went to the silent ones
+    b2 = {c.submit(wallet_msg(nonce=200 + i), T0 + 1.5) for i in range(30)}
+    net.step(T0 + 1.5)
+    f2 = firsts(b2)
+    assert len(f2) == 30 and not [p for p in f2.values() if p in hit]
+    assert c.stats["silent_skipped"] > 0
+    # one of them answers again: it is a first choice again
+    back = sorted(hit)[0]
+    v = BY_ID[back]
+    net.send_receipt(v, next(iter(b1)), New(), T0 + 1.6)
+    b3 = {c.submit(wallet_msg(nonce=300 + i), T0 + 1.7) for i in range(30)}
+    net.step(T0 + 1.7)
+    assert back in set(firsts(b3).values())
+
+
+def test_a_message_stuck_at_a_silent_validator_gets_one_early_wave():
+    """A message whose validator fell silent (0.5 s) while others answer goes to the next
+    one at once, not after the 2 s resend interval; with nobody answering the interval holds
+    (test_no_answers_reaches_everyone_then_resends)."""
+    from remp_node.client import MessageSent
+    silent = {v.key_id for v in G1[:3]}
+    c = client()
+    net = Net(c, answer=lambda v, mid: [] if v.key_id in silent else [New()])
+    ids = [c.submit(wallet_msg(nonce=400 + i), T0) for i in range(30)]
+    net.run(T0 + 1.0, dt=0.1)
+    sent = {}
+    for e in net.events:
+        if isinstance(e, MessageSent):
+            sent.setdefault(e.message_id, []).append(e.peer)
+    stuck = [m for m in ids if sent[m][0] in silent]
+    assert stuck and c.stats["early_waves"] >= len(stuck)
+    assert all(len(sent[m]) >= 2 and sent[m][1] not in silent for m in stuck)
+    assert all(m in sent and any(
+        isinstance(e, ReceiptEvent) and e.message_id == m and e.origin == "validator" for e in net.events)
+        for m in ids)                                   # every one answered within 1 s

@@ -95,3 +95,22 @@ def test_remp_node_init_writes_a_network(tmp_path):
     r = subprocess.run([sys.executable, "-m", "remp_node.daemon", "init", "--dir", str(tmp_path / "x"),
                         "--shards", "3"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "power of two" in r.stderr
+
+
+def test_validator_outbox_add_done_in_order(tmp_path):
+    """The receipt outbox (OutboxChange records): adds kept in order, done deletes by
+    (dst, digest), a repeated add is one entry; what is left is reloaded by a new store."""
+    import hashlib
+
+    from remp_node.delivery import OutboxChange
+    from remp_node.store import ValidatorStore
+    dst = b"\x01" * 32
+    rs = [bytes([i]) * 40 for i in range(5)]
+    st = ValidatorStore(tmp_path)
+    st.write([OutboxChange("add", dst, hashlib.sha256(r).digest(), r, 3) for r in rs])
+    st.write([OutboxChange("add", dst, hashlib.sha256(rs[0]).digest(), rs[0], 3),
+              OutboxChange("done", dst, hashlib.sha256(rs[1]).digest())])
+    st.close()
+    st = ValidatorStore(tmp_path)
+    assert st.outbox() == [(dst, r, 3) for r in (rs[0], rs[2], rs[3], rs[4])]
+    st.close()

@@ -50,5 +50,7 @@ def test_fragmented_master_blocks_keep_committing_under_part_loss(shared_data):
     assert sim.net.stats.lost > 0 and sim.net.stats.duplicated > 0 and sim.net.stats.reordered > 0
     outcomes = {m.hex(): [f.outcome for f in sim.finals.get(m, [])] for m in mids}
     assert {m: o for m, o in outcomes.items() if o != ["finalized"]} == {}
-    # committed by at most one master block (seen by the first validator) each
-    assert [m.hex() for m in mids if len(sim.committed[m]) > 1] == []
+    # every message committed by exactly one master block (as the first validator sees the
+    # masterchain; a few simulated seconds for it to accept the last one the full node saw)
+    sim.run(5.0)
+    assert [m.hex() for m in mids if len(sim.committed[m]) != 1] == []

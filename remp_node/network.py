@@ -42,12 +42,16 @@ class SimNetwork:
     """send(src, dst, data, now) queues a datagram; deliver_due(now) pops the ones due.
 
     SimNetwork(seed=0, loss=0.0, duplicate=0.0, reorder=0.0, latency=0.005, jitter=0.005,
-    reorder_delay=0.05, classify=None). `classify(data) -> str` names a datagram's kind for
-    `stats.by_kind` (counted at send time, before faults)."""
+    reorder_delay=0.05, classify=None, part_payload=0). `classify(data) -> str` names a datagram's kind for
+    `stats.by_kind` (counted at send time, before faults). part_payload (bytes, 0 = off): model
+    the UDP transport's fragmentation (transport.py: 1,154 payload bytes per part, a payload is
+    delivered only if ALL its parts arrive in one send, parts are never retransmitted): a
+    datagram of n = ceil(len / part_payload) parts is lost with probability 1 - (1 - loss) ** n."""
 
     def __init__(self, seed: int = 0, *, loss: float = 0.0, duplicate: float = 0.0,
                  reorder: float = 0.0, latency: float = 0.005, jitter: float = 0.005,
-                 reorder_delay: float = 0.05, classify: Callable[[bytes], str] | None = None):
+                 reorder_delay: float = 0.05, classify: Callable[[bytes], str] | None = None,
+                 part_payload: int = 0):
         for name, p in (("loss", loss), ("duplicate", duplicate), ("reorder", reorder)):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} probability {p} not in [0, 1]")
@@ -55,6 +59,7 @@ class SimNetwork:
         self.loss, self.duplicate, self.reorder = loss, duplicate, reorder
         self.latency, self.jitter, self.reorder_delay = latency, jitter, reorder_delay
         self.classify = classify
+        self.part_payload = int(part_payload)
         self.crashed: set[bytes] = set()
         self.drop_filter: Callable[[bytes, bytes, bytes, float], bool] | None = None
         self.stats = NetworkStats()
@@ -85,9 +90,11 @@ class SimNetwork:
         if self.drop_filter is not None and self.drop_filter(src, dst, data, now):
             st.filtered += 1
             return
-        if self.loss and self.rng.random() < self.loss:
-            st.lost += 1
-            return
+        if self.loss:
+            parts = -(-len(data) // self.part_payload) if self.part_payload > 0 else 1
+            if any(self.rng.random() < self.loss for _ in range(max(1, parts))):
+                st.lost += 1
+                return
         self._push(now + self._delay(), src, dst, data)
         if self.duplicate and self.rng.random() < self.duplicate:
             st.duplicated += 1

@@ -62,7 +62,9 @@ class SimConfig:
     mc_catchain_lifetime, block_interval: zerostate config; latency + uniform(0, jitter):
     datagram delay (jitter 0 keeps every link FIFO); loss/duplicate/reorder: per-datagram
     probabilities; seed: randomness of keys and network; journal: keep each validator's
-    ValidatorJournal in memory (journal_updates after every flush) so restart(i) works."""
+    ValidatorJournal in memory (journal_updates after every flush) so restart(i) works.
+    part_payload: bytes per transport part (0 = whole datagrams; 1,154 = transport.py's
+    fragmentation, where loss applies to every part: network.SimNetwork)."""
 
     validators: int = 14
     shard_count: int = 2
@@ -85,6 +87,7 @@ class SimConfig:
     tick: float = 0.005
     catchain_factory: Callable | None = None
     journal: bool = False
+    part_payload: int = 0
 
 
 class Simulation:
@@ -117,7 +120,8 @@ class Simulation:
         self.zerostate: ZeroState = build_zero_state(0, cfg.shard_count, wallets, open_accounts,
                                                      masterchain_wallets=masterchain_wallets)
         self.net = SimNetwork(cfg.seed, loss=cfg.loss, duplicate=cfg.duplicate, reorder=cfg.reorder,
-                              latency=cfg.latency, jitter=cfg.jitter, classify=classify_datagram)
+                              latency=cfg.latency, jitter=cfg.jitter, classify=classify_datagram,
+                              part_payload=cfg.part_payload)
         self.fullnode_key = NodeKey.from_seed(hashlib.sha256(f"remp-sim-fullnode:{cfg.seed}".encode()).digest())
         self.journals: dict[int, ValidatorJournal] = {i: ValidatorJournal() for i in range(cfg.validators)}
         self.validators = [self._make_validator(k) for k in self.keys]

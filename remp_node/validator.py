@@ -94,6 +94,11 @@ MAX_BLOCK_MESSAGES = 64
 #: 41%, 14 parts 4% per attempt). 4 KiB keeps a shard proposal at <= 4 parts of 1,232 bytes;
 #: one message larger than it still goes alone.
 MAX_BLOCK_BYTES = 4 * 1024
+#: most shard commit bytes (consensus.Commit datagrams, each carrying its shard candidate)
+#: one master block carries; the rest go in the next master blocks (oldest first, shards in
+#: turn). Same reason as MAX_BLOCK_BYTES: 4 KiB keeps a master proposal at <= 5 parts
+#: when its shard blocks are small; one bigger commit still goes alone.
+MAX_MASTER_COMMIT_BYTES = 4 * 1024
 #: client messages buffered while no RMQ of their shard exists on this node
 MAX_EARLY = 4096
 
@@ -1008,15 +1013,28 @@ class ValidatorCore:
         tag = max(master_session_at(self.cfg, now), self.master_tag)
         if self.groups(tag) is None:
             return None
-        commits = []
-        for shard in self.cfg.shards:
-            top = self.tops[shard]
-            while True:
+        # the shard commits that extend the committed tops, taken one per shard in turn while
+        # they fit MAX_MASTER_COMMIT_BYTES (the first one always goes): the master candidate
+        # travels in every proposal and commit, so a backlog carried whole (36 KB, 32 parts)
+        # would almost never arrive under loss and the masterchain would stall until the
+        # session switch orphaned the shard blocks (messages ended Timeout)
+        commits: list[bytes] = []
+        size = 0
+        tops = dict(self.tops)
+        open_shards = list(self.cfg.shards)
+        while open_shards:
+            for shard in list(open_shards):
+                top = tops[shard]
                 sc = self._known_commits[shard].get(top.seqno + 1)
                 if sc is None or sc.prev != top or not max(self.master_tag, 0) <= sc.payload.session <= tag:
+                    open_shards.remove(shard)
+                    continue
+                if commits and size + len(sc.raw) > MAX_MASTER_COMMIT_BYTES:
+                    open_shards = []
                     break
                 commits.append(sc.raw)
-                top = sc.block_id
+                size += len(sc.raw)
+                tops[shard] = sc.block_id
         gen_ms = int(round(self.wall_clock(now) * 1000))
         msgs = self._collate_mc_messages(gen_ms)
         if not commits and not msgs and tag == self.master_tag:

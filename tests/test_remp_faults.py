@@ -89,6 +89,12 @@ async def test_statuses_survive_loss_duplication_and_reordering(tmp_path, redis_
                 text = await r.text()
             lost = [x for x in text.splitlines() if x.startswith('remp_transport{name="fault_lost"}')]
             assert lost and float(lost[0].split()[-1]) > 0
-            assert m["delivery"]["resends"] > 0
+            # receipt resends: summed over every validator (one validator's receipts may all
+            # have been acked on the first try in a short run)
+            resends = 0
+            for label in ln.validators():
+                st, h = await get(s, ln.http(label) + "/health")
+                resends += h["delivery"]["resends"]
+            assert resends > 0
     finally:
         await ln.stop()

@@ -280,8 +280,30 @@ class MarlinSegment(Segment):
                 self.refused.append(f"{self.corrupted.name}: {exc}")
             await wait_for(lambda: self._disputes() >= len(consumers),
                            max(5.0, loop_deadline - time.monotonic()), 0.25)
+        # the producers re-send a chunk whose acknowledgement is missing (ack_timeout, up to
+        # max_send_attempts, e.g. to the member killed by the plan); count only once no chunk
+        # waits for an acknowledgement, else the report (which reads every chunk_sent line up
+        # to shutdown) counts re-sends made after this count
+        self.state = "settling"
+        await self._settled(max(15.0, loop_deadline - time.monotonic()))
         self.state = "done"
         self._final = await self._collect()
+
+    async def _settled(self, timeout: float) -> bool:
+        """Wait until no producer has a chunk without a verified acknowledgement (its /health
+        `missing_acks` is 0), polling every 0.25 s for at most `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            missing = 0
+            for name in self.net.names("producer"):
+                try:
+                    missing += int((await self.net.health(name)).get("missing_acks", 0))
+                except Exception:       # a producer that does not answer: nothing to wait for
+                    pass
+            if missing == 0:
+                return True
+            await asyncio.sleep(0.25)
+        return False
 
     async def _restart_later(self) -> None:
         await asyncio.sleep(self.kill_duration)

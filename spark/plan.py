@@ -10,9 +10,11 @@ The launcher logs what it intends to break BEFORE it breaks it. From those event
   open until the end of the logs.
 
 A failure is PLANNED when its trace has a `demo.plan.expect`, or when it hit a planned
-fault's target inside the fault's window: the (trace, branch)'s destination (its branch) or
-any node that logged one of its steps is the target, and the request's life [start,
-deadline] overlaps the window. Everything else is unplanned; the SLA objectives judge
+fault's target inside the fault's window: the (trace, branch)'s destination (its branch),
+any node that logged one of its steps, or any node a step of the trace was sent to or came
+from (its `peer` attribute: a REMP message sent to the killed validator, a Marlin chunk sent
+to the killed member) is the target, and the request's life [start, deadline] overlaps the
+window. Everything else is unplanned; the SLA objectives judge
 unplanned traffic unless an objective says `count = "all"` (spark/report.py module doc).
 Pure Python; `planned_sql` renders the rule as SQL over a (trace, branch) row.
 """

@@ -281,13 +281,16 @@ def _step_table(spark, inputs: list[str]):
                    F.explode_outer("st").alias("s")).filter("s IS NOT NULL")
     st = st.select("trace_id", "protocol", "node", "service", "ts_us", "event_name", "attrs_v",
                    F.col("s.step").alias("step"), F.col("s.branch").alias("branch"),
-                   F.col("s.detail").alias("detail"), F.col("s.hop").alias("hop"))
+                   F.col("s.detail").alias("detail"), F.col("s.hop").alias("hop"),
+                   # the node a step was sent to or came from (attrs.peer), for the plan:
+                   # a message sent to a node the plan had killed was hit by that fault
+                   F.col("attrs_v.peer").alias("peer"))
     # one process logging the same event with the same attrs twice = a duplicate
     st = st.withColumn("fact", F.expr("hash(event_name, attrs_v)"))
     # detail and hop follow from (event, attrs): as grouping keys they keep this a hash
     # aggregation (string aggregation buffers would force a sort-based one)
     per_proc = st.groupBy("trace_id", "protocol", "step", "branch", "node", "service",
-                          "fact", "detail", "hop").agg(
+                          "fact", "detail", "hop", "peer").agg(
         F.min("ts_us").alias("ts"), F.count(F.lit(1)).alias("n"))
     per_step = per_proc.groupBy("trace_id", "protocol", "step", "branch").agg(
         # node and detail of the first occurrence; ties on ts go to the smallest node, so
@@ -297,12 +300,15 @@ def _step_table(spark, inputs: list[str]):
         # a step logged twice by one process; unattributed (`?`) steps are not counted
         # (alias steps, hop = false, are second names of a hop's event: not counted again)
         F.sum(F.expr("CASE WHEN branch = '?' OR NOT hop THEN 0 ELSE n - 1 END")).alias("dup"),
-        F.expr("min_by(detail, struct(ts, node))").alias("detail"), F.max("hop").alias("hop"))
+        F.expr("min_by(detail, struct(ts, node))").alias("detail"), F.max("hop").alias("hop"),
+        F.collect_set("peer").alias("peers"))
     # the trace's branches (sorted), for attributing root and `?` steps; per_step comes out
     # sorted by trace_id, so this window needs no further shuffle or sort
     w = Window.partitionBy("trace_id")
-    return per_step.withColumn("branches", F.array_sort(F.collect_set(
+    return (per_step.withColumn("branches", F.array_sort(F.collect_set(
         F.when(~F.col("branch").isin("", "?"), F.col("branch"))).over(w)))
+        # every peer any step of the trace named (spark/plan.py: a planned fault's target)
+        .withColumn("peers", F.array_distinct(F.flatten(F.collect_list("peers").over(w)))))
 
 
 def _corr_map(corrections: dict[str, float]):
@@ -537,7 +543,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
               F.map_from_entries(F.collect_list(F.struct(
                   "step", F.struct("ts", "node", "n", "detail")))).alias("mb"),
               F.first("branches").alias("branches"), F.min("ts").alias("t0"),
-              F.collect_set("node").alias("nodes"))
+              F.array_union(F.collect_set("node"), F.first("peers")).alias("nodes"))
           .withColumnRenamed("tbranch", "branch"))
     cols = {"sa": _by_protocol({n: _stages_array(p) for n, p in PROTOCOLS.items()})}
     for key in ("sent", "delivered", "outcome", "late", "start_us", "deadline_us", "ttl_s",

@@ -87,3 +87,37 @@ def test_trace_lookup_prints_hops(report):
     assert "v1" in text          # validator a1b2 by its plan label
     with pytest.raises(KeyError):
         trace_lookup(str(out), "no-such-trace")
+
+
+def test_a_block_sent_to_the_killed_member_is_planned(spark, tmp_path):
+    """spark/plan.py: a step's `peer` counts as touching that node. Block K1 had a chunk sent
+    to member m9 while the plan had m9 killed: planned, so the rebuild SLA does not judge it;
+    block K2, sent to m1 only, is judged."""
+    import json
+    from spark.report import run
+
+    def line(ts, service, node, event, trace, **attrs):
+        return json.dumps({"ts": f"2026-11-22T12:00:{ts:09.6f}Z", "level": "info", "service": service,
+                           "node": node, "event": event, "trace_id": trace, "attrs": attrs})
+    m1, m9, p = "0x" + "a1" * 20, "0x" + "a9" * 20, "0x" + "01" * 20
+    k1, k2 = "0000aaaa:" + p, "0000bbbb:" + p
+    (tmp_path / "demo-plan.jsonl").write_text("\n".join([
+        line(0.5, "relay-suite-demo", "launcher", "demo.plan.node", None, target="m9", peer=m9, kind="marlin-cluster"),
+        line(1.0, "relay-suite-demo", "launcher", "demo.plan.fault", None, fault="member_kill", target="m9",
+             duration_ms=3000.0),
+        line(4.0, "relay-suite-demo", "launcher", "demo.plan.recovered", None, fault="member_kill", target="m9"),
+    ]) + "\n")
+    (tmp_path / "producer.jsonl").write_text("\n".join([
+        line(2.0, "marlin-producer", p, "marlin.producer.chunk_sent", k1, chunk=0, cluster="c9", size=500, peer=m9),
+        line(2.0, "marlin-producer", p, "marlin.producer.chunk_sent", k1, chunk=1, cluster="c1", size=500, peer=m1),
+        line(10.0, "marlin-producer", p, "marlin.producer.chunk_sent", k2, chunk=0, cluster="c1", size=500, peer=m1),
+    ]) + "\n")
+    (tmp_path / "consumer.jsonl").write_text("\n".join([
+        line(4.5, "marlin-consumer", "k", "marlin.consumer.block_rebuilt", k1, count=2, size=1000, duration_ms=1.0),
+        line(10.05, "marlin-consumer", "k", "marlin.consumer.block_rebuilt", k2, count=2, size=1000, duration_ms=1.0),
+    ]) + "\n")
+    summary = run(sorted(str(x) for x in tmp_path.glob("*.jsonl")), str(tmp_path / "out"), spark=spark,
+                  strict=True)
+    sla = {s["objective"]: s for s in summary["sla"]}
+    rebuild = sla["marlin-rebuild-p99"]
+    assert rebuild["samples"] == 1 and rebuild["ok"], rebuild   # K2 only: 50 ms

@@ -89,7 +89,12 @@ async def test_validator_outbox_and_fullnode_pending_survive_sigkill(tmp_path):
             assert ok, f"missing at the full node: {sorted(produced() - delivered())[:10]}"
             async with s.get(ln.http(v) + "/health") as r:
                 h = await r.json()
-            assert h["restored_receipts"] > 0      # the outbox held receipts when it was killed
+            # not asserted: whether v1's outbox still held unacknowledged receipts at its SIGKILL
+            # depends on timing (a fresh-clone CI run saw 0, every receipt acked before the full
+            # node died); what must hold in every case is asserted above (nothing produced is
+            # missing at the full node). The restore path itself: test_remp_delivery (journal
+            # restore after a crash with receipts in flight) and test_remp_store (outbox table).
+            print("v1 restored_receipts:", h["restored_receipts"])
             async with s.get(ln.api + "/health") as r:
                 # the messages without a final outcome in its store at the SIGKILL (some may have ended)
                 assert 0 < (await r.json())["resubmitted"] <= len(ids)

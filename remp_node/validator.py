@@ -852,6 +852,20 @@ class ValidatorCore:
             return None
         gen_ms = int(round(self.wall_clock(now) * 1000))
         state = s.tip.copy()
+        msgs = self._collate_messages(q, state, s.shard, gen_ms)
+        if not msgs:
+            return None
+        payload = encode_shard_payload(ShardPayload(s.session, gen_ms, self.key.key_id, tuple(msgs)))
+        bid = cons.Candidate(self.workchain, s.shard, seqno, s.consensus.prev, self.key.key_id, payload).block_id
+        for m in msgs:
+            self._included(m, s, bid)
+        return payload
+
+    def _collate_messages(self, q, state, shard: int, gen_ms: int) -> list[BlockMessage]:
+        """The messages of the next block of `shard` (a shard or MASTERCHAIN_KEY): pending
+        messages of RMQ `q` oldest first, at most MAX_BLOCK_MESSAGES and MAX_BLOCK_BYTES of
+        bodies (the first always fits), each executed on `state` (mutated); a message already
+        refused is skipped, one whose execution fails is RejectedByCollator (final receipt)."""
         msgs: list[BlockMessage] = []
         size = 0
         for qm in q.pending(limit=4 * MAX_BLOCK_MESSAGES):
@@ -866,19 +880,13 @@ class ValidatorCore:
             if not res.ok:
                 self.stats["collator_rejects"] += 1
                 self.cache.set_status(qm.message_id, CacheStatus.REJECTED)
-                self._ann(qm.message_id, qm.origin, s.shard, qm.master_seqno)
+                self._ann(qm.message_id, qm.origin, shard, qm.master_seqno)
                 self._send_receipt(qm.message_id, Rejected(Level.COLLATOR, ZERO_BLOCK_ID, truncate_error(res.error)),
-                                   s.shard, final=True, reason=res.error)
+                                   shard, final=True, reason=res.error)
                 continue
             msgs.append(BlockMessage(qm.message_id, qm.uid, qm.origin, qm.body))
             size += len(qm.body)
-        if not msgs:
-            return None
-        payload = encode_shard_payload(ShardPayload(s.session, gen_ms, self.key.key_id, tuple(msgs)))
-        bid = cons.Candidate(self.workchain, s.shard, seqno, s.consensus.prev, self.key.key_id, payload).block_id
-        for m in msgs:
-            self._included(m, s, bid)
-        return payload
+        return msgs
 
     def _included(self, m: BlockMessage, s: _ShardSession, bid: BlockIdExt) -> None:
         e = self.cache.get(m.message_id)
@@ -1048,26 +1056,7 @@ class ValidatorCore:
         if q is None:
             return []
         state = self.mc_committed.copy()
-        msgs: list[BlockMessage] = []
-        size = 0
-        for qm in q.pending(limit=4 * MAX_BLOCK_MESSAGES):
-            if len(msgs) >= MAX_BLOCK_MESSAGES:
-                break
-            if msgs and size + len(qm.body) > MAX_BLOCK_BYTES:
-                continue        # a bigger one goes first in a later block (oldest first)
-            if self.cache.collation_refusal(qm.message_id, qm.uid) is not None:
-                continue
-            parsed = qm.parsed or self._parse(qm.body)
-            res = state.execute(parsed, gen_ms / 1000.0)
-            if not res.ok:
-                self.stats["collator_rejects"] += 1
-                self.cache.set_status(qm.message_id, CacheStatus.REJECTED)
-                self._ann(qm.message_id, qm.origin, MASTERCHAIN_KEY, qm.master_seqno)
-                self._send_receipt(qm.message_id, Rejected(Level.COLLATOR, ZERO_BLOCK_ID, truncate_error(res.error)),
-                                   MASTERCHAIN_KEY, final=True, reason=res.error)
-                continue
-            msgs.append(BlockMessage(qm.message_id, qm.uid, qm.origin, qm.body))
-            size += len(qm.body)
+        msgs = self._collate_messages(q, state, MASTERCHAIN_KEY, gen_ms)
         return msgs
 
     def _check_mc_messages(self, p: MasterPayload) -> str | None:

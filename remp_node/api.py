@@ -268,13 +268,19 @@ def add_api_routes(app: web.Application, daemon: "FullnodeDaemon") -> None:
         status, doc = hub.submit(boc)
         return web.json_response(doc, status=status)
 
+    def message_id(request: web.Request) -> bytes | web.Response:
+        """The path's message id, or the 400 response for a malformed one (counted bad_id)."""
+        try:
+            return parse_message_id(request.match_info["id"])
+        except ApiError as exc:
+            daemon.hub.m_refused.labels("bad_id").inc()
+            return web.json_response({"error": str(exc)}, status=exc.status)
+
     async def get_message(request: web.Request) -> web.Response:
         hub = daemon.hub
-        try:
-            mid = parse_message_id(request.match_info["id"])
-        except ApiError as exc:
-            hub.m_refused.labels("bad_id").inc()
-            return web.json_response({"error": str(exc)}, status=exc.status)
+        mid = message_id(request)
+        if isinstance(mid, web.Response):
+            return mid
         rs = hub.receipts(mid)
         if rs is None:
             return web.json_response({"error": f"unknown message {mid.hex()}"}, status=404)
@@ -282,11 +288,9 @@ def add_api_routes(app: web.Application, daemon: "FullnodeDaemon") -> None:
 
     async def ws_message(request: web.Request) -> web.StreamResponse:
         hub = daemon.hub
-        try:
-            mid = parse_message_id(request.match_info["id"])
-        except ApiError as exc:
-            hub.m_refused.labels("bad_id").inc()
-            return web.json_response({"error": str(exc)}, status=exc.status)
+        mid = message_id(request)
+        if isinstance(mid, web.Response):
+            return mid
         ws = web.WebSocketResponse(heartbeat=20)
         await ws.prepare(request)
         q = hub.subscribe(mid)

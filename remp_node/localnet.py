@@ -315,28 +315,29 @@ class RempSegment(_Segment):
         self._phase = "sending"
         async with aiohttp.ClientSession() as s:
             killer = asyncio.ensure_future(self._kill_restart(kill, kill_after, kill_for))
-            for label, boc in neg:
-                await pace.wait()
-                status, doc = await self._post(s, boc)
-                pace.took(status)
-                self.counts["messages"] += 1
-                if status == 400:
-                    self.counts["undecodable"] += 1       # no message id exists for it
-                elif status == 422:
-                    self.counts["rejected_by_fullnode"] += 1
-                    self.ids[doc["message_id"]] = label
-                    self.plan.expect(doc["message_id"], "rejected", "negative_boc")
-                elif "message_id" in doc:
-                    self.ids[doc["message_id"]] = label
-                    self.plan.expect(doc["message_id"], "rejected", "negative_boc")
-            race_ids = []
-            for label, boc in races:
+
+            async def send(label: str, boc: bytes) -> tuple[int, dict]:
+                """POST one BOC at the paced rate; a message id the full node gives is kept."""
                 await pace.wait()
                 status, doc = await self._post(s, boc)
                 pace.took(status)
                 self.counts["messages"] += 1
                 if "message_id" in doc:
                     self.ids[doc["message_id"]] = label
+                return status, doc
+
+            for label, boc in neg:
+                status, doc = await send(label, boc)
+                if status == 400:
+                    self.counts["undecodable"] += 1       # no message id exists for it
+                elif "message_id" in doc:
+                    if status == 422:
+                        self.counts["rejected_by_fullnode"] += 1
+                    self.plan.expect(doc["message_id"], "rejected", "negative_boc")
+            race_ids = []
+            for label, boc in races:
+                _, doc = await send(label, boc)
+                if "message_id" in doc:
                     race_ids.append(doc["message_id"])
             # one of each pair is planned to be rejected by the collator; which one is decided
             # by the collator's order (a fresh-clone demo saw the first of a pair rejected), so
@@ -345,12 +346,7 @@ class RempSegment(_Segment):
                 self.plan.expect(mid, "rejected", "collator_reject")
             self.counts["expected_rejections"] += len(race_ids) // 2
             for label, boc in good:
-                await pace.wait()
-                status, doc = await self._post(s, boc)
-                pace.took(status)
-                self.counts["messages"] += 1
-                if "message_id" in doc:
-                    self.ids[doc["message_id"]] = label
+                await send(label, boc)
             self._phase = "waiting"
             while time.monotonic() < deadline:
                 await self._poll(s)

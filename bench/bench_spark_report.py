@@ -277,7 +277,14 @@ def check(logdir: str, base: Path, partitions: int) -> int:
     t = time.time()
     duckdb_report(inputs, str(base / "check-duckdb"))
     print(f"duckdb {time.time() - t:.1f} s", flush=True)
-    spark = build_session("local[2]", shuffle_partitions=partitions)
+    from spark.report import SMALL_INPUT_MAX_BYTES, _small_input
+    # the settings the console script uses for this input (interpreted expressions for
+    # small input), so that the check covers the mode the demo runs in
+    small = _small_input(inputs, SMALL_INPUT_MAX_BYTES)
+    spark = build_session("local[2]", shuffle_partitions=None if small else partitions,
+                          small_input=small)
+    print(f"spark session: small_input={small}, shuffle partitions "
+          f"{spark.conf.get('spark.sql.shuffle.partitions')}", flush=True)
     try:
         t = time.time()
         run(inputs, str(base / "check-spark"), spark=spark)

@@ -9,7 +9,12 @@ Run (plain spark-submit; PYSPARK_PYTHON must name the venv's python, DESIGN.md s
 or the console script `relay-trace-report --out DIR [--master URL] [--sla FILE]
 [--parquet-cache DIR] [--strict] INPUT...`. INPUTs are JSON-lines event logs or Parquet
 written by spark/compact.py, local paths or any Hadoop-compatible URI. Without `--master`
-(and outside spark-submit) the master is `local[*]`.
+(and outside spark-submit) the master is `local[*]`. Small local input (the demo's logs)
+runs as a short job: C1-only JIT and the serial collector for the driver JVM when the
+report starts it (SHORT_JOB_JVM_OPTS), interpreted expressions and 2 shuffle partitions
+(SMALL_INPUT_CONF); settings given to spark-submit win. Spark actions: 4 collects (the
+first two fill the caches of the step table and the per-branch table) and 4 writes
+(docs/report-performance.md has the measurements).
 
 Python API: `run(inputs, out, master=None, sla_path=None, spark=None, strict=False,
 parquet_cache=None) -> dict` (the summary, also written as summary.json).
@@ -113,7 +118,7 @@ OUTCOME_COLUMNS = ("answered", "errored", "expired", "lost_or_stuck", "in_flight
 
 # ----------------------------------------------------------------------------- session
 
-#: SQL settings for small input (local inputs <= SHORT_JOB_MAX_BYTES, e.g. the demo's 8k
+#: SQL settings for small input (local inputs <= SMALL_INPUT_MAX_BYTES, e.g. the demo's 8k
 #: events), where compiling code costs more than running it (issue #10 item 4): no
 #: whole-stage codegen and interpreted expressions (no Janino compile per query), two
 #: shuffle partitions, file listing on the driver (no Spark job to list > 32 files)
@@ -499,10 +504,9 @@ def run(inputs: list[str], out: str, master: str | None = None, sla_path: str | 
     timings: dict[str, float] = {}
     own = spark is None
     if own:
-        small = _small_input(inputs)
-        if small:
+        if _small_input(inputs):
             short_job_jvm()
-        spark = build_session(master, small_input=small)
+        spark = build_session(master, small_input=_small_input(inputs, SMALL_INPUT_MAX_BYTES))
     timings["session_s"] = round(time.time() - t_start, 3)
     sla = load_sla(sla_path)
     objectives = sla.get("objective", [])
@@ -966,6 +970,8 @@ LOG4J2 = Path(__file__).with_name("log4j2.properties")
 # large input, where C2-compiled code and a parallel collector pay off.
 SHORT_JOB_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 SHORT_JOB_MAX_BYTES = 64 * 1024 * 1024
+#: SMALL_INPUT_CONF (interpreted expressions) only up to this: the demo's logs are ~3 MB
+SMALL_INPUT_MAX_BYTES = 16 * 1024 * 1024
 
 
 def _local_input_bytes(inputs: list[str]) -> int | None:
@@ -988,9 +994,13 @@ def _local_input_bytes(inputs: list[str]) -> int | None:
     return total
 
 
-def _small_input(inputs: list[str]) -> bool:
+def _small_input(inputs: list[str], limit: int = SHORT_JOB_MAX_BYTES) -> bool:
+    """Local inputs of at most `limit` bytes of JSON lines (a tenth of it for compacted
+    Parquet, which holds ~10x the events per byte)."""
+    from spark.schema import is_parquet
     size = _local_input_bytes(inputs) if inputs else None
-    return size is not None and size <= SHORT_JOB_MAX_BYTES
+    limit //= 10 if any(is_parquet(p) for p in inputs) else 1
+    return size is not None and size <= limit
 
 
 def short_job_jvm() -> None:
@@ -1023,8 +1033,7 @@ def quiet_jvm(level: str | None = None, inputs: list[str] | None = None) -> None
         return
     opt = (f"-Dlog4j2.level={level}" if level else
            f"-Dlog4j2.configurationFile=file:{LOG4J2}")
-    size = _local_input_bytes(inputs) if inputs else None
-    if size is not None and size <= SHORT_JOB_MAX_BYTES:
+    if inputs and _small_input(inputs):
         opt += " " + SHORT_JOB_JVM_OPTS
     os.environ["PYSPARK_SUBMIT_ARGS"] = _QUIET_ARGS["set"] = \
         f'--driver-java-options "{opt}" pyspark-shell'

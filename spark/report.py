@@ -121,8 +121,10 @@ OUTCOME_COLUMNS = ("answered", "errored", "expired", "lost_or_stuck", "in_flight
 #: SQL settings for small input (local inputs <= SMALL_INPUT_MAX_BYTES, e.g. the demo's 8k
 #: events), where compiling code costs more than running it (issue #10 item 4): no
 #: whole-stage codegen and interpreted expressions (no Janino compile per query), two
-#: shuffle partitions, file listing on the driver (no Spark job to list > 32 files)
+#: shuffle partitions and no adaptive re-planning per query stage, file listing on the
+#: driver (no Spark job to list > 32 files)
 SMALL_INPUT_CONF = {
+    "spark.sql.adaptive.enabled": "false",
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     "spark.sql.shuffle.partitions": "2",

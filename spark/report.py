@@ -11,8 +11,8 @@ or the console script `relay-trace-report --out DIR [--master URL] [--sla FILE]
 written by spark/compact.py, local paths or any Hadoop-compatible URI. Without `--master`
 (and outside spark-submit) the master is `local[*]`. Small local input (the demo's logs)
 runs as a short job: C1-only JIT and the serial collector for the driver JVM when the
-report starts it (SHORT_JOB_JVM_OPTS), interpreted expressions and 2 shuffle partitions
-(SMALL_INPUT_CONF); settings given to spark-submit win. Spark actions: 4 collects (the
+report starts it (SHORT_JOB_JVM_OPTS), interpreted expressions, 2 shuffle partitions, AQE
+off (SMALL_INPUT_CONF); settings given to spark-submit win. Spark actions: 4 collects (the
 first two fill the caches of the step table and the per-branch table) and 4 writes
 (docs/report-performance.md has the measurements).
 

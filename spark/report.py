@@ -9,7 +9,12 @@ Run (plain spark-submit; PYSPARK_PYTHON must name the venv's python, DESIGN.md s
 or the console script `relay-trace-report --out DIR [--master URL] [--sla FILE]
 [--parquet-cache DIR] [--strict] INPUT...`. INPUTs are JSON-lines event logs or Parquet
 written by spark/compact.py, local paths or any Hadoop-compatible URI. Without `--master`
-(and outside spark-submit) the master is `local[*]`.
+(and outside spark-submit) the master is `local[*]`. Small local input (the demo's logs)
+runs as a short job: C1-only JIT and the serial collector for the driver JVM when the
+report starts it (SHORT_JOB_JVM_OPTS), interpreted expressions, 2 shuffle partitions, AQE
+off (SMALL_INPUT_CONF); settings given to spark-submit win. Spark actions: 4 collects (the
+first two fill the caches of the step table and the per-branch table) and 4 writes
+(docs/report-performance.md has the measurements).
 
 Python API: `run(inputs, out, master=None, sla_path=None, spark=None, strict=False,
 parquet_cache=None) -> dict` (the summary, also written as summary.json).
@@ -113,13 +118,28 @@ OUTCOME_COLUMNS = ("answered", "errored", "expired", "lost_or_stuck", "in_flight
 
 # ----------------------------------------------------------------------------- session
 
+#: SQL settings for small input (local inputs <= SMALL_INPUT_MAX_BYTES, e.g. the demo's 8k
+#: events), where compiling code costs more than running it (issue #10 item 4): no
+#: whole-stage codegen and interpreted expressions (no Janino compile per query), two
+#: shuffle partitions and no adaptive re-planning per query stage, file listing on the
+#: driver (no Spark job to list > 32 files)
+SMALL_INPUT_CONF = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+}
+
+
 def build_session(master: str | None = None, shuffle_partitions: int | None = None,
-                  ui: bool = False):
+                  ui: bool = False, small_input: bool = False):
     """SparkSession with the settings that matter on small machines (DESIGN.md section 6):
-    UTC, AQE on, shuffle partitions 2x cores, UI and console progress off. Settings given
-    to spark-submit (`--conf`, `--master`) win over these defaults; `master` and
-    `shuffle_partitions` given here win over both. Driver memory must come from
-    spark-submit `--driver-memory` (a builder setting is too late once the JVM runs)."""
+    UTC, AQE on, shuffle partitions 2x cores, UI and console progress off; with
+    `small_input` also SMALL_INPUT_CONF. Settings given to spark-submit (`--conf`,
+    `--master`) win over these defaults; `master` and `shuffle_partitions` given here win
+    over both. Driver memory must come from spark-submit `--driver-memory` (a builder
+    setting is too late once the JVM runs)."""
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
     SparkContext._ensure_initialized()   # JVM up (or spark-submit's): SparkConf sees its conf
@@ -136,6 +156,8 @@ def build_session(master: str | None = None, shuffle_partitions: int | None = No
         "spark.sql.shuffle.partitions": str(2 * (os.cpu_count() or 2)),
         "spark.ui.enabled": "true" if ui else "false",
     }
+    if small_input:
+        defaults.update(SMALL_INPUT_CONF)
     for key, value in defaults.items():
         if not given.contains(key):
             builder = builder.config(key, value)
@@ -252,29 +274,31 @@ def _step_table(spark, inputs: list[str]):
         f"WHEN event LIKE 'demo.plan.%' THEN 'plan' "
         f"WHEN NOT event IN ({', '.join(_q(e) for e in known)}) THEN 'unknown' "
         f"WHEN trace_id IS NULL OR trace_id = '' THEN 'untraced' ELSE 'ok' END")
-    ev = (df.withColumn("cls", cls)
-          # a plan event (deploy/events.py) travels whole, as JSON, to the driver
-          .withColumn("plan_json", F.expr(
-              "CASE WHEN cls = 'plan' THEN to_json(named_struct('ts_us', unix_micros(ts), "
-              "'event', event, 'trace_id', trace_id, 'attrs', attrs)) END"))
-          .withColumn("trace_id", F.expr("CASE WHEN cls = 'ok' THEN trace_id ELSE '' END"))
-          .withColumn("ts_us", F.expr("coalesce(unix_micros(ts), 0L)")))
-    for name, sql in DERIVED.items():
-        ev = ev.withColumn(name, F.expr(sql))
+    # one projection per layer (withColumns: one analysis each, not one per column)
+    ev = df.withColumn("cls", cls)
+    ev = ev.withColumns({
+        # a plan event (deploy/events.py) travels whole, as JSON, to the driver
+        "plan_json": F.expr(
+            "CASE WHEN cls = 'plan' THEN to_json(named_struct('ts_us', unix_micros(ts), "
+            "'event', event, 'trace_id', trace_id, 'attrs', attrs)) END"),
+        "trace_id": F.expr("CASE WHEN cls = 'ok' THEN trace_id ELSE '' END"),
+        "ts_us": F.expr("coalesce(unix_micros(ts), 0L)"),
+        **{name: F.expr(sql) for name, sql in DERIVED.items()}})
     facts = {}
     for p in PROTOCOLS.values():
         facts.update(p.facts)
     w = Window.partitionBy("trace_id")
-    for name, sql in facts.items():
-        ev = ev.withColumn(name, F.first(F.expr(sql), ignorenulls=True).over(w))
+    ev = ev.withColumns({name: F.first(F.expr(sql), ignorenulls=True).over(w)
+                         for name, sql in facts.items()})
     meta = ("array(named_struct('step', concat('meta:', cls, CASE WHEN cls IN ('unknown', "
             "'untraced') THEN concat(':', event) ELSE '' END), 'branch', "
             f"CASE WHEN cls IN ('torn', 'bad') THEN {SOURCE} WHEN cls = 'plan' THEN plan_json "
             f"ELSE '' END, 'detail', "
             f"substring({CORRUPT}, 1, 300), 'hop', false))")
-    ev = ev.withColumn("st", F.expr(f"CASE WHEN cls = 'ok' THEN {steps_expr()} ELSE {meta} END"))
-    ev = ev.withColumn("protocol", F.expr(
-        "CASE WHEN cls = 'ok' THEN substring_index(event, '.', 1) ELSE '_meta' END"))
+    ev = ev.withColumns({
+        "st": F.expr(f"CASE WHEN cls = 'ok' THEN {steps_expr()} ELSE {meta} END"),
+        "protocol": F.expr(
+            "CASE WHEN cls = 'ok' THEN substring_index(event, '.', 1) ELSE '_meta' END")})
     # explode_outer + filter: plain explode would make Spark evaluate the rules twice
     st = ev.select("trace_id", "protocol", "node", "service", "ts_us",
                    F.col("event").alias("event_name"), F.col("attrs").alias("attrs_v"),
@@ -284,9 +308,9 @@ def _step_table(spark, inputs: list[str]):
                    F.col("s.detail").alias("detail"), F.col("s.hop").alias("hop"),
                    # the node a step was sent to or came from (attrs.peer), for the plan:
                    # a message sent to a node the plan had killed was hit by that fault
-                   F.col("attrs_v.peer").alias("peer"))
-    # one process logging the same event with the same attrs twice = a duplicate
-    st = st.withColumn("fact", F.expr("hash(event_name, attrs_v)"))
+                   F.col("attrs_v.peer").alias("peer"),
+                   # one process logging the same event with the same attrs twice = a duplicate
+                   F.expr("hash(event_name, attrs_v)").alias("fact"))
     # detail and hop follow from (event, attrs): as grouping keys they keep this a hash
     # aggregation (string aggregation buffers would force a sort-based one)
     per_proc = st.groupBy("trace_id", "protocol", "step", "branch", "node", "service",
@@ -305,10 +329,11 @@ def _step_table(spark, inputs: list[str]):
     # the trace's branches (sorted), for attributing root and `?` steps; per_step comes out
     # sorted by trace_id, so this window needs no further shuffle or sort
     w = Window.partitionBy("trace_id")
-    return (per_step.withColumn("branches", F.array_sort(F.collect_set(
-        F.when(~F.col("branch").isin("", "?"), F.col("branch"))).over(w)))
+    return per_step.withColumns({
+        "branches": F.array_sort(F.collect_set(
+            F.when(~F.col("branch").isin("", "?"), F.col("branch"))).over(w)),
         # every peer any step of the trace named (spark/plan.py: a planned fault's target)
-        .withColumn("peers", F.array_distinct(F.flatten(F.collect_list("peers").over(w)))))
+        "peers": F.array_distinct(F.flatten(F.collect_list("peers").over(w)))})
 
 
 def _corr_map(corrections: dict[str, float]):
@@ -445,6 +470,24 @@ def _write_small_local(path: str, ddl: str, rows: list[dict]) -> None:
     (local / "_SUCCESS").write_text("")
 
 
+def _collect_parts(parts: dict) -> dict[str, list[dict]]:
+    """Several small queries as ONE Spark action: each DataFrame's rows become JSON strings
+    tagged with the part's name, the parts are unioned and collected once (each collect is
+    a job with its own planning and scheduling; on the demo's logs that overhead, not the
+    data, is the cost). Returns name -> list of row dicts (JSON types: long -> int, double
+    -> float, array -> list; nulls kept)."""
+    from pyspark.sql import functions as F
+    union = None
+    for name, df in parts.items():
+        part = df.select(F.lit(name).alias("k"), F.to_json(
+            F.struct(*df.columns), {"ignoreNullFields": "false"}).alias("j"))
+        union = part if union is None else union.unionAll(part)
+    out: dict[str, list[dict]] = {name: [] for name in parts}
+    for r in union.collect():
+        out[r["k"]].append(json.loads(r["j"]))
+    return out
+
+
 def _join(out: str, name: str) -> str:
     return out.rstrip("/") + "/" + name
 
@@ -463,7 +506,9 @@ def run(inputs: list[str], out: str, master: str | None = None, sla_path: str | 
     timings: dict[str, float] = {}
     own = spark is None
     if own:
-        spark = build_session(master)
+        if _small_input(inputs):
+            short_job_jvm()
+        spark = build_session(master, small_input=_small_input(inputs, SMALL_INPUT_MAX_BYTES))
     timings["session_s"] = round(time.time() - t_start, 3)
     sla = load_sla(sla_path)
     objectives = sla.get("objective", [])
@@ -492,16 +537,25 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     from pyspark import StorageLevel
     from pyspark.sql import Window, functions as F
 
-    per_proto = {r["protocol"]: r.asDict() for r in tr.groupBy("protocol").agg(
-        F.min("ts").alias("t0"), F.max("ts").alias("t1"),
-        F.sum("dup").alias("duplicates")).collect()}
+    # the first action (it fills the step table's cache; one action alone, so that no two
+    # jobs compute the table at once): per protocol span and duplicates, and the ingest
+    # problems and plan events (the `_meta` rows) as a list on the `_meta` row
+    per_proto = {}
+    for r in tr.groupBy("protocol").agg(
+            F.min("ts").alias("t0"), F.max("ts").alias("t1"), F.sum("dup").alias("duplicates"),
+            F.collect_list(F.when(F.col("protocol") == "_meta", F.struct(
+                "step", "branch", "n", "detail"))).alias("meta")).collect():
+        per_proto[r["protocol"]] = r.asDict()
+    per_proto = dict(sorted(per_proto.items()))
     timings["read_and_group_s"] = round(time.time() - t_start, 3)
     meta = per_proto.pop("_meta", None)
+    for r in per_proto.values():
+        r.pop("meta")
     ingest = {"torn": 0, "bad": 0, "unknown": {}, "untraced": {}, "torn_files": {},
               "bad_samples": []}
     plan_rows: list[dict] = []
     if meta:
-        for v in tr.filter("protocol = '_meta'").collect():
+        for v in sorted(meta["meta"], key=lambda v: (v["step"], v["branch"])):
             step, branch = v["step"], v["branch"]
             kind = step.split(":")[1]
             if kind in ("torn", "bad"):
@@ -562,10 +616,34 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     stages_raw = (tb.select("trace_id", "protocol", "branch", "planned",
                             F.explode_outer("sa").alias("s"))
                   .filter("s IS NOT NULL").select("trace_id", "protocol", "branch", "planned", "s.*"))
-    pairs = (stages_raw.filter("clock AND from_node <> to_node")
-             .groupBy("from_node", "to_node").agg(
-                 (F.min(F.col("to_ts") - F.col("from_ts")) / 1000.0).alias("d_ms"),
-                 F.count(F.lit(1)).alias("n")).collect())
+    # delivery per (trace, branch)
+    dl = tb.select("trace_id", "protocol", "branch", "first", "planned", *list(cols)[1:])
+    dl = dl.withColumns({
+        "error_code": F.expr("CASE WHEN outcome = 'errored' THEN error_code END"),
+        **{o: F.col("outcome") == o for o in OUTCOME_COLUMNS},
+        "start": F.expr("timestamp_micros(start_us)"),
+        "deadline": F.expr("timestamp_micros(deadline_us)")}).drop("start_us", "deadline_us")
+
+    # delivery per protocol split planned / unplanned with the error codes: alone, as it
+    # fills the cache of tb
+    dl_rows = [r.asDict() for r in dl.groupBy(
+        "protocol", F.col("sent").alias("is_sent"), "planned", "error_code").agg(
+            F.count(F.lit(1)).alias("branches"), F.count_if("first").alias("traces"),
+            F.count(F.lit(1)).alias("sent"), F.count_if("delivered").alias("delivered"),
+            *[F.count_if(F.col("outcome") == o).alias(o) for o in OUTCOME_COLUMNS],
+            F.count_if("late").alias("late")).collect()]
+    # one action over the two caches: the clock pairs, the failures themselves (trace ids,
+    # for the page and --trace), the REMP and Marlin summary aggregates
+    second = _collect_parts({
+        **_remp_marlin_queries(tr),
+        "pairs": stages_raw.filter("clock AND from_node <> to_node")
+        .groupBy("from_node", "to_node").agg(
+            (F.min(F.col("to_ts") - F.col("from_ts")) / 1000.0).alias("d_ms"),
+            F.count(F.lit(1)).alias("n")),
+        "failures": dl.filter("sent AND outcome IN ('errored', 'expired', 'lost_or_stuck')")
+        .select("trace_id", "protocol", "branch", "outcome", "error_code", "planned", "late")
+        .orderBy("protocol", "trace_id", "branch").limit(2000)})
+    pairs = second["pairs"]
     pair_min = {(r["from_node"], r["to_node"]): r["d_ms"] for r in pairs}
     clock = align(pair_min, CLOCK_TOLERANCE_MS)
     corr = _corr_map(clock.corrections)
@@ -578,15 +656,6 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                 F.timestamp_micros(F.col("from_ts") + (
                     _corr_lookup(corr, "from_node", clock) * 1000).cast("long")).alias("from_ts"),
                 "duration_ms", "planned"))
-
-    # delivery per (trace, branch)
-    dl = tb.select("trace_id", "protocol", "branch", "first", "planned", *list(cols)[1:])
-    dl = dl.withColumn("error_code", F.expr("CASE WHEN outcome = 'errored' THEN error_code END"))
-    for o in OUTCOME_COLUMNS:
-        dl = dl.withColumn(o, F.col("outcome") == o)
-    dl = (dl.withColumn("start", F.expr("timestamp_micros(start_us)"))
-          .withColumn("deadline", F.expr("timestamp_micros(deadline_us)"))
-          .drop("start_us", "deadline_us"))
 
     # latency + SLA thresholds in one aggregation
     quant_objs = [o for o in objectives if "quantile" in o]
@@ -607,7 +676,11 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
             aggs.append(F.expr(f"count_if({val} > {lim})").alias(f"{pre}over_{j}"))
         for i, o in within_objs:
             aggs.append(F.expr(f"count_if({val} <= {float(o['within_ms'])})").alias(f"{pre}within_{i}"))
-    lat_rows = stages.groupBy("protocol", "stage", "e2e").agg(*aggs).collect()
+    # one action: the latency table and the slowest traces with their hops (for the page)
+    top_q, top_hops_q = _slowest_queries(ok_events, stages)
+    third = _collect_parts({"latency": stages.groupBy("protocol", "stage", "e2e").agg(*aggs),
+                            "top": top_q, "top_hops": top_hops_q})
+    lat_rows = third["latency"]
     latency_tbl = []
     latency_idx: dict[str, dict] = {"all": {}, "unplanned": {}}
     for r in sorted(lat_rows, key=lambda r: (r["protocol"], not r["e2e"], r["stage"])):
@@ -626,12 +699,9 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                     "count": r["count"], "p50_ms": _nearest(qs[0.5]), "p90_ms": _nearest(qs[0.9]),
                     "p99_ms": _nearest(qs[0.99]), "max_ms": _nearest(r["max_ms"])})
 
-    # delivery per protocol, split planned / unplanned, and the error codes, in one action
-    dl_rows = dl.groupBy("protocol", F.col("sent").alias("is_sent"), "planned", "error_code").agg(
-        F.count(F.lit(1)).alias("branches"), F.count_if("first").alias("traces"),
-        F.count(F.lit(1)).alias("sent"), F.count_if("delivered").alias("delivered"),
-        *[F.count_if(F.col("outcome") == o).alias(o) for o in OUTCOME_COLUMNS],
-        F.count_if("late").alias("late")).collect()
+    # delivery per protocol, split planned / unplanned, and the error codes
+    dl_rows = sorted(dl_rows, key=lambda r: (
+        r["protocol"], bool(r["is_sent"]), bool(r["planned"]), r["error_code"] or ""))
     count_keys = ("branches", "traces", "sent", "delivered") + OUTCOME_COLUMNS + ("late",)
     delivery, scoped = {}, {"all": {}, "unplanned": {}, "planned": {}}
     errors_by: dict[tuple, int] = {}
@@ -666,13 +736,11 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     for proto, d in delivery.items():
         d["errored_by_code"] = {e["code"]: e["count"] for e in errors if e["protocol"] == proto}
 
-    protocol_summary = _remp_marlin_summary(tr, delivery, per_proto)
+    protocol_summary = _remp_marlin_summary(second, delivery, per_proto)
 
-    # the failures themselves (trace ids), planned and unplanned, for the page and --trace
-    fail_rows = (dl.filter("sent AND outcome IN ('errored', 'expired', 'lost_or_stuck')")
-                 .select("trace_id", "protocol", "branch", "outcome", "error_code", "planned",
-                         "late").orderBy("protocol", "trace_id", "branch").limit(2000).collect())
-    failures = [r.asDict() for r in fail_rows]
+    # the failures themselves (trace ids), planned and unplanned (second action)
+    failures = sorted(second["failures"],
+                      key=lambda r: (r["protocol"], r["trace_id"], r["branch"]))
 
     within = {"all": {}, "unplanned": {}}
     for scope in within:
@@ -693,9 +761,10 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
         "trace_id", "protocol", "step", "branch", "node", "n", "dup", "detail",
         (F.col("ts") + (_corr_lookup(corr, "node", clock) * 1000).cast("long")).alias("ts_us")))
     wo = Window.partitionBy("trace_id").orderBy("ts_us", "step", "branch")
-    hops = (hops.withColumn("seq", F.row_number().over(wo))
-            .withColumn("spent_ms", (F.lead("ts_us").over(wo) - F.col("ts_us")) / 1000.0)
-            .withColumn("ts", F.expr("timestamp_micros(ts_us)")).drop("ts_us"))
+    hops = hops.withColumns({
+        "seq": F.row_number().over(wo),
+        "spent_ms": (F.lead("ts_us").over(wo) - F.col("ts_us")) / 1000.0,
+        "ts": F.expr("timestamp_micros(ts_us)")}).drop("ts_us")
 
     hops = hops.persist(StorageLevel.MEMORY_AND_DISK)    # written twice: Parquet and OTLP
     cached.append(hops)
@@ -763,7 +832,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                   "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions")},
     }
     from spark.page import render
-    sample = _slowest_traces(ok_events, stages, clock.corrections)
+    sample = _slowest_traces(third["top"], third["top_hops"], clock.corrections)
     html = render(summary, sample)
     _write_text(spark, _join(out, "report.html"), html)
     outputs["html"] = _join(out, "report.html")
@@ -774,9 +843,37 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     return summary
 
 
-def _remp_marlin_summary(tr, delivery: dict, per_proto: dict) -> dict:
+def _remp_marlin_queries(tr) -> dict:
+    """The Spark side of _remp_marlin_summary: two one-row aggregates over the cached step
+    table, collected in one action with the clock pairs (_collect_parts)."""
+    from pyspark.sql import functions as F
+    remp = (tr.filter("protocol = 'remp' AND (step LIKE 'remp:produced:%' "
+                      "OR step LIKE 'remp:delivered:%')")
+            .select("trace_id", F.expr("substring_index(step, ':', 2) = 'remp:produced'").alias("p"),
+                    F.expr("substring(step, length(substring_index(step, ':', 2)) + 2)").alias("key"))
+            .groupBy("trace_id", "key").agg(F.max("p").alias("p"), F.min("p").alias("notp"))
+            .agg(F.count_if("p").alias("produced"),
+                 F.count_if(F.col("p") & ~F.col("notp")).alias("delivered")))
+    marlin = (tr.filter("protocol = 'marlin'").groupBy("trace_id").agg(
+        F.sum(F.expr("CASE WHEN step = 'marlin:chunk_sent' THEN n ELSE 0 END")).alias("sent_n"),
+        F.sum(F.expr("CASE WHEN step = 'marlin:chunk_received' THEN n ELSE 0 END")).alias("recv_n"),
+        F.sum(F.expr("CASE WHEN step = 'marlin:acknowledged' THEN n ELSE 0 END")).alias("ack_n"),
+        F.sum(F.expr("CASE WHEN step = 'marlin:dispute' THEN n ELSE 0 END")).alias("disputes"),
+        F.count_if(F.expr("step = 'marlin:block_rebuilt'")).alias("rebuilt"),
+        F.count_if(F.expr("step LIKE 'marlin:c.sent:%'")).alias("sent_d"),
+        F.count_if(F.expr("step LIKE 'marlin:c.ack:%'")).alias("ack_d"),
+        F.count_if(F.expr("step LIKE 'marlin:c.recv:%'")).alias("recv_d"),
+        F.max(F.size("branches")).alias("consumers"))
+        .agg(*[F.sum(c).alias(c) for c in ("sent_n", "recv_n", "ack_n", "disputes", "rebuilt")],
+             F.sum(F.greatest(F.lit(0), F.col("sent_d") * F.col("consumers") - F.col("recv_d"))
+                   ).alias("lost"),
+             F.sum(F.greatest(F.lit(0), F.col("sent_d") - F.col("ack_d"))).alias("missing")))
+    return {"remp": remp, "marlin": marlin}
+
+
+def _remp_marlin_summary(parts: dict, delivery: dict, per_proto: dict) -> dict:
     """summary.json's `remp` and `marlin` sections (issues #8, #9), each only when the logs
-    hold that protocol (one small Spark action each, over the cached step table).
+    hold that protocol; parts: the rows of _remp_marlin_queries (one each).
 
     remp: messages; outcomes = the final outcome per message (finalized, rejected, timeout;
     none = no final status: lost_or_stuck + in_flight, also given apart); receipts_produced
@@ -787,17 +884,10 @@ def _remp_marlin_summary(tr, delivery: dict, per_proto: dict) -> dict:
     disputes; chunks_sent / chunks_received / acks (events); chunks_lost = per (block,
     consumer seen) distinct chunks sent but not received; missing_acks = distinct chunks
     sent without an acknowledgement."""
-    from pyspark.sql import functions as F
     out = {}
     if "remp" in delivery:
         d = delivery["remp"]
-        r = (tr.filter("protocol = 'remp' AND (step LIKE 'remp:produced:%' "
-                       "OR step LIKE 'remp:delivered:%')")
-             .select("trace_id", F.expr("substring_index(step, ':', 2) = 'remp:produced'").alias("p"),
-                     F.expr("substring(step, length(substring_index(step, ':', 2)) + 2)").alias("key"))
-             .groupBy("trace_id", "key").agg(F.max("p").alias("p"), F.min("p").alias("notp"))
-             .agg(F.count_if("p").alias("produced"),
-                  F.count_if(F.col("p") & ~F.col("notp")).alias("delivered")).collect()[0])
+        r = parts["remp"][0]
         out["remp"] = {
             "messages": per_proto.get("remp", {}).get("traces", 0),
             "outcomes": {"finalized": d["answered"], "rejected": d["errored"],
@@ -808,21 +898,7 @@ def _remp_marlin_summary(tr, delivery: dict, per_proto: dict) -> dict:
             "duplicates": d["duplicates"]}
     if "marlin" in delivery:
         d = delivery["marlin"]
-        per = (tr.filter("protocol = 'marlin'").groupBy("trace_id").agg(
-            F.sum(F.expr("CASE WHEN step = 'marlin:chunk_sent' THEN n ELSE 0 END")).alias("sent_n"),
-            F.sum(F.expr("CASE WHEN step = 'marlin:chunk_received' THEN n ELSE 0 END")).alias("recv_n"),
-            F.sum(F.expr("CASE WHEN step = 'marlin:acknowledged' THEN n ELSE 0 END")).alias("ack_n"),
-            F.sum(F.expr("CASE WHEN step = 'marlin:dispute' THEN n ELSE 0 END")).alias("disputes"),
-            F.count_if(F.expr("step = 'marlin:block_rebuilt'")).alias("rebuilt"),
-            F.count_if(F.expr("step LIKE 'marlin:c.sent:%'")).alias("sent_d"),
-            F.count_if(F.expr("step LIKE 'marlin:c.ack:%'")).alias("ack_d"),
-            F.count_if(F.expr("step LIKE 'marlin:c.recv:%'")).alias("recv_d"),
-            F.max(F.size("branches")).alias("consumers"))
-            .agg(*[F.sum(c).alias(c) for c in ("sent_n", "recv_n", "ack_n", "disputes", "rebuilt")],
-                 F.sum(F.greatest(F.lit(0), F.col("sent_d") * F.col("consumers") - F.col("recv_d"))
-                       ).alias("lost"),
-                 F.sum(F.greatest(F.lit(0), F.col("sent_d") - F.col("ack_d"))).alias("missing"))
-            .collect()[0])
+        per = parts["marlin"][0]
         out["marlin"] = {
             "blocks": per_proto.get("marlin", {}).get("traces", 0),
             "rebuilt": int(per["rebuilt"] or 0), "disputes": int(per["disputes"] or 0),
@@ -839,21 +915,27 @@ def _corr_lookup(corr, node_col, clock):
     return F.coalesce(F.element_at(corr, F.col(node_col)), F.lit(0.0))
 
 
-def _slowest_traces(tr, stages, corrections: dict[str, float], per_protocol: int = 5):
-    """Per protocol the `per_protocol` slowest traces by their slowest end-to-end stage, with
-    their hops (from the cached step table), for the page (table, anchors; a waterfall chart
-    for the slowest of each protocol). Two small actions."""
+def _slowest_queries(tr, stages, per_protocol: int = 5):
+    """The Spark side of _slowest_traces: per protocol the `per_protocol` slowest traces by
+    their slowest end-to-end stage (top), and their hop steps from the cached step table
+    (hops); collected with the latency table (_collect_parts)."""
     from pyspark.sql import Window, functions as F
     w = Window.partitionBy("protocol").orderBy(F.desc("duration_ms"), "trace_id")
     top = (stages.filter("e2e").groupBy("protocol", "trace_id").agg(
         F.max_by("stage", "duration_ms").alias("stage"), F.max("duration_ms").alias("duration_ms"))
-        .withColumn("rank", F.row_number().over(w)).filter(f"rank <= {per_protocol}")
-        .orderBy("protocol", "rank").collect())
-    ids = [r["trace_id"] for r in top]
-    if not ids:
+        .withColumn("rank", F.row_number().over(w)).filter(f"rank <= {per_protocol}"))
+    hops = (tr.filter("hop").join(F.broadcast(top.select("trace_id")), "trace_id", "left_semi")
+            .select("trace_id", "step", "branch", "node", "ts"))
+    return top, hops
+
+
+def _slowest_traces(top, recs, corrections: dict[str, float]):
+    """Per protocol the slowest traces (rows of _slowest_queries' top, any order) with their
+    hops (its hops rows), for the page (table, anchors; a waterfall chart for the slowest of
+    each protocol)."""
+    top = sorted(top, key=lambda r: (r["protocol"], r["rank"]))
+    if not top:
         return []
-    recs = (tr.filter(F.col("trace_id").isin(ids) & F.col("hop"))
-            .select("trace_id", "step", "branch", "node", "ts").collect())
     by_trace: dict[str, list] = {}
     for v in recs:
         by_trace.setdefault(v["trace_id"], []).append(v)
@@ -890,6 +972,8 @@ LOG4J2 = Path(__file__).with_name("log4j2.properties")
 # large input, where C2-compiled code and a parallel collector pay off.
 SHORT_JOB_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 SHORT_JOB_MAX_BYTES = 64 * 1024 * 1024
+#: SMALL_INPUT_CONF (interpreted expressions) only up to this: the demo's logs are ~3 MB
+SMALL_INPUT_MAX_BYTES = 16 * 1024 * 1024
 
 
 def _local_input_bytes(inputs: list[str]) -> int | None:
@@ -912,6 +996,35 @@ def _local_input_bytes(inputs: list[str]) -> int | None:
     return total
 
 
+def _small_input(inputs: list[str], limit: int = SHORT_JOB_MAX_BYTES) -> bool:
+    """Local inputs of at most `limit` bytes of JSON lines (a tenth of it for compacted
+    Parquet, which holds ~10x the events per byte)."""
+    from spark.schema import is_parquet
+    size = _local_input_bytes(inputs) if inputs else None
+    limit //= 10 if any(is_parquet(p) for p in inputs) else 1
+    return size is not None and size <= limit
+
+
+def short_job_jvm() -> None:
+    """Give the driver JVM SHORT_JOB_JVM_OPTS, when it is not running yet and its launch
+    arguments are ours: PYSPARK_SUBMIT_ARGS unset or as quiet_jvm set it (run() calls this
+    for small input, so the launcher's report gets them too)."""
+    from pyspark import SparkContext
+    if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return
+    args = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    if args is None:
+        os.environ["PYSPARK_SUBMIT_ARGS"] = (
+            f'--driver-java-options "{SHORT_JOB_JVM_OPTS}" pyspark-shell')
+    elif args == _QUIET_ARGS.get("set") and SHORT_JOB_JVM_OPTS not in args:
+        os.environ["PYSPARK_SUBMIT_ARGS"] = _QUIET_ARGS["set"] = args.replace(
+            '" pyspark-shell', f' {SHORT_JOB_JVM_OPTS}" pyspark-shell', 1)
+
+
+#: the PYSPARK_SUBMIT_ARGS quiet_jvm set (short_job_jvm adds to them only)
+_QUIET_ARGS: dict[str, str] = {}
+
+
 def quiet_jvm(level: str | None = None, inputs: list[str] | None = None) -> None:
     """Before the JVM starts (console script, not spark-submit): point log4j2 at
     spark/log4j2.properties (ERROR only) unless PYSPARK_SUBMIT_ARGS is already set by the
@@ -922,10 +1035,10 @@ def quiet_jvm(level: str | None = None, inputs: list[str] | None = None) -> None
         return
     opt = (f"-Dlog4j2.level={level}" if level else
            f"-Dlog4j2.configurationFile=file:{LOG4J2}")
-    size = _local_input_bytes(inputs) if inputs else None
-    if size is not None and size <= SHORT_JOB_MAX_BYTES:
+    if inputs and _small_input(inputs):
         opt += " " + SHORT_JOB_JVM_OPTS
-    os.environ["PYSPARK_SUBMIT_ARGS"] = f'--driver-java-options "{opt}" pyspark-shell'
+    os.environ["PYSPARK_SUBMIT_ARGS"] = _QUIET_ARGS["set"] = \
+        f'--driver-java-options "{opt}" pyspark-shell'
 
 
 def trace_lookup(out: str, trace_id: str) -> str:

@@ -66,7 +66,8 @@ def event_schema(corrupt_column: bool = True):
 
 def duckdb_columns() -> str:
     """The same schema as a DuckDB read_json `columns={...}` literal (ts as VARCHAR)."""
-    attrs = ", ".join(f"{k} {_DUCK_TYPES[t]}" for k, t in attrs_declared().items())
+    # names quoted: `offset` is a reserved word (DuckDB 2.0 rejects the type unquoted)
+    attrs = ", ".join(f'"{k}" {_DUCK_TYPES[t]}' for k, t in attrs_declared().items())
     cols = []
     for name, _ in LINE_FIELDS:
         typ = f"STRUCT({attrs})" if name == "attrs" else "VARCHAR"

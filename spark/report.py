@@ -854,7 +854,14 @@ def _remp_marlin_queries(tr) -> dict:
             .groupBy("trace_id", "key").agg(F.max("p").alias("p"), F.min("p").alias("notp"))
             .agg(F.count_if("p").alias("produced"),
                  F.count_if(F.col("p") & ~F.col("notp")).alias("delivered")))
-    marlin = (tr.filter("protocol = 'marlin'").groupBy("trace_id").agg(
+    m = tr.filter("protocol = 'marlin'")
+    # chunks lost: per (block, consumer) that neither rebuilt nor disputed the block, the
+    # distinct chunks sent that it never received; a consumer that rebuilt drops later chunks
+    # as surplus (marlin_cluster/consumer.py counts them as duplicates), so they are not lost
+    per_consumer = (m.filter("branch != '?'").groupBy("trace_id", "branch").agg(
+        F.count_if(F.expr("step LIKE 'marlin:c.recv:%'")).alias("recv_b"),
+        F.max(F.expr("step IN ('marlin:block_rebuilt', 'marlin:dispute')")).alias("done_b")))
+    per_trace = m.groupBy("trace_id").agg(
         F.sum(F.expr("CASE WHEN step = 'marlin:chunk_sent' THEN n ELSE 0 END")).alias("sent_n"),
         F.sum(F.expr("CASE WHEN step = 'marlin:chunk_received' THEN n ELSE 0 END")).alias("recv_n"),
         F.sum(F.expr("CASE WHEN step = 'marlin:acknowledged' THEN n ELSE 0 END")).alias("ack_n"),
@@ -862,12 +869,15 @@ def _remp_marlin_queries(tr) -> dict:
         F.count_if(F.expr("step = 'marlin:block_rebuilt'")).alias("rebuilt"),
         F.count_if(F.expr("step LIKE 'marlin:c.sent:%'")).alias("sent_d"),
         F.count_if(F.expr("step LIKE 'marlin:c.ack:%'")).alias("ack_d"),
-        F.count_if(F.expr("step LIKE 'marlin:c.recv:%'")).alias("recv_d"),
-        F.max(F.size("branches")).alias("consumers"))
-        .agg(*[F.sum(c).alias(c) for c in ("sent_n", "recv_n", "ack_n", "disputes", "rebuilt")],
-             F.sum(F.greatest(F.lit(0), F.col("sent_d") * F.col("consumers") - F.col("recv_d"))
-                   ).alias("lost"),
-             F.sum(F.greatest(F.lit(0), F.col("sent_d") - F.col("ack_d"))).alias("missing")))
+        F.max("branches").alias("branches"))
+    lost = (per_trace.select("trace_id", "sent_d", F.explode_outer("branches").alias("branch"))
+            .join(per_consumer, ["trace_id", "branch"], "left")
+            .groupBy("trace_id").agg(F.sum(F.expr(
+                "CASE WHEN branch IS NULL OR coalesce(done_b, false) THEN 0 "
+                "ELSE greatest(0, sent_d - coalesce(recv_b, 0)) END")).alias("lost")))
+    marlin = (per_trace.join(lost, "trace_id", "left")
+              .agg(*[F.sum(c).alias(c) for c in ("sent_n", "recv_n", "ack_n", "disputes", "rebuilt", "lost")],
+                   F.sum(F.greatest(F.lit(0), F.col("sent_d") - F.col("ack_d"))).alias("missing")))
     return {"remp": remp, "marlin": marlin}
 
 
@@ -882,7 +892,8 @@ def _remp_marlin_summary(parts: dict, delivery: dict, per_proto: dict) -> dict:
     twice by one process.
     marlin: blocks (traces); rebuilt = distinct (trace, consumer) with a rebuilt block;
     disputes; chunks_sent / chunks_received / acks (events); chunks_lost = per (block,
-    consumer seen) distinct chunks sent but not received; missing_acks = distinct chunks
+    consumer seen) that neither rebuilt nor disputed the block, the distinct chunks sent that
+    it never received (chunks arriving after a rebuild are surplus, not lost); missing_acks = distinct chunks
     sent without an acknowledgement."""
     out = {}
     if "remp" in delivery:

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.spark
 DATA = Path(__file__).parent / "data" / "eventlogs" / "remp_marlin"
 LOGS = sorted(str(p) for p in DATA.glob("*.jsonl"))
 M1, M2, M3, M4 = ("11" * 32, "22" * 32, "33" * 32, "44" * 32)
-B1, B2 = "0000abcd:0x" + "01" * 20, "0000beef:0x" + "01" * 20
+B1, B2, B3 = "0000abcd:0x" + "01" * 20, "0000beef:0x" + "01" * 20, "0000cafe:0x" + "01" * 20
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,12 @@ def test_remp_stages(report):
 def test_marlin_summary_and_stages(report):
     summary, out = report
     assert summary["marlin"] == {
-        "blocks": 2, "rebuilt": 2, "disputes": 1, "chunks_sent": 8, "chunks_received": 9,
-        "acks": 7, "chunks_lost": 3, "missing_acks": 1, "lost_or_stuck": 0}
+        "blocks": 3, "rebuilt": 2, "disputes": 1, "chunks_sent": 12, "chunks_received": 10,
+        "acks": 11, "chunks_lost": 3, "missing_acks": 1, "lost_or_stuck": 1}
+    # chunks lost are B3's three for k1, which never rebuilt it; B1's chunks that k2 never got
+    # arrived after (or were not needed for) its rebuild and are not lost
+    assert [(f["trace_id"], f["outcome"]) for f in summary["failures"]["unplanned"]
+            if f["protocol"] == "marlin"] == [(B3, "lost_or_stuck")]
     st = {(r["trace_id"], r["branch"], r["stage"]): r["duration_ms"] for r in table(out, "stages")
           if r["protocol"] == "marlin"}
     assert st[(B1, "k1", "rebuild")] == 40.0 and st[(B1, "k2", "rebuild")] == 60.0

@@ -14,7 +14,10 @@ Marlin: producer "p1", members "c1-m1"/"c1-m2", consumers "k1"/"k2".
   B1: chunks 0-3 sent, 0-2 acknowledged (chunk 3's ack missing), k1 gets 0-2 and rebuilds
       at 40 ms, k2 gets 0-1 and rebuilds at 60 ms;
   B2 (planned: corrupted_block): chunks 0-3 sent and acknowledged, k1 gets all four and
-      raises a dispute.
+      raises a dispute;
+  B3: chunks 0-3 sent and acknowledged, k1 gets chunk 0 only and never rebuilds: 3 chunks
+      lost for k1 (B1's chunk 2 and 3 that k2 never got are not lost: k2 rebuilt without
+      them), and the block is lost_or_stuck.
 """
 import datetime as dt
 import json
@@ -126,6 +129,13 @@ for c in range(4):
     mar(T2 + 20 + c, "marlin-consumer", "k1", "marlin.consumer.chunk_received", B2, chunk=c, peer="c1-m1", size=500)
 mar(T2 + 5, "marlin-cluster", "c1-m1", "marlin.cluster.witnessed", B2, chunk=0, peer="p1", size=500)
 mar(T2 + 50, "marlin-consumer", "k1", "marlin.consumer.dispute", B2, reason="merkle root mismatch", peer="p1")
+B3 = "0000cafe:0x" + "01" * 20
+T3 = 102000
+for c in range(4):
+    mar(T3 + c, "marlin-producer", "p1", "marlin.producer.chunk_sent", B3, chunk=c, cluster="c1", size=500)
+    mar(T3 + 8 + c, "marlin-cluster", "c1-m1", "marlin.cluster.acknowledged", B3, chunk=c, cluster="c1")
+mar(T3 + 5, "marlin-cluster", "c1-m1", "marlin.cluster.witnessed", B3, chunk=0, peer="p1", size=500)
+mar(T3 + 20, "marlin-consumer", "k1", "marlin.consumer.chunk_received", B3, chunk=0, peer="c1-m1", size=500)
 
 for name, rows in lines.items():
     rows.sort(key=lambda r: r[0])

@@ -225,9 +225,12 @@ class Cluster:
             self.redis_base = url.rstrip("/").rsplit("/", 1)[0] if url.count("/") > 2 else url.rstrip("/")
             print(f"redis: using REDIS_URL {url}")
         else:
-            self.redis = EmbeddedRedis().start()
+            # AOF in the run directory: the relays' offline queues and the peers' queues
+            # survive a Redis restart (daemon_runtime/redis_server.py, loss window there)
+            redis_dir = self.workdir / "data" / "redis"
+            self.redis = EmbeddedRedis(data_dir=redis_dir).start()
             self.redis_base = self.redis.url.rsplit("/", 1)[0]
-            print(f"redis: embedded redis-server on {self.redis_base}")
+            print(f"redis: embedded redis-server on {self.redis_base} (append-only file in {redis_dir})")
 
         self.registry = Daemon("rmb-registry", [
             script("rmb-registry"), "--listen", f"{self.host}:0",

@@ -88,6 +88,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 
 from daemon_runtime.eventlog import EventLog
+from daemon_runtime.redis_server import reconnecting_redis
 from rmb_peer.envelope import MAX_ENVELOPE_SIZE, Envelope, address_str, message_kind
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
@@ -371,7 +372,8 @@ class RelayServer:
         self.federation = FederationScheduler(self.ranker, rng, attempt_timeout=federation_timeout,
                                               max_job_ttl=queue_ttl)
         self.redis_url = redis_url
-        self.redis = aioredis.Redis.from_url(redis_url)
+        #: reconnects and retries after a Redis restart (the queues survive it: AOF)
+        self.redis = reconnecting_redis(redis_url)
         self.directory = directory or TwinDirectory(registry_url, negative_ttl=10.0,
                                                     on_stale=self._on_stale)
         self._own_directory = directory is None

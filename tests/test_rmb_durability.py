@@ -127,24 +127,27 @@ def test_temp_dir_is_removed_and_given_dir_kept(tmp_path):
     """Without a data dir the server is throwaway (stop() removes it: a restart is empty);
     with one, stop() keeps it and a restart sees the data."""
     srv = EmbeddedRedis().start()
+    kept = EmbeddedRedis(data_dir=tmp_path / "d")
     r = redis.Redis.from_url(srv.url)
-    r.set("k", b"v")
-    temp = srv.dir
-    srv.stop()
-    assert not os.path.exists(temp)
-    srv.start()
-    assert r.get("k") is None
-    srv.stop()
-    kept = EmbeddedRedis(data_dir=tmp_path / "d").start()
     r2 = redis.Redis.from_url(kept.url)
-    r2.set("k", b"v")
-    kept.stop()                       # SIGTERM: Redis fsyncs the AOF and exits
-    kept.start()
-    assert r2.get("k") == b"v"
-    assert r2.config_get("appendonly") == {"appendonly": "yes"}
-    kept.stop()
-    r.close()
-    r2.close()
+    try:
+        r.set("k", b"v")
+        temp = srv.dir
+        srv.stop()
+        assert not os.path.exists(temp)
+        srv.start()
+        assert r.get("k") is None
+        kept.start()
+        r2.set("k", b"v")
+        kept.stop()                       # SIGTERM: Redis fsyncs the AOF and exits
+        kept.start()
+        assert r2.get("k") == b"v"
+        assert r2.config_get("appendonly") == {"appendonly": "yes"}
+    finally:
+        srv.stop()
+        kept.stop()
+        r.close()
+        r2.close()
 
 
 def test_unwritable_data_dir_is_a_precise_error(tmp_path):

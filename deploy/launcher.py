@@ -60,6 +60,7 @@ from daemon_runtime.redis_server import EmbeddedRedis, free_port
 from deploy.blocks import BlockError, BlockFile, generated_blocks, load_blocks, load_verified_blocks, verify_block
 from deploy.daemons import Daemon, LaunchError, script  # noqa: F401  (re-exported)
 from deploy.segments import Plan, Segment
+from rmb_peer.envelope import new_uid
 from rmb_peer.events import RMB_EVENTS
 
 DEFAULT_CONFIG = Path(__file__).with_name("cluster.toml")
@@ -150,27 +151,6 @@ class Counters:
                 "late": self.late, "mismatched": self.mismatched}
 
 
-class _AppLog:
-    """An app's EventLog that tells the launcher the ref of each request as RmbClient logs
-    `rmb.app.requested`, which it does right after queuing the request and before yielding
-    to the event loop, i.e. before the request leaves this process. The launcher uses the
-    ref (rmb-peer makes a free UUID ref the envelope uid, rmb_peer/core.py send_request) to
-    log a planned outcome BEFORE the request can fail, and to find late replies."""
-
-    def __init__(self, log: EventLog):
-        self.log = log
-        self.on_request = None   # one-shot hook: fn(ref) for the next request
-
-    def emit(self, event: str, trace_id: str | None = None, level: str = "info", **attrs) -> None:
-        if event == "rmb.app.requested" and self.on_request is not None:
-            hook, self.on_request = self.on_request, None
-            hook(trace_id)
-        self.log.emit(event, trace_id, level, **attrs)
-
-    def __getattr__(self, name):
-        return getattr(self.log, name)
-
-
 # --------------------------------------------------------------------------- the cluster
 
 
@@ -225,9 +205,12 @@ class Cluster:
             self.redis_base = url.rstrip("/").rsplit("/", 1)[0] if url.count("/") > 2 else url.rstrip("/")
             print(f"redis: using REDIS_URL {url}")
         else:
-            self.redis = EmbeddedRedis().start()
+            # AOF in the run directory: the relays' offline queues and the peers' queues
+            # survive a Redis restart (daemon_runtime/redis_server.py, loss window there)
+            redis_dir = self.workdir / "data" / "redis"
+            self.redis = EmbeddedRedis(data_dir=redis_dir).start()
             self.redis_base = self.redis.url.rsplit("/", 1)[0]
-            print(f"redis: embedded redis-server on {self.redis_base}")
+            print(f"redis: embedded redis-server on {self.redis_base} (append-only file in {redis_dir})")
 
         self.registry = Daemon("rmb-registry", [
             script("rmb-registry"), "--listen", f"{self.host}:0",
@@ -361,21 +344,16 @@ class Cluster:
             expect = verify_block(block.data)["hash"]
         except BlockError:
             expect = None
-        refs: list[str] = []
-
-        def on_request(ref: str) -> None:
-            refs.append(ref)
-            self.sent_refs[ref] = src
-            if planned is not None:
-                self.plan.expect(ref, planned[0], planned[1])
-
-        client.log.on_request = on_request   # consumed synchronously inside client.call
-        try:
-            replies = await client.call(ids, cmd, block.data, ttl=ttl)
-        finally:
-            client.log.on_request = None     # never left for another call's request
+        # the request's ref, chosen here: a fresh UUID, which rmb-peer makes the envelope
+        # uid (rmb_peer/client.py), so the planned outcome is logged under the uid before
+        # the request can fail, and late replies are found by it
+        ref = new_uid()
+        self.sent_refs[ref] = src
+        if planned is not None:
+            self.plan.expect(ref, planned[0], planned[1])
+        replies = await client.call(ids, cmd, block.data, ttl=ttl, ref=ref)
         if planned is not None and planned[0] == "expired":
-            self.planned_late += refs
+            self.planned_late.append(ref)
         got = 0
         for reply in replies:
             got += 1
@@ -412,7 +390,7 @@ class Cluster:
         offline = [t["name"] for t in twins if t.get("role") == "offline"]
         rng = random.Random(1)
         client = RmbClient(self._redis_db(self.twin_db[clients[0]]),
-                           log=_AppLog(self.app_log("demo-client", clients[0])),
+                           log=self.app_log("demo-client", clients[0]),
                            name=f"demo-client@{clients[0]}")
         blocks = self.blocks
         try:

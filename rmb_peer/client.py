@@ -11,10 +11,15 @@ message types").
     async def add(data: bytes) -> bytes: ...
     await service.run(stop_event)
 
-RmbClient pushes requests to `msgbus.system.local` with a fresh UUIDv4 `ref` (the peer
-reuses it as the envelope uid, so app events and peer/relay events share one trace id) and
-its own return queue `msgbus.client.<uuid>`; one reader task BRPOPs that queue and resolves
-calls by `ref`. RmbService BRPOPs `msgbus.<cmd>` for its commands and pushes replies to the
+RmbClient pushes requests to `msgbus.system.local` with a `ref` (the caller's, e.g.
+`call(..., ref=my_id)`, else a fresh UUIDv4) and its own return queue
+`msgbus.client.<uuid>`; one reader task BRPOPs that queue and resolves calls by `ref`; every
+Reply carries that `ref`. Semantics as rmb-rs (src/peer/storage: JsonOutgoingRequest `ref`
+is an optional free string the peer keeps in its backlog record, field `reference`, and
+echoes as `ref` in each reply; the envelope uid is the peer's). This suite's rmb-peer uses a
+UUID ref that is not in flight as the envelope uid (rmb_peer/core.py send_request), so with
+a UUID ref, e.g. `new_uid()`, the caller knows the request's uid (the trace id of the
+peer's and relays' events) before the request leaves the process; rmb-rs makes its own. RmbService BRPOPs `msgbus.<cmd>` for its commands and pushes replies to the
 request's `ret` (msgbus.system.reply). Payloads are bytes; `dat` is standard base64.
 """
 from __future__ import annotations
@@ -29,8 +34,9 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import orjson
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from daemon_runtime.redis_server import reconnecting_redis
 
 from rmb_peer.core import ERR_BAD_PAYLOAD, ERR_EXPIRED, ERR_OTHER, LOCAL_QUEUE
 from rmb_peer.envelope import MAX_ENVELOPE_SIZE, MAX_UID_LEN, new_uid
@@ -59,6 +65,8 @@ class Reply:
     code: int | None = None
     message: str | None = None
     schema: str | None = None
+    #: the `ref` of the request this replies to (the caller's or the generated one)
+    ref: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -106,7 +114,7 @@ class RmbClient:
     log: an EventLog for rmb.app.* events (optional); name: the app's return-queue tag."""
 
     def __init__(self, redis_url: str, log=None, name: str = "app"):
-        self.redis = aioredis.Redis.from_url(redis_url)
+        self.redis = reconnecting_redis(redis_url)      # rides out a Redis restart
         self.log = log
         self.ret = f"msgbus.client.{name}.{uuid.uuid4()}"
         self._calls: dict[str, _Call] = {}
@@ -115,21 +123,31 @@ class RmbClient:
         self._closed = False
 
     async def call(self, dst: list[int] | int, cmd: str, data: bytes, ttl: int = 60,
-                   tags: str | None = None, schema: str | None = None) -> list[Reply]:
+                   tags: str | None = None, schema: str | None = None,
+                   ref: str | None = None) -> list[Reply]:
         """Send `data` to every twin in `dst` as command `cmd`; wait for one Reply per
-        destination (in arrival order). ttl: seconds (1..1800; 0 means the peer's 300).
+        destination (in arrival order), each with `ref` set. ttl: seconds (1..1800; 0
+        means the peer's 300). ref: the request's reference, 1..MAX_UID_LEN (256) chars,
+        unique among this client's calls in flight (default: a fresh UUIDv4); a UUID ref
+        is the envelope uid with this suite's rmb-peer (module docstring).
         Never raises for remote failures: they are Replies with a code (102 when nothing
-        came within ttl + CALL_GRACE s). Raises ValueError for bad arguments and
-        redis errors when Redis is unreachable."""
+        came within ttl + CALL_GRACE s). Raises ValueError for bad arguments (a ref that
+        is not such a string, or is in flight already) and redis errors when Redis is
+        unreachable."""
         dsts = [dst] if isinstance(dst, int) else list(dst)
         if not dsts or not cmd:
             raise ValueError("call needs at least one destination and a command")
+        if ref is None:
+            ref = new_uid()
+        elif not isinstance(ref, str) or not ref or len(ref) > MAX_UID_LEN:
+            raise ValueError(f"ref must be a string of 1..{MAX_UID_LEN} chars, got {ref!r:.80}")
+        elif ref in self._calls:
+            raise ValueError(f"ref {ref!r:.80} is already in flight on this client")
         if self._closed:
             raise RuntimeError("client is closed")
         if self._reader is None or self._reader.done():
             self._writer.start()
             self._reader = asyncio.get_running_loop().create_task(self._read())
-        ref = new_uid()
         call = _Call(len(dsts), dsts)
         self._calls[ref] = call
         started = time.monotonic()
@@ -151,7 +169,8 @@ class RmbClient:
                     answered.remove(str(d))
                     continue
                 call.replies.append(Reply(str(d), b"", ERR_EXPIRED,
-                                          "no reply within ttl (is rmb-peer running?)"))
+                                          "no reply within ttl (is rmb-peer running?)",
+                                          ref=ref))
         finally:
             timer.cancel()
             self._calls.pop(ref, None)
@@ -179,7 +198,8 @@ class RmbClient:
     def _on_reply(self, raw: bytes) -> None:
         try:
             obj = orjson.loads(raw)
-            call = self._calls.get(obj.get("ref"))
+            ref = obj.get("ref")
+            call = self._calls.get(ref) if isinstance(ref, str) else None
             if call is None:
                 return  # a late reply to a call that already gave up
             err = obj.get("err")
@@ -189,7 +209,7 @@ class RmbClient:
                 data, err = b"", {"code": 101, "message": "reply payload is not base64"}
             reply = Reply(str(obj.get("src")), data,
                           int(err["code"]) if err else None,
-                          str(err.get("message")) if err else None, obj.get("shm"))
+                          str(err.get("message")) if err else None, obj.get("shm"), ref)
         except (ValueError, TypeError, KeyError, AttributeError):
             return  # not ours / garbage on our queue
         call.replies.append(reply)
@@ -226,7 +246,7 @@ class RmbService:
 
     def __init__(self, redis_url: str, name: str, log=None, concurrency: int = 64,
                  max_reply: int = MAX_REPLY_PAYLOAD):
-        self.redis = aioredis.Redis.from_url(redis_url)
+        self.redis = reconnecting_redis(redis_url)
         self.name = name
         self.log = log
         self.handlers: dict[str, Handler] = {}

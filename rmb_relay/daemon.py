@@ -88,6 +88,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 
 from daemon_runtime.eventlog import EventLog
+from daemon_runtime.redis_server import reconnecting_redis
 from rmb_peer.envelope import MAX_ENVELOPE_SIZE, Envelope, address_str, message_kind
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
@@ -371,7 +372,8 @@ class RelayServer:
         self.federation = FederationScheduler(self.ranker, rng, attempt_timeout=federation_timeout,
                                               max_job_ttl=queue_ttl)
         self.redis_url = redis_url
-        self.redis = aioredis.Redis.from_url(redis_url)
+        #: reconnects and retries after a Redis restart (the queues survive it: AOF)
+        self.redis = reconnecting_redis(redis_url)
         self.directory = directory or TwinDirectory(registry_url, negative_ttl=10.0,
                                                     on_stale=self._on_stale)
         self._own_directory = directory is None
@@ -387,6 +389,9 @@ class RelayServer:
                               twin_max_stale=twin_max_stale,
                               federation_limiter=self.fed_limiter,
                               verify_federation=verify_federation)
+        #: the core's scheduler: RelayCore(federation=...) replaces an EMPTY scheduler (it
+        #: is falsy: __len__ == 0) with its own, so the one passed in is not the one in use
+        self.federation = self.core.federation
         self.router = self.core.router
         self.table = _SessionView(self.core)
         self._last_outcome = QUEUED
@@ -426,6 +431,7 @@ class RelayServer:
         loop.set_exception_handler(self._loop_exception)
         self.metrics.fd_limit.set(_fd_limit())
         self._watchdog = loop.create_task(self._watch())
+        await self.restore_federation()
         return self.port
 
     async def _listen(self) -> None:
@@ -555,31 +561,63 @@ class RelayServer:
                 "connections": len(self.table), "federation_jobs": len(self.federation)}
 
     async def close(self, grace: float = 5.0) -> None:
-        """Graceful shutdown: refuse new connections and federation POSTs (503), close every
-        peer with 1001 going-away, let federation attempts in flight finish for up to
-        `grace` s, then cancel what is left and release Redis, the registry client and
-        the HTTP server."""
+        """Graceful shutdown, a drain bounded by `grace` s (--grace; DESIGN.md section 2):
+
+        1. stop listening; new connections and federation POSTs get 503;
+        2. send every peer a Close frame (1001 going away) but keep reading its frames:
+           RFC 6455 section 5.5.1 lets a peer send data until it has read our Close, and
+           aiohttp's ws.close() would read and DROP those frames (a relay restart lost
+           responses that way), so each frame received before the peer's own Close is
+           routed as usual: to its destination's session when it can still be written,
+           else (the destination was told to go away) to the Redis offline queue;
+        3. wait, up to the deadline, until every session answered its Close and every
+           routing task it started (twin lookups, offline-queue writes, replays) is done,
+           then give federation POSTs in flight the rest of the grace;
+        4. federation jobs still pending (backoff, circuit open, or no time left) are saved
+           to the Redis federation outbox `rmb.relay.<domain>.federation` and resumed by
+           the next start() (restore_federation): not expired, not dropped;
+        5. sessions that did not answer in time are closed (1001) and cancelled, then
+           Redis, the registry client and the HTTP server are released.
+
+        Logs rmb.relay.drained (reason says what was left at the deadline) and
+        rmb.relay.federation_outbox. A job whose POST was cancelled at the deadline is
+        saved too, so the remote may get it twice (a duplicate is visible by uid; a loss
+        is not)."""
+        if self._closing:
+            return
         self._closing = True
-        started = self.clock()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + max(0.0, grace)
         if self._site is not None:
             self._site._server.close()   # stop listening; aiohttp has no public "pause"
-        closers = [asyncio.get_running_loop().create_task(
-            peer.ws.close(code=WSCloseCode.GOING_AWAY, message=b"relay shutting down"))
-            for _session, peer in self.table.items()]
-        if closers:
-            await asyncio.wait(closers, timeout=max(0.1, grace))
+        sessions = len(self.table)
+        for _session, peer in self.table.items():
+            await self._going_away(peer)
+        drained = await self._wait_drained(deadline)
         if self._fed_tasks:
-            await asyncio.wait(set(self._fed_tasks),
-                               timeout=max(0.0, grace - (self.clock() - started)))
+            await asyncio.wait(set(self._fed_tasks), timeout=max(0.0, deadline - loop.time()))
         if self._timer is not None:
             self._timer.cancel()
         if self._watchdog is not None:
             self._watchdog.cancel()
+        left = [peer for _session, peer in self.table.items()]
+        if left:
+            closers = [loop.create_task(peer.ws.close(code=WSCloseCode.GOING_AWAY,
+                                                      message=b"relay shutting down"))
+                       for peer in left]
+            await asyncio.wait(closers, timeout=0.5)
         for task in list(self._fed_tasks) + list(self._tasks):
             task.cancel()
-        for job_uid in self._abandon_federation():
-            self.events.emit("rmb.relay.expired", job_uid, level="warning", dst="",
-                             reason="relay shut down before federation")
+        saved = await self._save_federation()
+        busy = sum(1 for t in self._tasks if not t.done())
+        self.events.emit(
+            "rmb.relay.drained", None, level="info" if drained else "warning",
+            count=sessions, duration_ms=(loop.time() - started) * 1000.0,
+            reason=("drained" if drained else
+                    f"drain timeout after {grace:g} s: {len(left)} sessions had not answered "
+                    f"their close, {busy} routing tasks cancelled")
+            + f"; {saved} federation jobs saved to the outbox")
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -589,14 +627,118 @@ class RelayServer:
         if self._own_directory:
             await self.directory.close()
         await self.redis.aclose()
-        loop = asyncio.get_running_loop()
         if loop.get_exception_handler() == self._loop_exception:
             loop.set_exception_handler(self._prev_handler)
 
-    def _abandon_federation(self) -> list[str]:
-        uids = [job.env.uid for job in self.federation._jobs.values()]
+    async def _going_away(self, peer: _Peer) -> None:
+        """Sends `peer` a Close frame (1001 going away) without ending our read loop: its
+        _serve_peer keeps routing the frames that arrive until the peer's own Close. Our
+        writes to it fail from now on (aiohttp: writer closing), so deliveries to this
+        session go to its offline queue (write_failed). aiohttp has no public call for a
+        half close: its writer is used; another aiohttp falls back to ws.close()."""
+        ws = peer.ws
+        if ws.closed:
+            return
+        writer = getattr(ws, "_writer", None)
+        cancel_heartbeat = getattr(ws, "_cancel_heartbeat", None)
+        if writer is None or cancel_heartbeat is None or not hasattr(writer, "close"):
+            self._spawn(ws.close(code=WSCloseCode.GOING_AWAY, message=b"relay shutting down"),
+                        "close on shutdown")
+            return
+        cancel_heartbeat()       # no ping into a closing connection, no pong timeout
+        try:
+            await writer.close(WSCloseCode.GOING_AWAY, b"relay shutting down")
+        except (ConnectionError, RuntimeError, OSError):
+            pass                 # the connection is gone already: its read loop ends
+
+    async def _wait_drained(self, deadline: float) -> bool:
+        """Polls until no session is left (each answered its Close and the frames before it
+        were routed) and no routing task (lookup, queue write, replay) runs; False at the
+        deadline."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if len(self.table) == 0 and all(t.done() for t in self._tasks):
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+
+    @property
+    def _fedkey(self) -> str:
+        return f"rmb.relay.{self.domains[0]}.federation"
+
+    async def _save_federation(self) -> int:
+        """Writes every pending federation job to the outbox stream (envelope bytes, twin
+        relay domains, sender session, deadline); restore_federation() resumes them.
+        Returns the number saved; on a Redis error each job is logged as expired."""
+        jobs = list(self.federation._jobs.values())
         self.federation._jobs.clear()
-        return uids
+        if not jobs:
+            return 0
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                for job in jobs:
+                    pipe.xadd(self._fedkey, {
+                        "e": job.data, "d": ",".join(job.domains), "u": repr(job.deadline),
+                        "c": session_str(job.context) if isinstance(job.context, tuple) else ""})
+                pipe.expire(self._fedkey, int(self.queue_ttl) + 1)
+                await pipe.execute()
+        except (aioredis.RedisError, OSError) as exc:
+            for job in jobs:
+                self.events.emit("rmb.relay.expired", job.env.uid, level="error", dst="",
+                                 reason=f"relay shut down before federation and the outbox "
+                                        f"failed: {exc!r}"[:200])
+            return 0
+        self.events.emit("rmb.relay.federation_outbox", None, count=len(jobs),
+                         reason="saved at shutdown")
+        return len(jobs)
+
+    async def restore_federation(self) -> int:
+        """Resumes the federation jobs a previous run saved at shutdown (start() calls it):
+        each envelope still before its deadline is planned again for its relays and the
+        outbox is emptied. Returns the number resumed."""
+        try:
+            entries = await self.redis.xrange(self._fedkey, "-", "+")
+        except (aioredis.RedisError, OSError) as exc:
+            self._warn("federation outbox", "rmb.relay.queue_error", None, level="error",
+                       dst=self._fedkey, reason=f"federation outbox unreadable: {exc!r}"[:200])
+            return 0
+        if not entries:
+            return 0
+        now = self.clock()
+        resumed = 0
+        for _entry_id, fields in entries:
+            try:                                   # the queue item guard
+                data = fields[b"e"]
+                domains = [d for d in fields[b"d"].decode().split(",") if d]
+                until = float(fields[b"u"])
+                ctx = fields.get(b"c", b"").decode()
+                env = _lenient_decode(data)
+                if env is None or not domains:
+                    raise ValueError("not an envelope with relays")
+                context: Session | None = None
+                if ctx:
+                    twin, _, sid = ctx.partition(":")
+                    context = (int(twin), sid or None)
+            except (KeyError, ValueError, UnicodeDecodeError) as exc:
+                self._bug(f"federation outbox entry {_entry_id!r}", exc)
+                continue
+            if until <= now:
+                self.metrics.expired.inc()
+                self.events.emit("rmb.relay.expired", env.uid, level="warning", dst="",
+                                 reason="expired in the federation outbox")
+                continue
+            if self.federation.submit(env, data, domains, now, context=context) is not None:
+                resumed += 1
+            else:
+                self.events.emit("rmb.relay.expired", env.uid, level="warning", dst="",
+                                 reason=f"federation outbox: {self.federation.refusal}")
+        await self.redis.delete(self._fedkey)
+        self.events.emit("rmb.relay.federation_outbox", None, count=resumed,
+                         reason="resumed at start")
+        self.core.handle_timer(now)                # dispatch the attempts due
+        await self._run()
+        return resumed
 
     def _spawn(self, coro, where: str = "task") -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -1139,8 +1281,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "does not answer within half of it is closed and freed "
                         f"(default: {HEARTBEAT:g})")
     p.add_argument("--grace", metavar="SECONDS", type=float, default=10.0,
-                   help="on SIGTERM/SIGINT: how long federation attempts in flight may finish "
-                        "before they are cancelled (default: 10)")
+                   help="drain timeout on SIGTERM/SIGINT: the relay stops accepting, routes "
+                        "every frame it already received (to its session or the offline "
+                        "queue), closes sessions with 1001 and lets federation attempts in "
+                        "flight finish, for at most this long; pending federation jobs are "
+                        "saved in Redis and resumed at the next start (default: 10)")
     p.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
                    help="asyncio event loop implementation: uvloop (faster I/O; writes to one "
                         "connection within a loop iteration leave in one writev), the standard "

@@ -24,6 +24,13 @@ RELAY_EVENTS = Catalogue("rmb.relay", [
     E("rmb.relay.circuit", "a federation domain's circuit changed state (open: attempts "
       "paused after consecutive failures; closed: an attempt succeeded)",
       {"domain": "string", "reason": "string", "count": "long"}),
+    E("rmb.relay.drained", "the relay drained on SIGTERM/SIGINT: `count` sessions were "
+      "sent a 1001 close and their frames routed; `reason` says whether everything was "
+      "routed within --grace or what was cut off", {"reason": "string", "count": "long",
+                                                     "duration_ms": "double"}),
+    E("rmb.relay.federation_outbox", "`count` pending federation jobs were saved to Redis at "
+      "shutdown, or resumed from there at start (`reason`)",
+      {"reason": "string", "count": "long"}),
     E("rmb.relay.bug", "an entry point of the daemon caught an unexpected exception (a bug, "
       "not bad input); the daemon kept running", {"reason": "string", "src": "string"}),
 ])

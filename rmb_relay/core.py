@@ -313,6 +313,7 @@ class _Circuit:
     open_until: float = 0.0    # attempts paused until then (0: closed)
     cooldown: float = 0.0      # current open period, s
     probing: bool = False      # the one half-open attempt is in flight
+    probe_job: int = 0         # the job id of that attempt
     jobs: int = 0              # pending jobs that list this domain
     inflight: int = 0          # attempts in flight to this domain
     blocked: collections.deque = field(default_factory=collections.deque)  # job ids waiting for a slot
@@ -508,6 +509,7 @@ class FederationScheduler:
                 continue
             if c.open_until:
                 c.probing = True                       # the one half-open probe
+                c.probe_job = job.id
             c.inflight += 1
             job.attempts += 1
             self._move(job, "dispatch", "in_flight")
@@ -535,10 +537,17 @@ class FederationScheduler:
         if was_open:
             self._events.append(FederationCircuit(domain, "closed", 0, 0.0))
 
-    def _failed(self, domain: str, now: float) -> None:
+    def _failed(self, domain: str, now: float, job_id: int) -> None:
+        """Count a failed attempt; open the circuit at the threshold. While it is open only
+        the half-open probe's failure re-opens it (doubling the cooldown): attempts that were
+        already in flight when it opened and fail afterwards say nothing new about the
+        domain (each used to double the cooldown: 2 s became ~30 s, replies were lost)."""
         c = self._circuits.setdefault(domain, _Circuit())
         c.failures += 1
-        if c.probing or c.failures >= self.circuit_threshold:
+        probe = c.probing and c.probe_job == job_id
+        if c.open_until and not probe:
+            return
+        if probe or c.failures >= self.circuit_threshold:
             first = not c.open_until
             c.cooldown = min(self.circuit_max,
                              self.circuit_base if first else max(self.circuit_base, c.cooldown * 2))
@@ -574,7 +583,7 @@ class FederationScheduler:
             if job.state != "in_flight":
                 self._move(job, "failed", "ready")  # raises with state and input
             self.ranker.downvote(job.domain, now)
-            self._failed(job.domain, now)
+            self._failed(job.domain, now, job.id)
             self._events.append(FederationAttemptFailed(job.id, job.env.uid, job.domain,
                                                         job.attempts, status, reason))
             if now >= job.deadline:

@@ -84,6 +84,33 @@ def test_circuit_probe_closes_when_domain_comes_back():
     assert states == ["open", "closed"]
 
 
+def test_failures_in_flight_when_the_circuit_opens_do_not_lengthen_its_cooldown():
+    # 50 attempts in flight fail one after another: the 2nd opens the circuit for ~1 s; the
+    # other 48 were sent before it opened and say nothing new (they used to double the
+    # cooldown each time, 1 s -> circuit_max, and federated replies expired meanwhile)
+    sched = FederationScheduler(Ranker(rng=random.Random(1)), random.Random(4),
+                                circuit_threshold=2, circuit_base=1.0, circuit_max=60.0)
+    for _ in range(50):
+        sched.submit(make_env(ttl=600), b"x", ["r:1"], T0)
+    now = T0
+    for att in sched.attempts_due(now):
+        now += 0.001
+        sched.report(att.job, "failed", now)
+    probes = []
+    while not probes and now < T0 + 120:
+        now += 0.05
+        sched.handle_timer(now)
+        probes = sched.attempts_due(now)
+    assert len(probes) == 1 and now - T0 <= 1.2 * 1.0 + 0.25 + 0.2
+    sched.report(probes[0].job, "failed", now)          # the probe's failure doubles it
+    opened_at, probes = now, []
+    while not probes and now < opened_at + 120:
+        now += 0.05
+        sched.handle_timer(now)
+        probes = sched.attempts_due(now)
+    assert len(probes) == 1 and 2.0 * 0.8 - 0.05 <= now - opened_at <= 2.0 * 1.2 + 0.25 + 0.2
+
+
 def test_per_domain_job_cap_leaves_room_for_other_domains():
     sched = FederationScheduler(Ranker(), max_jobs=100, max_jobs_per_domain=10)
     for _ in range(10):

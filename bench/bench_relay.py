@@ -18,8 +18,10 @@ last receive. Each run stops at --count envelopes or --seconds, whichever comes 
 Both servers and the client run on the SAME event loop implementation (--loop; auto =
 uvloop when installed, the relay's default), so the loop is not what is compared.
 
-One warm-up run of each (not counted), then --rounds interleaved rounds. Prints every run,
-then best and median of the rounds for: envelopes/s, server CPU time per envelope and the
+One warm-up run of each (not counted), then --rounds interleaved rounds (baseline, relay,
+baseline, relay, ...: ABAB, so load drift on a shared machine hits both). Prints every run,
+each pair's relay/baseline ratio (throughput, and server CPU per envelope) and the median of
+the pairs' ratios, then best and median of the rounds for: envelopes/s, server CPU time per envelope and the
 client's CPU per envelope (from /proc and getrusage: robust on a shared machine where
 wall-clock rates swing), and relay/baseline (target >= 0.90) for the best and the median.
 Bounded: at most (rounds + 1) x 2 x (--seconds + a few s). Not part of the test suite.
@@ -188,11 +190,24 @@ async def main_async(opts) -> None:
             print(f"{name:9s} best {max(rates):7.0f}/s, median {statistics.median(rates):7.0f}/s; "
                   f"server CPU best {min(scpu):5.1f} us, median {statistics.median(scpu):5.1f} us; "
                   f"client CPU median {statistics.median(ccpu):5.1f} us per envelope")
+        # ABAB pairs: round i of the baseline ran right before round i of the relay, so
+        # load drift on the shared machine hits both sides of a pair alike
+        pairs = []
+        for i, (b_row, r_row) in enumerate(zip(runs["baseline"], runs["relay"]), 1):
+            ratio = r_row[0] / b_row[0] if b_row[0] else 0.0
+            cpu_ratio = b_row[1] / r_row[1] if r_row[1] else 0.0
+            pairs.append((ratio, cpu_ratio))
+            print(f"pair {i}: relay {r_row[0]:7.0f}/s / baseline {b_row[0]:7.0f}/s = {ratio:.2f}; "
+                  f"server CPU baseline/relay {b_row[1]:.1f}/{r_row[1]:.1f} us = {cpu_ratio:.2f}")
+        pair_median = statistics.median(p[0] for p in pairs)
+        cpu_median = statistics.median(p[1] for p in pairs)
+        print(f"PAIRS median relay/baseline throughput ratio {pair_median:.2f} (target >= 0.90), "
+              f"median server CPU ratio baseline/relay {cpu_median:.2f}")
         rb, rm = summary["relay"][0], summary["relay"][1]
         bb, bm = summary["baseline"][0], summary["baseline"][1]
         print(f"RESULT relay {rb:.0f} envelopes/s (median {rm:.0f}), raw websockets forwarding "
               f"baseline {bb:.0f} envelopes/s (median {bm:.0f}), ratio best {rb / bb:.2f}, "
-              f"median {rm / bm:.2f} (target >= 0.90); server CPU per envelope (median) relay "
+              f"median {rm / bm:.2f}, median of the pairs' ratios {pair_median:.2f} (target >= 0.90); server CPU per envelope (median) relay "
               f"{summary['relay'][3]:.1f} us, baseline {summary['baseline'][3]:.1f} us; "
               f"event loop {opts.loop_used}, {opts.rounds} rounds, load {os.getloadavg()[0]:.1f}")
     finally:

@@ -47,21 +47,27 @@ def parse_envelope(data: bytes, max_size: int = MAX_ENVELOPE_SIZE, *,
     a ping before its destination check; a relay passes True and answers with a Pong
     (test: tests/test_rmb_lib.py test_ping_with_destination_twin_0).
     """
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise EnvelopeError(f"envelope must be bytes, got {type(data).__name__}")
-    if len(data) > max_size:
-        raise EnvelopeError(f"envelope too large: {len(data)} bytes > limit {max_size}")
-    if len(data) == 0:
+    cls = data.__class__
+    if cls is not bytes:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise EnvelopeError(f"envelope must be bytes, got {cls.__name__}")
+        data = bytes(data)
+    size = len(data)
+    if size > max_size:
+        raise EnvelopeError(f"envelope too large: {size} bytes > limit {max_size}")
+    if size == 0:
         raise EnvelopeError("empty envelope")
     env = Envelope()
     try:
-        env.ParseFromString(bytes(data))
+        env.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise EnvelopeError(f"undecodable envelope: {exc}") from None
-    if not env.uid:
+    # hot path (every envelope through a relay or peer): each field is read once
+    uid = env.uid
+    if not uid:
         raise EnvelopeError("envelope has no uid")
-    if len(env.uid) > MAX_UID_LEN:
-        raise EnvelopeError(f"envelope uid too long: {len(env.uid)} chars > {MAX_UID_LEN}")
+    if len(uid) > MAX_UID_LEN:
+        raise EnvelopeError(f"envelope uid too long: {len(uid)} chars > {MAX_UID_LEN}")
     if allow_ping_without_destination and env.WhichOneof("message") == "ping":
         return env
     if not env.HasField("destination"):

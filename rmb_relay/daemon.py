@@ -903,9 +903,10 @@ class RelayServer:
             t = type(cmd)
             if t is WriteFrame:
                 if await self._send(cmd.conn, cmd.data):
-                    if cmd.log is not None:
+                    log = cmd.log
+                    if log is not None:
                         self.metrics.dl_live.inc()
-                        self.events.emit(cmd.log.event, cmd.log.uid, **cmd.log.attrs)
+                        self.events.emit_attrs(log.event, log.uid, log.level, log.attrs)
                 elif cmd.session is not None:
                     core.write_failed(cmd, self.clock())   # closed meanwhile: queue it
                     closed = await self._run(current) or closed

@@ -49,6 +49,7 @@ from rmb_relay.core import (
     Forward, Local, Ranker, RelayCoreError, RelayRouter, Refuse, Reply, Session, session_of,
     session_str,
 )
+from rmb_relay.core import _FORWARD
 
 #: federation-in refusals (our texts; rmb-rs accepts every parsable POST)
 ERR_UNSIGNED = "federated envelope has no source twin (unsigned envelopes are not federated)"
@@ -332,16 +333,38 @@ class RelayCore:
         except EnvelopeError as exc:
             self._bad_frame(c, data, exc)
             return
-        verdict = self.router.check_inbound(c.session, env, len(data), now)
+        # The hot path: a request/response/error from a correctly sourced, unexpired
+        # envelope with no rate limit configured is what RelayRouter.check_inbound calls
+        # Forward; each protobuf field is read once here (field reads are most of the
+        # core's cost per envelope). Anything else (a rate limiter, a ping, a wrong source,
+        # expired, no message) takes check_inbound for the verdict: this test only ever
+        # short-cuts to the same Forward (tests/test_relay_core_fastpath.py checks they
+        # agree). A router whose check_inbound is not RelayRouter's own (a subclass, or
+        # one replaced on the instance, e.g. a test's injected fault) always decides.
+        kind = env.WhichOneof("message")
+        router = self.router
+        if (kind is not None and kind != "ping" and type(router.limiter) is NoLimit
+                and type(router) is RelayRouter and "check_inbound" not in router.__dict__
+                and env.HasField("source")):
+            src = env.source
+            sid = c.session[1]
+            fast = src.twin == c.session[0] and (
+                not src.HasField("connection") if sid is None
+                else src.HasField("connection") and src.connection == sid) and (
+                env.timestamp + env.expiration > now)
+        else:
+            fast = False
+        verdict = _FORWARD if fast else router.check_inbound(c.session, env, len(data), now)
         if type(verdict) is Forward:
-            dst = session_of(env.destination)
+            d = env.destination
+            dst = (d.twin, d.connection if d.HasField("connection") else None)
             target = self._sessions.get(dst)
             if target is not None and target.state == "live":
-                # the hot path: the live local route, one `forwarded` event (received and
-                # delivered in one loop pass; DESIGN.md section 6)
+                # the live local route, one `forwarded` event (received and delivered in
+                # one loop pass; DESIGN.md section 6)
                 self._out.append(WriteFrame(target.conn, data, dst, Log(
                     "rmb.relay.forwarded", env.uid, "info",
-                    {"kind": message_kind(env), "src": c.name, "dst": target.name,
+                    {"kind": kind or "none", "src": c.name, "dst": target.name,
                      "size": len(data)})))
                 return
             self._log("rmb.relay.received", env.uid, kind=message_kind(env), src=c.name,

@@ -389,9 +389,6 @@ class RelayServer:
                               twin_max_stale=twin_max_stale,
                               federation_limiter=self.fed_limiter,
                               verify_federation=verify_federation)
-        #: the core's scheduler: RelayCore(federation=...) replaces an EMPTY scheduler (it
-        #: is falsy: __len__ == 0) with its own, so the one passed in is not the one in use
-        self.federation = self.core.federation
         self.router = self.core.router
         self.table = _SessionView(self.core)
         self._last_outcome = QUEUED

@@ -211,8 +211,10 @@ class RelayCore:
                  twin_max_stale: float = 3600.0, max_twins: int = 100_000,
                  federation_limiter=None, verify_federation: bool = True):
         self.router = RelayRouter(domains, limiter)
-        self.ranker = ranker or Ranker()
-        self.federation = federation or FederationScheduler(self.ranker)
+        # `is None`, not `or`: an empty scheduler has len() 0 and is falsy, and `or` silently
+        # replaced the caller's scheduler with a new one (the daemon's metrics read the other)
+        self.ranker = ranker if ranker is not None else Ranker()
+        self.federation = federation if federation is not None else FederationScheduler(self.ranker)
         self.max_size = max_size
         self.queue_ttl = queue_ttl
         self.twin_ttl = twin_ttl

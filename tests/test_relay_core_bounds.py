@@ -138,3 +138,12 @@ def test_ping_with_destination_twin_0_answered_by_router():
     v = router.check_inbound((7, "s"), ping, 40, T0)
     assert isinstance(v, Reply) and v.envelope.WhichOneof("message") == "pong"
     assert v.envelope.destination.twin == 7 and v.envelope.source.twin == 0
+
+
+def test_relay_core_uses_the_scheduler_it_is_given_even_when_empty():
+    from rmb_relay.relay_core import RelayCore
+    ranker = Ranker()
+    sched = FederationScheduler(ranker)
+    assert len(sched) == 0                    # falsy: `federation or ...` replaced it
+    core = RelayCore(["r1"], ranker=ranker, federation=sched)
+    assert core.federation is sched and core.ranker is ranker

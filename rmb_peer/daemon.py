@@ -50,6 +50,7 @@ from redis.exceptions import RedisError
 from websockets.asyncio.client import connect as ws_connect
 
 from daemon_runtime.eventlog import EventLog
+from daemon_runtime.redis_server import reconnecting_redis
 from rmb_peer.core import (
     LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, LookupBacklog, LookupTwin, PeerCore,
     PushQueue, SendFrame, SendPing, StoreBacklog, DropBacklog, TWIN_MAX_STALE,
@@ -335,7 +336,8 @@ class PeerDaemon:
             if offline is None:
                 self.store.put(twin, self.clock())
             self.core.load_twins(self.store.load(self.clock()), now)
-        self.redis = aioredis.Redis.from_url(self.args.redis)
+        # retries a command across a Redis restart (daemon_runtime.redis_server)
+        self.redis = reconnecting_redis(self.args.redis)
         try:
             await self.redis.ping()
         except (RedisError, OSError) as exc:

@@ -22,9 +22,10 @@ def make_env(src=(1, None), dst=(2, None), kind="request", ts=T0, ttl=60) -> Env
     env.uid = new_uid()
     env.timestamp = int(ts)
     env.expiration = ttl
-    env.source.twin = src[0]
-    if src[1] is not None:
-        env.source.connection = src[1]
+    if src is not None:                 # None: no source field at all
+        env.source.twin = src[0]
+        if src[1] is not None:
+            env.source.connection = src[1]
     env.destination.twin = dst[0]
     if dst[1] is not None:
         env.destination.connection = dst[1]
@@ -32,6 +33,8 @@ def make_env(src=(1, None), dst=(2, None), kind="request", ts=T0, ttl=60) -> Env
         env.request.command = "test.cmd"
     elif kind == "response":
         env.response.SetInParent()
+    elif kind == "error":
+        env.error.message = "e"
     elif kind == "ping":
         env.ping.SetInParent()
     env.plain = b"x" * 10

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import itertools
 
-from rmb_peer.envelope import Envelope
 from rmb_relay.core import RelayRouter
 from rmb_relay.relay_core import CloseConnection, Enqueue, Log, LookupTwin, RelayCore, WriteFrame
+from tests.test_relay_core import make_env
 
 NOW = 1_700_000_000.0
 
@@ -21,26 +21,9 @@ class AllowAll:
 
 
 def _env(src, dst, kind, ttl) -> bytes:
-    env = Envelope()
+    """src/dst: (twin, connection|None) or src None (no source); ttl against NOW - 10."""
+    env = make_env(src, dst, kind, ts=NOW - 10, ttl=ttl)
     env.uid = "u-1"
-    env.timestamp = int(NOW) - 10
-    env.expiration = ttl
-    if src is not None:
-        env.source.twin = src[0]
-        if src[1] is not None:
-            env.source.connection = src[1]
-    env.destination.twin = dst[0]
-    if dst[1] is not None:
-        env.destination.connection = dst[1]
-    if kind == "request":
-        env.request.command = "c"
-    elif kind == "response":
-        env.response.SetInParent()
-    elif kind == "error":
-        env.error.message = "e"
-    elif kind == "ping":
-        env.ping.SetInParent()
-    env.plain = b"p"
     return env.SerializeToString()
 
 

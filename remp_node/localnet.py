@@ -281,17 +281,23 @@ class RempSegment(_Segment):
         gen = []
         t = int(time.time()) + 3600
         n = int(self.c.get("wallet_messages", 40))
+        races = int(self.c.get("collator_rejects", 4))
+        # the race pairs' wallets take no part in the other transfers: a credit to one (a
+        # generated transfer) could cover the second message of its pair when a restarted
+        # validator takes it up again, and the pair's spend would then fail the next
+        # transfer from that wallet at the full node (seen in 1 of 10 demo runs)
+        plain = wallets[:-races] if 0 < races < len(wallets) - 1 else wallets
         for i in range(n):
-            w = wallets[i % len(wallets)]
+            w = plain[i % len(plain)]
             k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
-            dest = wallets[(i + 1) % len(wallets)]["address"]
+            dest = plain[(i + 1) % len(plain)]["address"]
             gen.append((f"gen{i}", make_wallet_message(k, w["address"], dest, 1000 + i, t, nonce=i)))
         for i, w in enumerate(mc):
             k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
             gen.append((f"mc{i}", make_wallet_message(k, w["address"], w["address"], 10, t, nonce=i)))
         # pairs whose sum exceeds the balance: the collator takes one and rejects the other
         bad = []
-        for i in range(int(self.c.get("collator_rejects", 4))):
+        for i in range(races):
             w = wallets[-1 - (i % len(wallets))]
             k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
             half = w["balance"] // 2 + 1

@@ -204,17 +204,29 @@ class MessageCache:
                 return f"message {mid.hex()} has the body of {first.message_id.hex()}, already in accepted block"
         return None
 
-    def gc(self, current_master_seqno: int) -> list[CacheEntry]:
+    def gc(self, current_master_seqno: int, hold=None) -> list[CacheEntry]:
         """Drop entries obsolete in master session `current_master_seqno` (created in
         N <= current - 2). Returns the dropped entries (the caller sends Timeout for the
-        unfinished ones it had announced)."""
+        unfinished ones it had announced).
+
+        hold(entry) -> bool (optional): obsolete entries it answers True for stay (the
+        validator holds a message whose fate is still decided by a block: a candidate that
+        may yet be accepted, or an accepted shard block that the masterchain may yet commit;
+        timing it out now would contradict the chain: seeds/remp-protocol-b.txt, a Timeout
+        is final). The caller drops them later with `drop` once the block is decided."""
         limit = current_master_seqno - LIFETIME_SESSIONS
-        dropped = [e for e in self._by_id.values() if e.master_seqno <= limit]
+        dropped = [e for e in self._by_id.values()
+                   if e.master_seqno <= limit and not (hold is not None and hold(e))]
         for e in dropped:
-            del self._by_id[e.message_id]
-            if self._by_uid.get(e.uid) == e.message_id:
-                del self._by_uid[e.uid]
+            self.drop(e.message_id)
         return dropped
+
+    def drop(self, message_id: bytes) -> CacheEntry | None:
+        """Forget one entry (both indexes); returns it, or None when it is not cached."""
+        e = self._by_id.pop(message_id, None)
+        if e is not None and self._by_uid.get(e.uid) == message_id:
+            del self._by_uid[e.uid]
+        return e
 
     def obsolete(self, master_seqno: int, current_master_seqno: int) -> bool:
         """True iff a message received in `master_seqno` is obsolete in the current session."""

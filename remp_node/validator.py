@@ -19,7 +19,9 @@ What one `ValidatorCore` runs (REMP-A/B/C modules underneath):
   master block of session N-1 ("start block", genesis for N <= 1); pending RMQ messages are
   forwarded to the new RMQ (rmq.forward_records), the message cache is garbage collected
   (a message received in N is dropped at N+2; unfinished ones get Timeout from every
-  validator that said New). The shard chain of session N starts on top of the shard block
+  validator that said New, except while a live block still decides them: a candidate of a
+  live shard session, or an accepted shard block the masterchain may yet commit; those end
+  with their block, Finalized if committed, else Timeout; see `_end_held`). The shard chain of session N starts on top of the shard block
   committed by the start block of N; accepted shard blocks of older sessions that it did not
   commit are orphaned (their messages: IgnoredByMasterchain, back to the queue).
 
@@ -346,6 +348,7 @@ class _ShardSession:
     consensus: object
     tip: ShardState
     accepted: list = field(default_factory=list)     # _ShardCommit of this session, uncommitted
+    collated: set = field(default_factory=set)       # message ids in candidates of this session
 
 
 class ValidatorCore:
@@ -417,13 +420,14 @@ class ValidatorCore:
         self._shard_by_sid: dict[bytes, _ShardSession] = {}
         self._early: list[tuple[object, bytes, float]] = []
         self.ann: dict[bytes, _Ann] = {}
+        self._held: set[bytes] = set()      # obsolete messages a live block still decides (_end_held)
         self.blamed: set[bytes] = set()
         self._out: list[tuple[bytes, bytes]] = []
         self._events: deque[ValidatorEvent] = deque()
         self._now = 0.0
         self.crashed = False
         self.stats = {"receipts": 0, "shard_blocks": 0, "master_blocks": 0, "collator_rejects": 0,
-                      "orphaned_blocks": 0, "dropped": 0}
+                      "orphaned_blocks": 0, "dropped": 0, "held": 0}
 
     # -- restarts ------------------------------------------------------------------------------
     def _mute_restored(self, c) -> None:
@@ -638,21 +642,23 @@ class ValidatorCore:
             oldq = self.rmqs.get((MASTERCHAIN_KEY, old))
             if oldq is not None:
                 q.add_forwarded(oldq.forward_records(n), now)
-        # the lifetime of messages received in n-2 is over
-        for entry in self.cache.gc(n):
-            a = self.ann.get(entry.message_id)
-            if (a is not None and a.said_new and not a.ended
-                    and entry.status not in (CacheStatus.FINALIZED, CacheStatus.DUPLICATE)):
-                self._send_receipt(entry.message_id, Timeout(), a.shard, final=True)
-            self.ann.pop(entry.message_id, None)
-            self._parsed.pop(entry.message_id, None)
-            self.bodies.pop(entry.message_id, None)
+        # the lifetime of messages received in n-2 is over, except for those a block still
+        # decides (held: see _in_open_block), which end when their block does (_end_held)
+        in_blocks = self._open_block_messages()
+        hold = lambda e: e.message_id in in_blocks and e.status in (CacheStatus.COLLATED, CacheStatus.ACCEPTED)
+        for entry in self.cache.gc(n, hold):
+            self._time_out(entry)
+        held = {mid for mid in in_blocks if (e := self.cache.get(mid)) is not None
+                and self.cache.obsolete(e.master_seqno, n) and hold(e)}
+        self.stats["held"] += len(held - self._held)
+        self._held |= held
         for key in [k for k in self.rmqs if k[1] <= n - 2]:
             q = self.rmqs.pop(key)
             self._rmq_by_sid.pop(q.session_id, None)
         for key in [k for k in self.shard_sessions if k[1] <= n - 2]:
             s = self.shard_sessions.pop(key)
             self._shard_by_sid.pop(s.consensus.session_id, None)
+        self._end_held()
         for key in [k for k in self._groups if k < n - 3]:
             del self._groups[key]
         self._events.append(SessionStarted(n, roles))
@@ -666,6 +672,51 @@ class ValidatorCore:
         elif n in self.start_blocks:
             self._start_shard_sessions(n, now)
         return True
+
+    def _time_out(self, entry) -> None:
+        """The lifetime of a dropped cache entry is over: Timeout (final) to the full nodes
+        if this node said New and has not ended the message yet; forget its body."""
+        a = self.ann.get(entry.message_id)
+        if (a is not None and a.said_new and not a.ended
+                and entry.status not in (CacheStatus.FINALIZED, CacheStatus.DUPLICATE)):
+            self._send_receipt(entry.message_id, Timeout(), a.shard, final=True)
+        self.ann.pop(entry.message_id, None)
+        self._parsed.pop(entry.message_id, None)
+        self.bodies.pop(entry.message_id, None)
+
+    def _open_block_messages(self) -> set[bytes]:
+        """Message ids whose fate a live shard session still decides: in a candidate of it
+        (may yet be accepted) or in an accepted block of it not committed yet (the
+        masterchain may yet commit it)."""
+        out: set[bytes] = set()
+        for s in self.shard_sessions.values():
+            out |= s.collated
+            for sc in s.accepted:
+                out.update(m.message_id for m in sc.payload.messages)
+        return out
+
+    def _end_held(self) -> None:
+        """Obsolete messages held past their lifetime because a block still decided them
+        (cache.gc `hold`): once no live session can accept or commit them, those not
+        finalized get their Timeout now. Without the hold a validator said Timeout (final)
+        for a message in an accepted shard block that the lagging masterchain committed a
+        moment later (Finalized after Timeout: the full node's verdict contradicted the
+        chain; seen in the demo under load, tests/test_remp_held.py)."""
+        if not self._held:
+            return
+        in_blocks = self._open_block_messages()
+        for mid in list(self._held):
+            e = self.cache.get(mid)
+            if e is None:
+                self._held.discard(mid)
+                continue
+            if e.status in (CacheStatus.COLLATED, CacheStatus.ACCEPTED) and mid in in_blocks:
+                continue                    # still decided by a live block
+            self._held.discard(mid)
+            if e.status is CacheStatus.FINALIZED or e.status is CacheStatus.DUPLICATE:
+                continue                    # dropped by the next gc, as any finished entry
+            self.cache.drop(mid)
+            self._time_out(e)
 
     def _start_shard_sessions(self, n: int, now: float) -> None:
         groups = self.groups(n)
@@ -889,6 +940,7 @@ class ValidatorCore:
         return msgs
 
     def _included(self, m: BlockMessage, s: _ShardSession, bid: BlockIdExt) -> None:
+        s.collated.add(m.message_id)
         e = self.cache.get(m.message_id)
         if e is None:
             self.cache.add(m.message_id, m.uid, s.session)
@@ -1208,3 +1260,4 @@ class ValidatorCore:
         for shard in self.cfg.shards:
             for seq in [k for k, sc in self._known_commits[shard].items() if sc.payload.session < n]:
                 del self._known_commits[shard][seq]
+        self._end_held()

@@ -84,6 +84,8 @@ class ValidatorStore:
             CREATE TABLE IF NOT EXISTS master_commits (seqno INTEGER PRIMARY KEY, raw BLOB NOT NULL);
             CREATE TABLE IF NOT EXISTS signed_heights (session_id BLOB PRIMARY KEY, height INTEGER NOT NULL);
             CREATE TABLE IF NOT EXISTS authored (session_id BLOB PRIMARY KEY);
+            CREATE TABLE IF NOT EXISTS rejected (id BLOB PRIMARY KEY, uid BLOB NOT NULL,
+                                                 master_seqno INTEGER NOT NULL);
             CREATE TABLE IF NOT EXISTS outbox (n INTEGER PRIMARY KEY AUTOINCREMENT, dst BLOB NOT NULL,
                                                digest BLOB NOT NULL, receipt BLOB NOT NULL,
                                                session INTEGER NOT NULL, UNIQUE (dst, digest));
@@ -98,6 +100,8 @@ class ValidatorStore:
             j.signed_heights[bytes(sid)] = int(h)
         for (sid,) in self.db.execute("SELECT session_id FROM authored"):
             j.authored.add(bytes(sid))
+        for mid, uid, seqno in self.db.execute("SELECT id, uid, master_seqno FROM rejected"):
+            j.rejected[bytes(mid)] = (bytes(uid), int(seqno))
         return j
 
     def run_epoch(self, now_us: int) -> int:
@@ -135,6 +139,11 @@ class ValidatorStore:
                                     "SET height = max(height, excluded.height)", (e.key, int(e.value)))
                 elif e.kind == "authored":
                     self.db.execute("INSERT OR IGNORE INTO authored VALUES (?)", (e.key,))
+                elif e.kind == "rejected":
+                    self.db.execute("INSERT OR IGNORE INTO rejected VALUES (?, ?, ?)",
+                                    (e.key, e.value[0], int(e.value[1])))
+                elif e.kind == "rejected_gc":
+                    self.db.execute("DELETE FROM rejected WHERE master_seqno <= ?", (int(e.key),))
             self.db.execute("COMMIT")
         except sqlite3.Error as exc:
             try:

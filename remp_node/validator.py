@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import consensus as cons
-from .cache import CacheStatus, MessageCache
+from .cache import AddResult, CacheStatus, MessageCache
 from .keys import NodeKey, key_id
 from .messages import MessageRejected, parse_external_message
 from .receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, Timeout,
@@ -301,11 +301,16 @@ class ValidatorJournal:
     validator rebuilds its chain view, shard states and message cache by replaying them;
     signed_heights: consensus session id -> the highest height it signed a proposal or vote
     at (BlockConsensus.mute_through after a restart: no equivocation); authored: RMQ
-    catchain session ids it signed blocks in (Catchain.mute after a restart: no fork)."""
+    catchain session ids it signed blocks in (Catchain.mute after a restart: no fork);
+    rejected: message id -> (uid, master session received in) of every message its
+    collator rejected (a final RejectedByCollator: a restarted validator replaying its RMQ
+    must not take the message up again; seed remp-protocol-b, "Rejection sequences": after
+    all rejects "nobody will try to collate the message")."""
 
     master_commits: dict[int, bytes] = field(default_factory=dict)
     signed_heights: dict[bytes, int] = field(default_factory=dict)
     authored: set[bytes] = field(default_factory=set)
+    rejected: dict[bytes, tuple[bytes, int]] = field(default_factory=dict)
 
     def apply(self, entries: "list[JournalEntry]") -> None:
         """Add journal_updates() output (what a store writes)."""
@@ -316,13 +321,21 @@ class ValidatorJournal:
                 self.signed_heights[e.key] = max(e.value, self.signed_heights.get(e.key, 0))
             elif e.kind == "authored":
                 self.authored.add(e.key)
+            elif e.kind == "rejected":
+                self.rejected[e.key] = e.value
+            elif e.kind == "rejected_gc":
+                for mid in [m for m, (_, n) in self.rejected.items() if n <= e.key]:
+                    del self.rejected[mid]
 
 
 @dataclass(frozen=True)
 class JournalEntry:
     """One durable fact from ValidatorCore.journal_updates(). kind: "master_commit" (key:
     seqno int, value: commit bytes), "signed_height" (key: consensus session id, value:
-    height int), "authored" (key: catchain session id, value: None)."""
+    height int), "authored" (key: catchain session id, value: None), "rejected" (key:
+    message id, value: (uid, master session it was received in)): this node's collator
+    rejected it (final), "rejected_gc" (key: master session s): the "rejected" entries of
+    sessions <= s are obsolete (message lifetime over) and may be deleted."""
 
     kind: str
     key: object
@@ -398,6 +411,15 @@ class ValidatorCore:
         self.cache = MessageCache()
         self.bodies: dict[bytes, bytes] = {}
         self._parsed: dict[bytes, object] = {}
+        self.ann: dict[bytes, _Ann] = {}
+        # messages this node's collator rejected before a restart: REJECTED in the cache (never
+        # collated again by this node; pending() skips them) and already answered (no second
+        # PutIntoQueue, no Timeout); the session switches' cache.gc drops them as usual
+        self._j_rejected: list[JournalEntry] = []
+        for mid, (uid, seqno) in self._restored.rejected.items():
+            if self.cache.add(mid, uid, seqno).result is AddResult.NEW:
+                self.cache.set_status(mid, CacheStatus.REJECTED)
+            self.ann[mid] = _Ann(said_new=True, ended=True, master_seqno=seqno)
         self.committed = {s: zerostate.states[s].copy() for s in config.shards}
         #: the masterchain's accounts as committed by accepted master blocks (item 4)
         self.mc_committed: ShardState = zerostate.masterchain.copy()
@@ -419,7 +441,6 @@ class ValidatorCore:
         self.shard_sessions: dict[tuple[int, int], _ShardSession] = {}
         self._shard_by_sid: dict[bytes, _ShardSession] = {}
         self._early: list[tuple[object, bytes, float]] = []
-        self.ann: dict[bytes, _Ann] = {}
         self._held: set[bytes] = set()      # obsolete messages a live block still decides (_end_held)
         self.blamed: set[bytes] = set()
         self._out: list[tuple[bytes, bytes]] = []
@@ -473,6 +494,9 @@ class ValidatorCore:
             if q.session_id not in self._j_authored and getattr(q.catchain, "authored", False):
                 self._j_authored.add(q.session_id)
                 out.append(JournalEntry("authored", q.session_id))
+        if self._j_rejected:
+            out.extend(self._j_rejected)
+            self._j_rejected = []
         return out
 
     # -- schedule ------------------------------------------------------------------------------
@@ -600,6 +624,10 @@ class ValidatorCore:
             self._mute_restored(self.master)
         if self._replay is not None:
             self._replay_master(now)
+        if self._replaying:
+            # no session switch in the middle of the journal replay: the shard sessions
+            # would start on a half-replayed committed state (a stale collator tip)
+            return
         target = master_session_at(self.cfg, now)
         while self.session < target:
             if not self._switch(self.session + 1, now):
@@ -643,7 +671,9 @@ class ValidatorCore:
             if oldq is not None:
                 q.add_forwarded(oldq.forward_records(n), now)
         # the lifetime of messages received in n-2 is over, except for those a block still
-        # decides (held: see _in_open_block), which end when their block does (_end_held)
+        # decides (held: see _open_block_messages), which end when their block does (_end_held)
+        if n >= 2 and not self._replaying:
+            self._j_rejected.append(JournalEntry("rejected_gc", n - 2))
         in_blocks = self._open_block_messages()
         hold = lambda e: e.message_id in in_blocks and e.status in (CacheStatus.COLLATED, CacheStatus.ACCEPTED)
         for entry in self.cache.gc(n, hold):
@@ -931,6 +961,8 @@ class ValidatorCore:
             if not res.ok:
                 self.stats["collator_rejects"] += 1
                 self.cache.set_status(qm.message_id, CacheStatus.REJECTED)
+                # durable before the final receipt leaves (journal_updates precedes sending)
+                self._j_rejected.append(JournalEntry("rejected", qm.message_id, (qm.uid, qm.master_seqno)))
                 self._ann(qm.message_id, qm.origin, shard, qm.master_seqno)
                 self._send_receipt(qm.message_id, Rejected(Level.COLLATOR, ZERO_BLOCK_ID, truncate_error(res.error)),
                                    shard, final=True, reason=res.error)

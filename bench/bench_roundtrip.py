@@ -789,6 +789,8 @@ async def main() -> None:
         print(f"  ratio bound at equal CPU (RMB given the CPU time the echo used): E / M = "
               f"{echo_cpu / total:.3f}   target >= 0.20 -> "
               f"{'out of reach by the mandatory work alone' if echo_cpu / total < 0.20 else 'not excluded'}")
+        print(f"  the same without counting any WebSocket cost (crypto, codecs and the Redis hops "
+              f"only): E / (M - {ws_us:.0f}) = {echo_cpu / (total - ws_us):.3f}")
         echo_proc = statistics.median(echo_proc_cpus)
         idle_bound = cores * echo_proc / total
         print(f"  ratio bound on {cores} idle cores: RMB spreads over 5 processes + Redis and could "

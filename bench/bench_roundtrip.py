@@ -6,11 +6,13 @@ Prints:
   1. max sustained requests/s with many calls in flight (closed loop, --inflight workers);
   2. latency p50/p99/max at a fixed offered load (open loop, --rate requests/s);
   3. the same-run baseline: a bare Redis LPUSH/BRPOP echo round trip (client -> echo task ->
-     client through two Redis lists) at the same offered load, and its max throughput.
+     client through two Redis lists) at the same offered load, and its max throughput, its
+     throughput rounds interleaved with RMB's (RMB round i, then echo round i: ABAB).
 Targets: >= 2,000 requests/s sustained; p99 <= 20 ms at 1,000 requests/s; sustained
 throughput >= 0.20 of the same run's bare Redis echo (issue 11; printed last as "ratio",
-median to median and best to best, with /proc/loadavg at the start and the end: the
-machine is shared, so compare ratios of one run, not absolute figures across runs).
+median to median, best to best and the median of the pairs' ratios, with /proc/loadavg
+at the start and the end: the machine is shared, so compare ratios of one run, not
+absolute figures across runs).
 
     .venv/bin/python bench/bench_roundtrip.py [--duration 5] [--rounds 3] [--rate 1000] [--inflight 256]
 
@@ -21,6 +23,16 @@ default 5, <= 20), so a run takes about 2 x rounds x duration + 30 s. Not part o
 Also printed: CPU time per round trip of every process (utime+stime from /proc during the
 throughput phase), which is stable even when other jobs share the cores, and the ceiling it
 implies on idle cores.
+
+Last, "bound": the CPU the protocol itself mandates per round trip M, measured in the same
+run: the two sr25519 signs and two verifies (each peer signs what it sends and verifies
+what it receives, as rmb-rs), AES-256-GCM both ways, protobuf, the JSON/base64 of the four
+app <-> peer Redis messages (microbenchmarks of the peers' own functions), the four Redis
+queue hops (2 x the echo's own CPU per round trip: it does two of the same hops) and the
+two WebSocket envelope hops (2 x a websockets echo round trip of the envelope's size, run
+here). Printed next to the echo's CPU per round trip E: at equal CPU the ratio cannot
+exceed E / M, whatever the implementation does besides; plus the looser bound with every
+core given to RMB, and the sr25519/ed25519/ECDH figures for reference.
 """
 from __future__ import annotations
 
@@ -260,6 +272,175 @@ class RedisEcho:
         await self.r.aclose()
 
 
+def _cpu_us(fn, n: int) -> float:
+    """CPU time (this process, us) per call of fn, over n calls after one warm-up call."""
+    fn()
+    t0 = time.process_time()
+    for _ in range(n):
+        fn()
+    return (time.process_time() - t0) / n * 1e6
+
+
+def mandatory_crypto_codec(n: int = 2000, key_type: str = "sr25519"):
+    """CPU us per RMB round trip of the work the protocol itself mandates in the peers and
+    the relay, measured here with the peers' own functions (rmb_peer), the bench's key
+    type, e2e on and this bench's payload. A round trip is two envelopes (request,
+    response); each is signed by its sender and verified by its receiver (rmb-rs does the
+    same), encrypted by its sender and decrypted by its receiver (both twins have a pk),
+    serialized once and parsed twice (relay, receiving peer); four JSON messages cross
+    the app/service <-> peer Redis boundary (request, delivery, service reply, reply),
+    each encoded once and decoded once with a base64 `dat`. Returns ({operation: (CPU us
+    per call, calls per round trip)}, the request envelope's size in bytes)."""
+    from rmb_peer.challenge import sign_envelope, verify_envelope
+    from rmb_peer.core import SharedKeyCache, _dumps, _loads_object, b64, unb64
+    from rmb_peer.e2e import decrypt, encrypt
+    from rmb_peer.envelope import Envelope, new_uid, parse_envelope
+    from rmb_peer.identity import E2EKey, Identity
+
+    ia, ib = Identity.from_seed(os.urandom(32), key_type), Identity.from_seed(os.urandom(32), key_type)
+    ka, kb = SharedKeyCache(E2EKey.from_seed(os.urandom(32))), SharedKeyCache(E2EKey.from_seed(os.urandom(32)))
+    env = Envelope(uid=new_uid(), expiration=30, timestamp=int(time.time()))
+    env.request.command = "bench.echo"
+    env.source.twin, env.destination.twin = 1, 2
+    env.cipher = encrypt(ka, kb.pk, PAYLOAD)
+    sign_envelope(env, ia)
+    data = env.SerializeToString()
+    cipher = env.cipher
+    msg = {"ver": 1, "ref": env.uid, "src": "1", "cmd": "bench.echo", "exp": 30,
+           "dat": b64(PAYLOAD), "tag": None, "ret": "msgbus.system.reply", "shm": None,
+           "now": int(time.time())}
+    raw = _dumps(msg)
+    per_op = {
+        f"{key_type} sign (challenge + sign)": _cpu_us(lambda: sign_envelope(env, ia), n),
+        f"{key_type} verify (challenge + verify)": _cpu_us(lambda: verify_envelope(env, ia.account), n),
+        "AES-256-GCM encrypt (cached ECDH key)": _cpu_us(lambda: encrypt(ka, kb.pk, PAYLOAD), n),
+        "AES-256-GCM decrypt (cached ECDH key)": _cpu_us(lambda: decrypt(kb, ka.pk, cipher), n),
+        "protobuf serialize": _cpu_us(env.SerializeToString, n),
+        "protobuf parse (parse_envelope)": _cpu_us(lambda: parse_envelope(data), n),
+        "JSON + base64 encode": _cpu_us(lambda: _dumps(dict(msg, dat=b64(PAYLOAD))), n),
+        "JSON + base64 decode": _cpu_us(lambda: unb64(_loads_object(raw)["dat"]), n),
+    }
+    count = {f"{key_type} sign (challenge + sign)": 2, f"{key_type} verify (challenge + verify)": 2,
+             "AES-256-GCM encrypt (cached ECDH key)": 2, "AES-256-GCM decrypt (cached ECDH key)": 2,
+             "protobuf serialize": 2, "protobuf parse (parse_envelope)": 4,
+             "JSON + base64 encode": 4, "JSON + base64 decode": 4}
+    return {k: (v, count[k]) for k, v in per_op.items()}, len(data)
+
+
+def crypto_reference(n: int = 1000) -> list[str]:
+    """Per-operation figures not in the bound, for reference: the other key type, and the
+    e2e key derivation a SharedKeyCache miss costs (ECDH + sha256), against a hit."""
+    from rmb_peer.core import SharedKeyCache
+    from rmb_peer.identity import E2EKey, Identity, verify_typed
+    out = []
+    for kt in ("sr25519", "ed25519"):
+        ident = Identity.from_seed(os.urandom(32), kt)
+        digest = os.urandom(16)
+        sig = ident.sign(digest)
+        out.append(f"{kt}: sign {_cpu_us(lambda: ident.sign(digest), n):.1f} us, verify "
+                   f"{_cpu_us(lambda: verify_typed(ident.account, digest, sig), n):.1f} us")
+    own, peer = E2EKey.from_seed(os.urandom(32)), E2EKey.from_seed(os.urandom(32))
+    cache = SharedKeyCache(own)
+    out.append(f"e2e key: ECDH + sha256 (cache miss) {_cpu_us(lambda: own.shared_key(peer.pk), n):.1f} us, "
+               f"SharedKeyCache hit {_cpu_us(lambda: cache.aead(peer.pk), n):.2f} us")
+    return out
+
+
+def gil_overlap(seconds: float = 0.5) -> str:
+    """Does sr25519 (py-sr25519-bindings) release the GIL, so that a thread could overlap
+    the peers' signature work with the event loop? One thread verifies in a loop while
+    another runs Python code, for `seconds`: with the GIL held during each call the two
+    threads' CPU times add up to at most the wall time (they never run at once); released,
+    up to ~2x on 2 free cores. The same with hashlib.sha256 over 1 MiB (which releases the
+    GIL) as the control: on busy cores neither may overlap, and then nothing is shown."""
+    import hashlib
+    import threading
+
+    import sr25519
+    pub, priv = sr25519.pair_from_seed(os.urandom(32))
+    msg = os.urandom(16)
+    sig = sr25519.sign((pub, priv), msg)
+    blob = os.urandom(1 << 20)
+
+    def overlap(native) -> float:
+        stop = threading.Event()
+        cpu = []
+
+        def native_loop():
+            while not stop.is_set():
+                native()
+            cpu.append(time.thread_time())
+
+        def python_loop():
+            n = 0
+            while not stop.is_set():
+                n += 1
+            cpu.append(time.thread_time())
+        threads = [threading.Thread(target=native_loop), threading.Thread(target=python_loop)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        return sum(cpu) / (time.perf_counter() - t0)
+    sr = overlap(lambda: sr25519.verify(sig, msg, pub))
+    control = overlap(lambda: hashlib.sha256(blob).digest())
+    if control > 1.15:
+        verdict = ("the GIL is released" if sr > 1.15 else
+                   "the GIL is held during sr25519 calls: a thread cannot overlap them with "
+                   "the event loop")
+    else:
+        verdict = "cores too busy for the check to show anything"
+    return (f"GIL check: CPU of (native thread + Python thread) / wall: sr25519 verify x{sr:.2f}, "
+            f"control sha256 1 MiB x{control:.2f} -> {verdict}")
+
+
+async def ws_echo_cpu(duration: float, inflight: int, size: int) -> tuple[float, float]:
+    """CPU us (this process) per WebSocket round trip of a `size`-byte binary frame over
+    127.0.0.1, client and an echo server both here (websockets library, as the relay
+    bench's baseline forwarder; the loop is the bench's): one round trip is 2 frame
+    sends and 2 frame receives, exactly what one envelope's hop costs (sender peer send,
+    relay receive, relay send, receiving peer receive). `inflight` frames pipelined.
+    Returns (CPU us per round trip, round trips/s)."""
+    from websockets.asyncio.client import connect
+    from websockets.asyncio.server import serve
+
+    async def echo(ws):
+        async for frame in ws:
+            await ws.send(frame)
+    frame = os.urandom(size)
+    async with serve(echo, "127.0.0.1", 0, compression=None, max_size=None) as srv:
+        port = srv.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}/", compression=None, max_size=None) as ws:
+            for _ in range(200):
+                await ws.send(frame)
+                await ws.recv()
+            stop_at = time.perf_counter() + duration
+            done = sent = 0
+            window = asyncio.Semaphore(inflight)
+
+            async def receiver():
+                nonlocal done
+                while True:
+                    await ws.recv()
+                    done += 1
+                    window.release()
+            t0, c0 = time.perf_counter(), time.process_time()
+            rx = asyncio.get_running_loop().create_task(receiver())
+            while time.perf_counter() < stop_at:
+                await window.acquire()
+                await ws.send(frame)
+                sent += 1
+            give_up = time.perf_counter() + 5.0
+            while done < sent and time.perf_counter() < give_up:
+                await asyncio.sleep(0.001)
+            cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+            rx.cancel()
+    return cpu / max(done, 1) * 1e6, done / wall
+
+
 def service_main(redis_url: str, log_path: str | None = None) -> None:
     """The echo service behind peer B, in its own process (like a real deployment);
     log_path: its rmb.app.handled event log (JSON lines) or None."""
@@ -450,7 +631,15 @@ async def main() -> None:
                 # process 15-30 ms, which showed up as latency of the system under test
                 from daemon_runtime.lifecycle import freeze_heap
                 freeze_heap()
+                # the baseline's throughput rounds are interleaved with RMB's (RMB round i,
+                # then echo round i: ABAB, as bench_relay), so load drift on the shared
+                # machine hits both sides of a pair alike; the echo uses Redis db 15
+                echo = RedisEcho(srv.url.rsplit("/", 1)[0] + "/15")
+                await echo.start()
+                for _ in range(200):
+                    await echo.call()
                 rates, costs = [], []
+                echo_rates, echo_cpus, echo_proc_cpus = [], [], []
                 loadavg_start = Path("/proc/loadavg").read_text().strip()
                 for r in range(rounds):
                     before = {k: cpu_seconds(p) for k, p in procs.items()}
@@ -462,8 +651,18 @@ async def main() -> None:
                           f"{opts.inflight} in flight, {duration:.0f} s); CPU us per round trip: "
                           + ", ".join(f"{k} {v:.0f}" for k, v in cost.items())
                           + f"; total {sum(cost.values()):.0f}", flush=True)
+                    c0, r0 = time.process_time(), cpu_seconds(srv.proc.pid)
+                    erps, eok, _ = await closed_loop(echo.call, opts.inflight, min(duration, 5.0))
+                    echo_rates.append(erps)
+                    # the echo's CPU per round trip: this process (caller, echo task, reader)
+                    # + Redis (the idle peers' blocking reads cost Redis next to nothing)
+                    proc_us = (time.process_time() - c0) / max(eok, 1) * 1e6
+                    echo_proc_cpus.append(proc_us)
+                    echo_cpus.append(proc_us + (cpu_seconds(srv.proc.pid) - r0) / max(eok, 1) * 1e6)
+                    print(f"    echo round {r + 1} right after: {erps:,.0f} requests/s; pair ratio "
+                          f"{rps / erps:.3f} (load {os.getloadavg()[0]:.1f})", flush=True)
                 med = {k: statistics.median(c[k] for c in costs) for k in procs}
-                total = sum(med.values())
+                total = total_rt = sum(med.values())
                 print(f"  max sustained: best {max(rates):,.0f} requests/s, median "
                       f"{statistics.median(rates):,.0f}/s   target >= 2,000/s")
                 print("  CPU per round trip (median, us): " + ", ".join(f"{k} {v:.0f}" for k, v in med.items())
@@ -549,28 +748,68 @@ async def main() -> None:
                 await admin.aclose()
                 svc_proc.terminate()
                 svc_proc.wait(10)
-        echo = RedisEcho(srv.url.rsplit("/", 1)[0] + "/15")
-        await echo.start()
-        for _ in range(200):
-            await echo.call()
         print("baseline: bare Redis LPUSH/BRPOP echo round trip (same Redis, same machine)")
         lat, err, achieved = await open_loop(echo.call, opts.rate, duration)
         print(f"  at {opts.rate:,.0f} req/s offered: p50 {pct(lat, .50):.2f} ms, "
               f"p99 {pct(lat, .99):.2f} ms, max {max(lat):.2f} ms ({len(lat)} ok, {err} errors)")
-        echo_rates = []
-        for _ in range(rounds):
-            rps, ok, err = await closed_loop(echo.call, opts.inflight, min(duration, 5.0))
-            echo_rates.append(rps)
-        print(f"  max sustained: best {max(echo_rates):,.0f} requests/s, median "
-              f"{statistics.median(echo_rates):,.0f}/s ({opts.inflight} in flight, "
-              f"{rounds} rounds)")
+        print(f"  max sustained (rounds interleaved with RMB's): best {max(echo_rates):,.0f} "
+              f"requests/s, median {statistics.median(echo_rates):,.0f}/s ({opts.inflight} in "
+              f"flight, {rounds} rounds)")
         await echo.close()
         med_ratio = statistics.median(rates) / statistics.median(echo_rates)
         best_ratio = max(rates) / max(echo_rates)
+        pair_ratio = statistics.median(r / e for r, e in zip(rates, echo_rates))
         print(f"ratio: rmb round trip / bare Redis echo, sustained: median {med_ratio:.3f} "
               f"({statistics.median(rates):,.0f} / {statistics.median(echo_rates):,.0f}), "
-              f"best {best_ratio:.3f}   target >= 0.20   "
-              f"[{'met' if med_ratio >= 0.20 else 'NOT met'}]")
+              f"best {best_ratio:.3f}, median of the ABAB pairs' ratios {pair_ratio:.3f}   "
+              f"target >= 0.20   [{'met' if med_ratio >= 0.20 else 'NOT met'}]")
+        # ------------------------------------------------------------ the bound
+        # What the protocol mandates per round trip, measured in this run on this machine,
+        # against the budget the target leaves: does the target fit on these cores at all?
+        echo_cpu = statistics.median(echo_cpus)
+        ops, envelope_size = mandatory_crypto_codec()
+        ws_cpu, ws_rate = await ws_echo_cpu(min(duration, 3.0), opts.inflight, envelope_size)
+        cores = os.cpu_count() or 1
+        print(f"bound: CPU the protocol itself mandates per round trip (same run; key type "
+              f"sr25519 as the twins above, e2e on, {len(PAYLOAD)} B payload):")
+        total = 0.0
+        for name, (us, times) in ops.items():
+            total += us * times
+            print(f"  {times} x {name:42s} {us:7.2f} us = {us * times:7.1f} us")
+        redis_us = 2 * echo_cpu
+        ws_us = 2 * ws_cpu
+        total += redis_us + ws_us
+        print(f"  4 Redis queue hops (app -> peer, peer -> service, service -> peer, peer -> app; "
+              f"the echo does 2 of the same LPUSH/BRPOP hops for {echo_cpu:.1f} us of CPU per "
+              f"round trip, its process + Redis) = 2 x {echo_cpu:.1f} = {redis_us:7.1f} us "
+              f"(the backlog SET/DEL not counted)")
+        print(f"  2 WebSocket envelope hops (peer -> relay -> peer: 2 sends + 2 receives each; "
+              f"a websockets echo round trip of a {envelope_size} B frame, {opts.inflight} in flight, "
+              f"costs {ws_cpu:.1f} us of CPU, {ws_rate:,.0f}/s) = 2 x {ws_cpu:.1f} = {ws_us:7.1f} us")
+        echo_rate = statistics.median(echo_rates)
+        echo_cores = echo_cpu * echo_rate / 1e6
+        print(f"  mandatory total M = {total:.0f} us of CPU per round trip (not counted: the "
+              f"relay's routing, the peers' request tracking and backlog, event logs, the app "
+              f"client); measured for the whole RMB round trip in this run: {total_rt:.0f} us "
+              f"(median of the throughput rounds), i.e. {total_rt - total:.0f} us above M")
+        print(f"  the echo: E = {echo_cpu:.1f} us of CPU per round trip, {echo_rate:,.0f}/s "
+              f"-> it used {echo_cores:.2f} cores")
+        print(f"  ratio bound at equal CPU (RMB given the CPU time the echo used): E / M = "
+              f"{echo_cpu / total:.3f}   target >= 0.20 -> "
+              f"{'out of reach by the mandatory work alone' if echo_cpu / total < 0.20 else 'not excluded'}")
+        print(f"  the same without counting any WebSocket cost (crypto, codecs and the Redis hops "
+              f"only): E / (M - {ws_us:.0f}) = {echo_cpu / (total - ws_us):.3f}")
+        echo_proc = statistics.median(echo_proc_cpus)
+        idle_bound = cores * echo_proc / total
+        print(f"  ratio bound on {cores} idle cores: RMB spreads over 5 processes + Redis and could "
+              f"use all {cores} cores, the echo's single Python process (caller + echo task + "
+              f"reader, {echo_proc:.1f} us of E) saturates one core first, so the echo would run "
+              f"at 1 s / {echo_proc:.1f} us and RMB at most at {cores} s / M: ratio <= {cores} x "
+              f"{echo_proc:.1f} / M = {idle_bound:.3f}; reaching 0.20 there needs the whole RMB "
+              f"round trip within {cores * echo_proc / 0.20:.0f} us of CPU (M + "
+              f"{cores * echo_proc / 0.20 - total:.0f} us) with both cores kept busy")
+        print("  crypto for reference: " + "; ".join(crypto_reference()))
+        print("  " + gil_overlap())
         print(f"  /proc/loadavg at the start: {loadavg_start}; at the end: "
               f"{Path('/proc/loadavg').read_text().strip()} ({os.cpu_count()} cores)")
 

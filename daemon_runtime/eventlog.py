@@ -306,6 +306,36 @@ class EventLog:
         """emit() with the attributes as one dict: needed for attribute names that
         collide with emit's own parameters (REMP's `level`, the status level 0..4, seed:
         remp-protocol-b). Same checks and errors as emit()."""
+        if not self._check(event, level, attrs):
+            return
+        logger = self._logger
+        logger.msg(self._render(logger, level, self._stamp(logger, level, {
+            "ts": None, "level": level, "service": self.service, "node": self.node,
+            "event": event, "trace_id": trace_id, "attrs": attrs})))
+
+    def emit_many(self, events: Iterable[tuple[str, str | None, str, dict[str, object]]]) -> None:
+        """Several events that happened at ONE moment (e.g. frames that left in one socket
+        write), each an (event, trace_id, level, attrs) tuple as emit_attrs takes: the same
+        checks, errors and line format, one line each, in order; the lines share one
+        timestamp (one clock read) and go to the sink in one write. An invalid event
+        raises EventLogError before anything is written."""
+        logger = self._logger
+        render = self._render
+        ts = None
+        lines = []
+        for event, trace_id, level, attrs in events:
+            if not self._check(event, level, attrs):
+                continue
+            line = {"ts": ts, "level": level, "service": self.service, "node": self.node,
+                    "event": event, "trace_id": trace_id, "attrs": attrs}
+            if ts is None:
+                ts = self._stamp(logger, level, line)["ts"]
+            lines.append(line)
+        if lines:
+            logger.msg(b"\n".join([render(logger, line["level"], line) for line in lines]))
+
+    def _check(self, event: str, level: str, attrs: dict[str, object]) -> bool:
+        """The catalogue checks (EventLogError); False when `level` is below min_level."""
         checks = self._checks.get(event)
         if checks is None:
             raise EventLogError(f"event {event!r} is not in this daemon's catalogues")
@@ -321,12 +351,7 @@ class EventLog:
         rank = _LEVEL_RANK.get(level)
         if rank is None:
             raise EventLogError(f"level {level!r} is not one of {LEVELS}")
-        if rank < self._min:
-            return
-        logger = self._logger
-        logger.msg(self._render(logger, level, self._stamp(logger, level, {
-            "ts": None, "level": level, "service": self.service, "node": self.node,
-            "event": event, "trace_id": trace_id, "attrs": attrs})))
+        return rank >= self._min
 
     def flush(self) -> None:
         """Writes buffered lines out now (also done every 0.1 s and on close)."""

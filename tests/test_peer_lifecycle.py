@@ -68,7 +68,9 @@ def test_freeze_heap_collects_garbage_first():
         del a
         assert ref() is not None
         frozen = freeze_heap()
-        assert frozen == gc.get_freeze_count() > 0
+        # the permanent generation only shrinks after the freeze (a frozen object freed by
+        # another thread meanwhile: seen once, 98281 vs 98280), it never gains objects
+        assert 0 < gc.get_freeze_count() <= frozen
         assert ref() is None   # collected, not frozen for the life of the process
     finally:
         gc.unfreeze()

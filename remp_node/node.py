@@ -52,6 +52,10 @@ from .validator import (CH_CLIENT, CH_MASTER, CHANNEL_NAMES, Dropped, MasterBloc
                         ShardBlockAccepted, ValidatorCore, ZERO32, mux)
 from .wire import WireError
 
+#: seconds between a received datagram and the step that flushes its consequences (module
+#: doc of _Daemon._on_payload); added once per hop
+STEP_COALESCE = 0.002
+
 __all__ = ["run_role", "build_validator_parser", "build_fullnode_parser", "ValidatorDaemon", "FullnodeDaemon"]
 
 
@@ -207,7 +211,10 @@ class _Daemon:
         except Exception as exc:  # the boundary: a core bug must not kill the daemon
             self._bug("receive", exc)
         if self._flush_handle is None and not self.stopping:
-            self._flush_handle = self.loop.call_soon(self._step)
+            # not call_soon: asyncio reads ONE datagram per event-loop iteration, so that made
+            # a step (every sub-core's timers and output, the journal write, the events) per
+            # datagram; a step STEP_COALESCE later covers every datagram read meanwhile
+            self._flush_handle = self.loop.call_later(STEP_COALESCE, self._step)
 
     def _on_timer(self) -> None:
         self._timer_handle = None

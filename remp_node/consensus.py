@@ -860,6 +860,10 @@ class BlockConsensus:
         if not self._check_height(cand.seqno, src, now) or not self._round_ok(cand.seqno, p.round):
             return
         leader = self.leader(cand.seqno, p.round)
+        h = self._heights.get(cand.seqno)
+        if h is not None and (prior := h.proposals.get(p.round)) is not None and prior[2] == raw:
+            self.ignored["duplicate"] += 1      # a resend of the proposal already verified
+            return
         bid = cand.block_id
         if not verify(self._pub[leader], p.signed_data(bid), p.signature):
             raise _Drop("bad_signature", "proposal not signed by the round's leader")
@@ -890,6 +894,11 @@ class BlockConsensus:
             raise _Drop("not_member", "vote signer is not a member")
         self._chain_ok(v.block)
         if not self._check_height(v.block.seqno, src, now) or not self._round_ok(v.block.seqno, v.round):
+            return
+        h = self._heights.get(v.block.seqno)
+        if h is not None and h.votes.get((v.kind, v.round), {}).get(v.who, {}).get(v.block) == raw:
+            # the same bytes as a vote already verified and stored (a resend): no ed25519 check
+            self.ignored["duplicate"] += 1
             return
         if not verify(self._pub[v.who], v.signed_data(), v.signature):
             raise _Drop("bad_signature", f"{KIND_NAMES[v.kind]} signature invalid")

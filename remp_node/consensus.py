@@ -617,6 +617,8 @@ class _Height:
         self.votes: dict[tuple[int, int], dict[bytes, dict[BlockIdExt, bytes]]] = {}
         self.round_senders: dict[int, set[bytes]] = {}
         self.evidenced: set[tuple] = set()
+        # (kind, round) -> _tally() result, dropped whenever a vote of that box is stored
+        self.tallies: dict[tuple[int, int], tuple] = {}
 
 
 class BlockConsensus:
@@ -957,6 +959,7 @@ class BlockConsensus:
                 self.ignored["equivocation_cap"] += 1
                 return
         mine[v.block] = raw
+        h.tallies.pop((v.kind, v.round), None)
         h.round_senders.setdefault(v.round, set()).add(v.who)
 
     def _on_commit(self, c: Commit, raw: bytes, src: bytes, now: float) -> None:
@@ -1058,11 +1061,19 @@ class BlockConsensus:
         return c.verdict
 
     def _tally(self, h: _Height, kind: int, round: int) -> tuple[Counter, int, dict]:
+        """(votes per block, voters, the box) of (kind, round); cached until a vote of that
+        box is stored (_progress tallies after every datagram; callers only read the result)."""
+        res = h.tallies.get((kind, round))
+        if res is not None:
+            return res
         box = h.votes.get((kind, round), {})
         counts: Counter = Counter()
         for blocks in box.values():
             counts.update(blocks.keys())
-        return counts, len(box), box
+        res = (counts, len(box), box)
+        if box:
+            h.tallies[(kind, round)] = res
+        return res
 
     def _polka(self, h: _Height, round: int) -> BlockIdExt | None:
         counts, _, _ = self._tally(h, PREVOTE, round)
@@ -1102,6 +1113,7 @@ class BlockConsensus:
         raw = v.pack()
         h = self._h(self.height)
         h.votes.setdefault((kind, self.round), {})[self.me] = {block: raw}
+        h.tallies.pop((kind, self.round), None)
         h.round_senders.setdefault(self.round, set()).add(self.me)
         self._my[KIND_NAMES[kind]] = raw
         self._transition(KIND_NAMES[kind])

@@ -33,8 +33,10 @@ One round (n members, quorum q = 2n // 3 + 1, i.e. weight > 2/3; f = n - q fault
        prevoted and holds B (valid) LOCKS on (round, B) and precommits B. If no polka is
        possible any more in this round (or at the deadline) it precommits nil.
     4. q precommits for B in one round accept B: BlockAccepted(block_id, payload,
-       signatures = those precommits, round); the member broadcasts a commit (candidate +
-       signatures) so members that missed votes accept the same block, and moves to seqno+1.
+       signatures = those precommits, round); the member broadcasts a commit so members that
+       missed votes accept the same block (the candidate + signatures to members whose
+       precommit for B it lacks; the signatures only, remp.consensus.commitSignatures, to
+       the others, which hold B), and moves to seqno+1.
        If no commit is possible in the round any more (or at the deadline), the member moves
        to the next round (RoundSkipped).
     5. Seeing messages of a higher round r' from f + 1 distinct members, a member jumps to r'
@@ -94,6 +96,9 @@ Wire (every datagram is one boxed TL object; ids = tl_constructor_id of the TL_*
         kind 0 = prevote, 1 = precommit; nil = block id with zero root and file hash
     remp.consensus.commit    session_id:int256 round:int candidate:bytes signatures:(vector remp.consensus.signature)
         remp.consensus.signature who:int256 signature:int512   (precommits of `round`)
+    remp.consensus.commitSignatures session_id:int256 round:int block:tonNode.blockIdExt
+                             signatures:(vector remp.consensus.signature)
+        a commit without its candidate, for a member that holds it (see step 4)
     remp.consensus.getCommits session_id:int256 from_seqno:int max_count:int
         answered with up to min(max_count, CATCHUP_BATCH) commit datagrams
     session_id = sha256(boxed `remp.consensus.session workchain:int shard:long start_seqno:int
@@ -136,6 +141,8 @@ TL_VOTE = ("remp.consensus.vote session_id:int256 kind:int round:int who:int256 
 TL_SIGNATURE = "remp.consensus.signature who:int256 signature:int512 = remp.consensus.Signature"
 TL_COMMIT = ("remp.consensus.commit session_id:int256 round:int candidate:bytes "
              "signatures:(vector remp.consensus.signature) = remp.consensus.Message")
+TL_COMMIT_SIGS = ("remp.consensus.commitSignatures session_id:int256 round:int block:tonNode.blockIdExt "
+                  "signatures:(vector remp.consensus.signature) = remp.consensus.Message")
 TL_GET_COMMITS = ("remp.consensus.getCommits session_id:int256 from_seqno:int max_count:int "
                   "= remp.consensus.Message")
 TL_MASTER_PAYLOAD = ("remp.consensus.masterPayload shard_blocks:(vector tonNode.blockIdExt) "
@@ -150,6 +157,7 @@ PROPOSAL = tl_constructor_id(TL_PROPOSAL)
 VOTE = tl_constructor_id(TL_VOTE)
 COMMIT = tl_constructor_id(TL_COMMIT)
 GET_COMMITS = tl_constructor_id(TL_GET_COMMITS)
+COMMIT_SIGS = tl_constructor_id(TL_COMMIT_SIGS)
 MASTER_PAYLOAD = tl_constructor_id(TL_MASTER_PAYLOAD)
 
 PREVOTE = 0
@@ -313,6 +321,22 @@ class Commit:
                 + pack_bytes(self.candidate_bytes) + _pack_sigs(self.signatures))
 
 
+@dataclass(frozen=True)
+class CommitSignatures:
+    """A commit without its candidate: the block id and the precommits of `round` for it.
+    Sent to members whose precommit for the block the sender holds (they hold the candidate);
+    a receiver without the candidate asks for the whole commit (getCommits)."""
+
+    session_id: bytes
+    round: int
+    block: BlockIdExt
+    signatures: tuple  # ((who key id, 64-byte signature), ...)
+
+    def pack(self) -> bytes:
+        return (pack_id(COMMIT_SIGS) + pack_int256(self.session_id) + pack_int(self.round) + self.block.pack()
+                + _pack_sigs(self.signatures))
+
+
 def _pack_sigs(sigs) -> bytes:
     return pack_int(len(sigs)) + b"".join(pack_int256(w) + pack_int512(s) for w, s in sigs)
 
@@ -334,7 +358,7 @@ class GetCommits:
         return pack_id(GET_COMMITS) + pack_int256(self.session_id) + pack_int(self.from_seqno) + pack_int(self.max_count)
 
 
-def parse_message(data: bytes) -> Proposal | Vote | Commit | GetCommits:
+def parse_message(data: bytes) -> Proposal | Vote | Commit | CommitSignatures | GetCommits:
     """Parse one consensus datagram (pure; <= MAX_DATAGRAM bytes). Checks structure only
     (no signatures). Raises ConsensusWireError."""
     r = _reader(data)
@@ -361,6 +385,13 @@ def parse_message(data: bytes) -> Proposal | Vote | Commit | GetCommits:
             if rnd < 0:
                 raise ConsensusWireError(f"commit: bad round {rnd}")
             return Commit(sid, rnd, cb, sigs, Candidate.parse(cb))
+        if cid == COMMIT_SIGS:
+            sid, rnd, blk = r.int256(), r.int(), BlockIdExt.read(r)
+            sigs = _read_sigs(r, allow_empty=False)
+            r.finish()
+            if rnd < 0:
+                raise ConsensusWireError(f"commitSignatures: bad round {rnd}")
+            return CommitSignatures(sid, rnd, blk, sigs)
         if cid == GET_COMMITS:
             sid, frm, mx = r.int256(), r.int(), r.int()
             r.finish()
@@ -402,11 +433,18 @@ def verify_commit(session_id: bytes, members: list[bytes], commit: Commit) -> Bl
     """Check a commit's certificate: >= quorum(len(members)) distinct members' valid precommit
     signatures of commit.round for the carried candidate's block id. Returns the block id;
     raises ConsensusWireError naming the defect."""
-    pubs = {key_id_of(m): m for m in members}
     bid = commit.candidate.block_id
-    data = vote_signed_data(session_id, PRECOMMIT, commit.round, bid)
+    verify_signatures(session_id, members, commit.round, bid, commit.signatures)
+    return bid
+
+
+def verify_signatures(session_id: bytes, members: list[bytes], round: int, bid: BlockIdExt, signatures) -> None:
+    """>= quorum distinct members' valid precommit signatures of `round` for `bid`, else
+    ConsensusWireError (verify_commit's certificate check)."""
+    pubs = {key_id_of(m): m for m in members}
+    data = vote_signed_data(session_id, PRECOMMIT, round, bid)
     seen: set[bytes] = set()
-    for who, sig in commit.signatures:
+    for who, sig in signatures:
         if who in seen:
             raise ConsensusWireError("commit: duplicate signer")
         if who not in pubs:
@@ -416,7 +454,6 @@ def verify_commit(session_id: bytes, members: list[bytes], commit: Commit) -> Bl
         seen.add(who)
     if len(seen) < quorum(len(members)):
         raise ConsensusWireError(f"commit: {len(seen)} signatures < quorum {quorum(len(members))}")
-    return bid
 
 
 def encode_master_payload(shard_blocks: list[BlockIdExt]) -> bytes:
@@ -580,6 +617,8 @@ class _Height:
         self.votes: dict[tuple[int, int], dict[bytes, dict[BlockIdExt, bytes]]] = {}
         self.round_senders: dict[int, set[bytes]] = {}
         self.evidenced: set[tuple] = set()
+        # (kind, round) -> _tally() result, dropped whenever a vote of that box is stored
+        self.tallies: dict[tuple[int, int], tuple] = {}
 
 
 class BlockConsensus:
@@ -696,6 +735,8 @@ class BlockConsensus:
                 self._on_vote(msg, data, src_key_id, now)
             elif isinstance(msg, Commit):
                 self._on_commit(msg, data, src_key_id, now)
+            elif isinstance(msg, CommitSignatures):
+                self._on_commit_signatures(msg, src_key_id, now)
             else:
                 self._on_get_commits(msg, src_key_id, now)
         except _Drop as d:
@@ -860,6 +901,10 @@ class BlockConsensus:
         if not self._check_height(cand.seqno, src, now) or not self._round_ok(cand.seqno, p.round):
             return
         leader = self.leader(cand.seqno, p.round)
+        h = self._heights.get(cand.seqno)
+        if h is not None and (prior := h.proposals.get(p.round)) is not None and prior[2] == raw:
+            self.ignored["duplicate"] += 1      # a resend of the proposal already verified
+            return
         bid = cand.block_id
         if not verify(self._pub[leader], p.signed_data(bid), p.signature):
             raise _Drop("bad_signature", "proposal not signed by the round's leader")
@@ -891,6 +936,11 @@ class BlockConsensus:
         self._chain_ok(v.block)
         if not self._check_height(v.block.seqno, src, now) or not self._round_ok(v.block.seqno, v.round):
             return
+        h = self._heights.get(v.block.seqno)
+        if h is not None and h.votes.get((v.kind, v.round), {}).get(v.who, {}).get(v.block) == raw:
+            # the same bytes as a vote already verified and stored (a resend): no ed25519 check
+            self.ignored["duplicate"] += 1
+            return
         if not verify(self._pub[v.who], v.signed_data(), v.signature):
             raise _Drop("bad_signature", f"{KIND_NAMES[v.kind]} signature invalid")
         self._store_vote(self._h(v.block.seqno), v, raw)
@@ -909,6 +959,7 @@ class BlockConsensus:
                 self.ignored["equivocation_cap"] += 1
                 return
         mine[v.block] = raw
+        h.tallies.pop((v.kind, v.round), None)
         h.round_senders.setdefault(v.round, set()).add(v.who)
 
     def _on_commit(self, c: Commit, raw: bytes, src: bytes, now: float) -> None:
@@ -937,6 +988,23 @@ class BlockConsensus:
             raise _Drop("commit_prev_mismatch", f"commit at {s} extends another block")
         self._accept(cand, c.round, dict(c.signatures), raw, now, broadcast=False)
 
+    def _on_commit_signatures(self, c: CommitSignatures, src: bytes, now: float) -> None:
+        b = c.block
+        self._chain_ok(b)
+        if b.seqno < self.height:
+            self.ignored["stale_commit"] += 1
+            return
+        h = self._heights.get(b.seqno)
+        cand = h.candidates.get(b) if h is not None else None
+        if b.seqno > self.height or cand is None or cand.candidate.prev != self.prev:
+            self._pull(src, now)        # we lack the candidate (or earlier blocks): the whole commit
+            return
+        try:
+            verify_signatures(self.session_id, self.members, c.round, b, c.signatures)
+        except ConsensusWireError as exc:
+            raise _Drop("bad_commit", str(exc)) from None
+        self._accept(cand.candidate, c.round, dict(c.signatures), None, now, broadcast=False)
+
     def _on_get_commits(self, g: GetCommits, src: bytes, now: float) -> None:
         end = min(self.height, g.from_seqno + min(g.max_count, CATCHUP_BATCH))
         for s in range(g.from_seqno, end):
@@ -961,7 +1029,16 @@ class BlockConsensus:
             self.block_ids.popitem(last=False)
         self._emit(BlockAccepted(bid, cand.payload, dict(sigs), round))
         if broadcast and self.is_member:
-            self._broadcast(commit_raw)
+            # members whose precommit for this block we hold have the candidate: they get the
+            # signatures only (the candidate travelled to every member in the proposal; a
+            # master candidate carries shard commits, n*(n-1) copies of it per block were
+            # most of the masterchain's bytes); the others get the whole commit
+            order = {m: i for i, m in enumerate(self.member_ids)}
+            pairs = tuple(sorted(sigs.items(), key=lambda kv: order[kv[0]]))
+            compact = CommitSignatures(self.session_id, round, bid, pairs).pack()
+            for m in self.member_ids:
+                if m != self.me:
+                    self._out.append((m, compact if m in sigs else commit_raw))
         self.prev = bid
         self.height = bid.seqno + 1
         self._future_commits.pop(bid.seqno, None)
@@ -984,11 +1061,19 @@ class BlockConsensus:
         return c.verdict
 
     def _tally(self, h: _Height, kind: int, round: int) -> tuple[Counter, int, dict]:
+        """(votes per block, voters, the box) of (kind, round); cached until a vote of that
+        box is stored (_progress tallies after every datagram; callers only read the result)."""
+        res = h.tallies.get((kind, round))
+        if res is not None:
+            return res
         box = h.votes.get((kind, round), {})
         counts: Counter = Counter()
         for blocks in box.values():
             counts.update(blocks.keys())
-        return counts, len(box), box
+        res = (counts, len(box), box)
+        if box:
+            h.tallies[(kind, round)] = res
+        return res
 
     def _polka(self, h: _Height, round: int) -> BlockIdExt | None:
         counts, _, _ = self._tally(h, PREVOTE, round)
@@ -1028,6 +1113,7 @@ class BlockConsensus:
         raw = v.pack()
         h = self._h(self.height)
         h.votes.setdefault((kind, self.round), {})[self.me] = {block: raw}
+        h.tallies.pop((kind, self.round), None)
         h.round_senders.setdefault(self.round, set()).add(self.me)
         self._my[KIND_NAMES[kind]] = raw
         self._transition(KIND_NAMES[kind])

@@ -103,6 +103,13 @@ MAX_BLOCK_BYTES = 4 * 1024
 MAX_MASTER_COMMIT_BYTES = 4 * 1024
 #: client messages buffered while no RMQ of their shard exists on this node
 MAX_EARLY = 4096
+#: how many shard group members announce each accepted shard block's commit to one
+#: masterchain member outside the group
+ANNOUNCE_COPIES = 2
+#: verified shard commits kept (raw bytes -> _ShardCommit): a commit is checked on its
+#: announce, in each master proposal carrying it and again when that master block is
+#: accepted; its q ed25519 signatures are verified once
+KEEP_VERIFIED_COMMITS = 512
 
 SHARD_BLOCK = tl_constructor_id(
     "remp.node.shardBlock session:int gen_utime_ms:long collator:int256 "
@@ -434,6 +441,7 @@ class ValidatorCore:
         self._groups: dict[int, dict[int, list[bytes]]] = {}
         self.master: cons.BlockConsensus | None = None
         self._known_commits: dict[int, dict[int, _ShardCommit]] = {s: {} for s in config.shards}
+        self._verified_commits: dict[bytes, _ShardCommit] = {}
         # sessions
         self.session = -1
         self.rmqs: dict[tuple[int, int], ReliableMessageQueue] = {}
@@ -1057,10 +1065,17 @@ class ValidatorCore:
                 sc = _ShardCommit(ev.block_id, cons.parse_message(raw).candidate.prev, p, raw)
                 s.accepted.append(sc)
                 self._known_commits[s.shard][ev.block_id.seqno] = sc
+                # announce to the masterchain members outside the group: each of them from
+                # ANNOUNCE_COPIES group members (not from all n: n x outside copies of every
+                # commit). A lost announce only means that member's own master collation
+                # leaves the block to the next leader; master proposals carry the commit.
                 data = mux(CH_ANNOUNCE, ZERO32, raw)
-                group_ids = {key_id(k) for k in s.consensus.members}
-                for mid in self.master_ids:
-                    if mid not in group_ids and mid != self.key.key_id:
+                group_ids = [key_id(k) for k in s.consensus.members]
+                me = group_ids.index(self.key.key_id) if self.key.key_id in group_ids else 0
+                outside = [mid for mid in self.master_ids if mid not in group_ids]
+                g = len(group_ids)
+                for j, mid in enumerate(outside):
+                    if (j - me) % g < ANNOUNCE_COPIES:
                         self._out.append((mid, data))
             self.stats["shard_blocks"] += 1
             self._events.append(ShardBlockAccepted(ev.block_id, s.session, tuple(m.message_id for m in p.messages)))
@@ -1071,6 +1086,18 @@ class ValidatorCore:
     # -- shard commits and the masterchain -------------------------------------------------------------
     def _check_commit(self, raw: bytes, min_tag: int, max_tag: int) -> _ShardCommit:
         """Parse and verify a shard block commit certificate (raises PayloadError)."""
+        sc = self._verified_commits.get(raw)
+        if sc is not None:
+            if not min_tag <= sc.payload.session <= max_tag:
+                raise PayloadError(f"shard block of session {sc.payload.session} outside [{min_tag}, {max_tag}]")
+            return sc
+        sc = self._verify_commit(raw, min_tag, max_tag)
+        self._verified_commits[raw] = sc
+        while len(self._verified_commits) > KEEP_VERIFIED_COMMITS:
+            del self._verified_commits[next(iter(self._verified_commits))]
+        return sc
+
+    def _verify_commit(self, raw: bytes, min_tag: int, max_tag: int) -> _ShardCommit:
         try:
             c = cons.parse_message(raw)
         except cons.ConsensusWireError as exc:

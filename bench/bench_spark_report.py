@@ -85,7 +85,7 @@ def duckdb_report(inputs: list[str], out: str, threads: int = 2, facts_by: str =
     from spark.clock import align
     from spark.schema import duckdb_columns, known_events
     from spark.stages import PROTOCOLS, derived, outcome_sql
-    from spark.report import load_sla
+    from spark.report import CLOCK_TOLERANCE_MS, load_sla
     ttl_over = load_sla(None).get("ttl_s", {})
 
     con = duckdb.connect()
@@ -172,7 +172,8 @@ def duckdb_report(inputs: list[str], out: str, threads: int = 2, facts_by: str =
     con.execute(f"CREATE TEMP TABLE sr AS {sr}")
     pairs = con.execute("""SELECT from_node, to_node, min(to_ts - from_ts) / 1000.0 FROM sr
                            WHERE clock AND from_node <> to_node GROUP BY ALL""").fetchall()
-    clock = align({(a, b): d for a, b, d in pairs})
+    # the report's tolerance: a few ms of negative delta is the order of log writes, not skew
+    clock = align({(a, b): d for a, b, d in pairs}, CLOCK_TOLERANCE_MS)
     con.execute("CREATE TEMP TABLE corr (node VARCHAR, ms DOUBLE)")
     if clock.corrections:
         con.executemany("INSERT INTO corr VALUES (?, ?)", list(clock.corrections.items()))

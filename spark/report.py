@@ -138,15 +138,12 @@ SMALL_INPUT_CONF = {
 
 
 #: SQL settings for large input (every input that is not small; settings given to
-#: spark-submit win): codegen and AQE stay on (Spark's defaults). Object aggregates
-#: (collect_set/collect_list, min_by over strings) stay hash-based up to 200k groups per
-#: task instead of falling back to a sort after 128 (about 1M events per 8 partitions; the
-#: cap bounds the untracked memory of the hash map); the cached tables are stored
-#: uncompressed (compressing ~1.4M rows per 1M events cost more CPU than it saved).
-LARGE_INPUT_CONF = {
-    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "200000",
-    "spark.sql.inMemoryColumnarStorage.compressed": "false",
-}
+#: spark-submit win): Spark's defaults (codegen and AQE on). Tried and not kept (issue #10
+#: item 4, docs/report-performance.md): object-hash aggregates falling back to a sort at
+#: 200k groups per task instead of 128, and an uncompressed cache: at 5M events the OTLP
+#: collect_list held every span of a task's traces in the hash map and the driver (3 GB)
+#: ran out of heap.
+LARGE_INPUT_CONF: dict[str, str] = {}
 
 
 def build_session(master: str | None = None, shuffle_partitions: int | None = None,

@@ -12,8 +12,10 @@ written by spark/compact.py, local paths or any Hadoop-compatible URI. Without `
 (and outside spark-submit) the master is `local[*]`. Small local input (the demo's logs)
 runs as a short job: C1-only JIT and the serial collector for the driver JVM when the
 report starts it (SHORT_JOB_JVM_OPTS), interpreted expressions, 2 shuffle partitions, AQE
-off (SMALL_INPUT_CONF); settings given to spark-submit win. Spark actions: 4 collects (the
-first two fill the caches of the step table and the per-branch table) and 4 writes
+off (SMALL_INPUT_CONF); any other input gets LARGE_INPUT_CONF; settings given to
+spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
+and the per-branch table) and 4 writes; stages.parquet is written first and read back for
+the latency table and the slowest traces, hops.parquet is read back for the OTLP output
 (docs/report-performance.md has the measurements).
 
 Python API: `run(inputs, out, master=None, sla_path=None, spark=None, strict=False,
@@ -28,8 +30,10 @@ Pipeline (one shuffle of the events: everything is keyed by trace_id):
    `strict=True` (tests): any `bad` line, or more than one torn line in one file, raises
    ValueError naming the file and showing the line.
 2. every event becomes zero or more steps of its trace through the data-driven stage model
-   (spark/stages.py); facts of a trace (RMB requester twin, origin relay) come from one
-   window over trace_id.
+   (spark/stages.py), before the shuffle; facts of a trace (RMB requester twin, origin
+   relay) come from a small per-trace table of the events stating them (max per trace),
+   joined back by broadcast. The step rows (not the events) are then repartitioned by
+   trace_id: the job's one large shuffle.
 3. per (trace, step, branch): first timestamp, node, count, duplicates (the same event with
    the same attrs logged more than once by one process), detail; cached. Per (trace,
    branch): a map step -> record holding the root steps, the branch's own steps and the
@@ -40,7 +44,8 @@ Pipeline (one shuffle of the events: everything is keyed by trace_id):
    minimum delta per ordered node pair; a node's timestamps are corrected only when a pair
    proves skew (a receive logged before its send), by the midpoint of the proven interval
    when both directions were seen, else by the bound; evidence that contradicts itself
-   leaves every clock uncorrected and is reported.
+   leaves every clock uncorrected and is reported. Corrections are applied by a broadcast
+   join with the (node, ms) table.
 5. outputs in DIR: hops.parquet (per trace the ordered steps with corrected ts and the time
    spent until the next step), stages.parquet (per trace/branch/stage duration_ms),
    latency.parquet (per protocol/stage count, p50, p90, p99, max ms: nearest-rank
@@ -132,13 +137,22 @@ SMALL_INPUT_CONF = {
 }
 
 
+#: SQL settings for large input (every input that is not small; settings given to
+#: spark-submit win): Spark's defaults (codegen and AQE on). Tried and not kept (issue #10
+#: item 4, docs/report-performance.md): object-hash aggregates falling back to a sort at
+#: 200k groups per task instead of 128, and an uncompressed cache: at 5M events the OTLP
+#: collect_list held every span of a task's traces in the hash map and the driver (3 GB)
+#: ran out of heap.
+LARGE_INPUT_CONF: dict[str, str] = {}
+
+
 def build_session(master: str | None = None, shuffle_partitions: int | None = None,
                   ui: bool = False, small_input: bool = False):
     """SparkSession with the settings that matter on small machines (DESIGN.md section 6):
     UTC, AQE on, shuffle partitions 2x cores, UI and console progress off; with
-    `small_input` also SMALL_INPUT_CONF. Settings given to spark-submit (`--conf`,
-    `--master`) win over these defaults; `master` and `shuffle_partitions` given here win
-    over both. Driver memory must come from spark-submit `--driver-memory` (a builder
+    `small_input` also SMALL_INPUT_CONF, else LARGE_INPUT_CONF. Settings given to
+    spark-submit (`--conf`, `--master`) win over these defaults; `master` and
+    `shuffle_partitions` given here win over both. Driver memory must come from spark-submit `--driver-memory` (a builder
     setting is too late once the JVM runs)."""
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
@@ -156,8 +170,7 @@ def build_session(master: str | None = None, shuffle_partitions: int | None = No
         "spark.sql.shuffle.partitions": str(2 * (os.cpu_count() or 2)),
         "spark.ui.enabled": "true" if ui else "false",
     }
-    if small_input:
-        defaults.update(SMALL_INPUT_CONF)
+    defaults.update(SMALL_INPUT_CONF if small_input else LARGE_INPUT_CONF)
     for key, value in defaults.items():
         if not given.contains(key):
             builder = builder.config(key, value)
@@ -283,13 +296,22 @@ def _step_table(spark, inputs: list[str]):
             "'event', event, 'trace_id', trace_id, 'attrs', attrs)) END"),
         "trace_id": F.expr("CASE WHEN cls = 'ok' THEN trace_id ELSE '' END"),
         "ts_us": F.expr("coalesce(unix_micros(ts), 0L)"),
+        # one process logging the same event with the same attrs twice = a duplicate
+        "fact": F.expr("hash(event, attrs)"),
         **{name: F.expr(sql) for name, sql in DERIVED.items()}})
     facts = {}
     for p in PROTOCOLS.values():
         facts.update(p.facts)
-    w = Window.partitionBy("trace_id")
-    ev = ev.withColumns({name: F.first(F.expr(sql), ignorenulls=True).over(w)
-                         for name, sql in facts.items()})
+    # the trace facts as a small per-trace table (the events that state them), joined back by
+    # broadcast: the events are not shuffled and sorted for them (a window over trace_id
+    # carried every event, all attrs, through a sort). max, like the DuckDB baseline: one
+    # value per trace in valid logs, and deterministic when a log is not
+    if facts:
+        ft = (ev.filter("cls = 'ok'")
+              .select("trace_id", *[F.expr(sql).alias(n) for n, sql in facts.items()])
+              .filter(" OR ".join(f"{n} IS NOT NULL" for n in facts))
+              .groupBy("trace_id").agg(*[F.max(n).alias(n) for n in facts]))
+        ev = ev.join(F.broadcast(ft), "trace_id", "left")
     meta = ("array(named_struct('step', concat('meta:', cls, CASE WHEN cls IN ('unknown', "
             "'untraced') THEN concat(':', event) ELSE '' END), 'branch', "
             f"CASE WHEN cls IN ('torn', 'bad') THEN {SOURCE} WHEN cls = 'plan' THEN plan_json "
@@ -300,17 +322,17 @@ def _step_table(spark, inputs: list[str]):
         "protocol": F.expr(
             "CASE WHEN cls = 'ok' THEN substring_index(event, '.', 1) ELSE '_meta' END")})
     # explode_outer + filter: plain explode would make Spark evaluate the rules twice
-    st = ev.select("trace_id", "protocol", "node", "service", "ts_us",
-                   F.col("event").alias("event_name"), F.col("attrs").alias("attrs_v"),
-                   F.explode_outer("st").alias("s")).filter("s IS NOT NULL")
-    st = st.select("trace_id", "protocol", "node", "service", "ts_us", "event_name", "attrs_v",
-                   F.col("s.step").alias("step"), F.col("s.branch").alias("branch"),
-                   F.col("s.detail").alias("detail"), F.col("s.hop").alias("hop"),
+    st = ev.select("trace_id", "protocol", "node", "service", "ts_us", "fact",
                    # the node a step was sent to or came from (attrs.peer), for the plan:
                    # a message sent to a node the plan had killed was hit by that fault
-                   F.col("attrs_v.peer").alias("peer"),
-                   # one process logging the same event with the same attrs twice = a duplicate
-                   F.expr("hash(event_name, attrs_v)").alias("fact"))
+                   F.col("attrs.peer").alias("peer"),
+                   F.explode_outer("st").alias("s")).filter("s IS NOT NULL")
+    st = st.select("trace_id", "protocol", "node", "service", "ts_us", "fact", "peer",
+                   F.col("s.step").alias("step"), F.col("s.branch").alias("branch"),
+                   F.col("s.detail").alias("detail"), F.col("s.hop").alias("hop"))
+    # THE shuffle of the job: narrow step rows (rules applied before it), by trace; every
+    # aggregation and window below is keyed by trace_id and needs no other
+    st = st.repartition("trace_id")
     # detail and hop follow from (event, attrs): as grouping keys they keep this a hash
     # aggregation (string aggregation buffers would force a sort-based one)
     per_proc = st.groupBy("trace_id", "protocol", "step", "branch", "node", "service",
@@ -336,14 +358,21 @@ def _step_table(spark, inputs: list[str]):
         "peers": F.array_distinct(F.flatten(F.collect_list("peers").over(w)))})
 
 
-def _corr_map(corrections: dict[str, float]):
+def _with_corr(spark, df, corrections: dict[str, float], cols: dict[str, str]):
+    """df with a column per `cols` item (node column -> new column): the clock correction
+    (ms) of that node, 0.0 when it has none. A broadcast join with the (small) corrections
+    table, not a literal map in the expression (Spark looks map keys up linearly: with
+    hundreds of corrected nodes that was a scan per row and lookup)."""
     from pyspark.sql import functions as F
     if not corrections:
-        return F.expr("map('', 0D)")
-    args = []
-    for node, ms in corrections.items():
-        args += [F.lit(node), F.lit(float(ms))]
-    return F.create_map(*args)
+        return df.withColumns({new: F.lit(0.0) for new in cols.values()})
+    table = spark.createDataFrame([(k, float(v)) for k, v in corrections.items()],
+                                  "cn string, cms double")
+    for node_col, new in cols.items():
+        c = F.broadcast(table.withColumnsRenamed({"cn": "_cn", "cms": new}))
+        df = (df.join(c, df[node_col] == c["_cn"], "left").drop("_cn")
+              .withColumn(new, F.coalesce(F.col(new), F.lit(0.0))))
+    return df
 
 
 def _stage_rows(tb):
@@ -646,16 +675,23 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     pairs = second["pairs"]
     pair_min = {(r["from_node"], r["to_node"]): r["d_ms"] for r in pairs}
     clock = align(pair_min, CLOCK_TOLERANCE_MS)
-    corr = _corr_map(clock.corrections)
     timings["clock_s"] = round(time.time() - t_start, 3)
 
-    stages = (stages_raw.withColumn("duration_ms", (
-        (F.col("to_ts") - F.col("from_ts")) / 1000.0
-        + _corr_lookup(corr, "to_node", clock) - _corr_lookup(corr, "from_node", clock)))
+    stages = _with_corr(spark, stages_raw, clock.corrections,
+                        {"to_node": "c_to", "from_node": "c_from"})
+    stages = (stages.withColumn("duration_ms", (
+        (F.col("to_ts") - F.col("from_ts")) / 1000.0 + F.col("c_to") - F.col("c_from")))
         .select("trace_id", "protocol", "branch", "stage", "e2e", "from_node", "to_node",
                 F.timestamp_micros(F.col("from_ts") + (
-                    _corr_lookup(corr, "from_node", clock) * 1000).cast("long")).alias("from_ts"),
+                    F.col("c_from") * 1000).cast("long")).alias("from_ts"),
                 "duration_ms", "planned"))
+    # written once, then read back for the latency table and the slowest traces (instead
+    # of computing the stages again for each, or caching them)
+    outputs = {}
+    path = _join(out, "stages.parquet")
+    stages.write.mode("overwrite").parquet(path)
+    outputs["stages"] = path
+    stages = spark.read.parquet(path)
 
     # latency + SLA thresholds in one aggregation
     quant_objs = [o for o in objectives if "quantile" in o]
@@ -664,8 +700,13 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     extra_q = sorted({float(o["quantile"]) for o in quant_objs} - {0.5, 0.9, 0.99})
     aggs = []
     # every figure twice: over all samples and over unplanned traffic only (`u_`), which the
-    # SLA objectives judge by default (spark/plan.py)
-    for pre, val in (("", "duration_ms"), ("u_", "CASE WHEN NOT planned THEN duration_ms END")):
+    # SLA objectives judge by default (spark/plan.py); when no (trace, branch) is planned
+    # (the delivery rows above cover every one) the two are the same: computed once
+    any_planned = any(r["planned"] is not False for r in dl_rows)
+    scopes = [("", "duration_ms")]
+    if any_planned:
+        scopes.append(("u_", "CASE WHEN NOT planned THEN duration_ms END"))
+    for pre, val in scopes:
         aggs += [F.expr(f"count({val})").alias(pre + "count"),
                  F.expr(f"percentile_approx({val}, array(0.5, 0.9, 0.99), 10000)").alias(pre + "pq"),
                  F.expr(f"max({val})").alias(pre + "max_ms")]
@@ -684,7 +725,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     latency_tbl = []
     latency_idx: dict[str, dict] = {"all": {}, "unplanned": {}}
     for r in sorted(lat_rows, key=lambda r: (r["protocol"], not r["e2e"], r["stage"])):
-        for scope, pre in (("all", ""), ("unplanned", "u_")):
+        for scope, pre in (("all", ""), ("unplanned", "u_" if any_planned else "")):
             pq = r[pre + "pq"] or [None, None, None]
             qs = {0.5: pq[0], 0.9: pq[1], 0.99: pq[2]}
             if extra_q:
@@ -757,26 +798,26 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     timings["aggregates_s"] = round(time.time() - t_start, 3)
 
     # hops: ordered steps per trace with corrected ts
-    hops = (ok_events.filter("hop").select(
-        "trace_id", "protocol", "step", "branch", "node", "n", "dup", "detail",
-        (F.col("ts") + (_corr_lookup(corr, "node", clock) * 1000).cast("long")).alias("ts_us")))
+    hops = _with_corr(spark, ok_events.filter("hop").select(
+        "trace_id", "protocol", "step", "branch", "node", "n", "dup", "detail", "ts"),
+        clock.corrections, {"node": "c_node"})
+    hops = hops.select("trace_id", "protocol", "step", "branch", "node", "n", "dup", "detail",
+                       (F.col("ts") + (F.col("c_node") * 1000).cast("long")).alias("ts_us"))
     wo = Window.partitionBy("trace_id").orderBy("ts_us", "step", "branch")
     hops = hops.withColumns({
         "seq": F.row_number().over(wo),
         "spent_ms": (F.lead("ts_us").over(wo) - F.col("ts_us")) / 1000.0,
         "ts": F.expr("timestamp_micros(ts_us)")}).drop("ts_us")
 
-    hops = hops.persist(StorageLevel.MEMORY_AND_DISK)    # written twice: Parquet and OTLP
-    cached.append(hops)
-    outputs = {}
-    for name, df in (("hops", hops), ("stages", stages), ("delivery", dl.filter("sent").drop("first"))):
+    for name, df in (("hops", hops), ("delivery", dl.filter("sent").drop("first"))):
         path = _join(out, f"{name}.parquet")
         df.write.mode("overwrite").parquet(path)
         outputs[name] = path
-    # the traces as OTLP JSON (spark/otlp.py): DIR/traces.otlp/part-*.txt, one TracesData a line
+    # the traces as OTLP JSON (spark/otlp.py): DIR/traces.otlp/part-*.txt, one TracesData a
+    # line; from the hops just written (read back: cheaper than caching them)
     from spark.otlp import otlp_lines
     path = _join(out, "traces.otlp")
-    otlp_lines(hops, plan.labels).write.mode("overwrite").text(path)
+    otlp_lines(spark.read.parquet(outputs["hops"]), plan.labels).write.mode("overwrite").text(path)
     outputs["otlp"] = path
     timings["parquet_s"] = round(time.time() - t_start, 3)
 
@@ -803,6 +844,8 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
              .coalesce(1).write.mode("overwrite").parquet(path))
         outputs[name] = path
 
+    order = ("hops", "stages", "delivery", "otlp")
+    outputs = {**{k: outputs[k] for k in order}, **{k: v for k, v in outputs.items() if k not in order}}
     summary = {
         "inputs": list(inputs),
         "generated_by": "spark/report.py",
@@ -917,13 +960,6 @@ def _remp_marlin_summary(parts: dict, delivery: dict, per_proto: dict) -> dict:
             "acks": int(per["ack_n"] or 0), "chunks_lost": int(per["lost"] or 0),
             "missing_acks": int(per["missing"] or 0), "lost_or_stuck": d["lost_or_stuck"]}
     return out
-
-
-def _corr_lookup(corr, node_col, clock):
-    from pyspark.sql import functions as F
-    if not clock.corrections:
-        return F.lit(0.0)
-    return F.coalesce(F.element_at(corr, F.col(node_col)), F.lit(0.0))
 
 
 def _slowest_queries(tr, stages, per_protocol: int = 5):

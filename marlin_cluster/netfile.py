@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from daemon_runtime.ports import free_ports
 
 from .crypto import NodeKey, address_of
 from .membership import Membership
@@ -188,47 +189,6 @@ def cluster_ids(n: int) -> list[int]:
     return [int((i + 0.5) * 65536 / n) for i in range(n)]
 
 
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
-            lo, hi = (int(x) for x in fh.read().split())
-        return lo, hi
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def _free_ports(host: str, n: int) -> list[int]:
-    """n ports free on `host` now, chosen below the kernel's ephemeral range when it leaves
-    room (ports handed out by bind(0) come from that range, where the outgoing connections
-    of the daemons started next would race for them)."""
-    import random
-    lo, _ = _ephemeral_range()
-    socks, ports = [], []
-    try:
-        candidates = list(range(max(1024, lo - 12000), lo)) if lo > 2048 else []
-        random.shuffle(candidates)
-        for port in candidates:
-            if len(ports) == n:
-                break
-            s = socket.socket()
-            try:
-                s.bind((host, port))
-            except OSError:
-                s.close()
-                continue
-            socks.append(s)
-            ports.append(port)
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
-
-
 def write_network(directory: str | os.PathLike, *, clusters: int = 3, members: int = 2, producers: int = 1,
                   consumers: int = 2, base_port: int = 0, host: str = "127.0.0.1",
                   params: Params | None = None, host_prefix: str | None = None) -> Network:
@@ -255,7 +215,7 @@ def write_network(directory: str | os.PathLike, *, clusters: int = 3, members: i
             raise NetfileError(f"--base-port {base_port} leaves no room for {total} nodes")
         ports = [base_port + i for i in range(total)]
     else:
-        ports = _free_ports(host, total)
+        ports = free_ports(host, total)
     nodes = []
     for (name, role, cid), port in zip(names, ports):
         key = NodeKey.generate()

@@ -18,8 +18,9 @@ Layout of the network directory D (all JSON, UTF-8):
   "balance"}]`` so a driver can sign transfers (state.make_wallet_message).
 
 Ports: ``base_port`` P gives validator i (1-based) UDP P+i-1 and HTTP P+1000+i-1, full node
-j UDP P+500+j-1 and HTTP P+1500+j-1; ``base_port=0`` picks free ports now (bind to port 0,
-read it, close; a small race remains, which tests accept).
+j UDP P+500+j-1 and HTTP P+1500+j-1; ``base_port=0`` picks ports free now for UDP and TCP,
+below the kernel's ephemeral range (daemon_runtime.ports.free_ports: outgoing connections
+never take those; another explicit bind before the daemons start still could).
 
 Time: ``genesis_time`` is Unix seconds (daemons run the cores on ``loop.time()`` plus
 a fixed offset to Unix time, so every process agrees on master sessions). ``init`` sets it
@@ -35,6 +36,8 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from daemon_runtime.ports import free_ports
 
 from .keys import NodeKey
 from .schedule import ScheduleError, ValidatorInfo, ZeroStateConfig
@@ -65,12 +68,6 @@ def write_private_json(path: Path, obj) -> None:
         os.fsync(fh.fileno())
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
-
-
-def _free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -165,10 +162,16 @@ def init_network(root: str | Path, *, shards: int = 2, validators_per_shard: int
     nodes: list[NodeEntry] = []
     vkeys: list[NodeKey] = []
 
+    # base_port 0: distinct ports free now for UDP and TCP alike, below the kernel's
+    # ephemeral range (daemon_runtime/ports.py: a bind(0) port raced with outgoing
+    # connections and a validator failed to start with EADDRINUSE in CI)
+    free = iter(free_ports(host, 2 * (n_val + fullnodes), (socket.SOCK_DGRAM, socket.SOCK_STREAM))
+                if not base_port else ())
+
     def ports(i: int, udp_off: int, http_off: int) -> tuple[str, str]:
         if base_port:
             return f"{host}:{base_port + udp_off + i}", f"{host}:{base_port + http_off + i}"
-        return f"{host}:{_free_port(socket.SOCK_DGRAM)}", f"{host}:{_free_port(socket.SOCK_STREAM)}"
+        return f"{host}:{next(free)}", f"{host}:{next(free)}"
 
     for i in range(n_val):
         k = NodeKey.generate()

@@ -30,6 +30,8 @@ import subprocess
 import tempfile
 import time
 
+from .ports import free_ports
+
 #: redis-server persistence flags used by every EmbeddedRedis (and mirrored by the
 #: docker-compose redis service): AOF on, fsync once per second, no RDB snapshots
 PERSISTENCE_FLAGS = ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
@@ -56,10 +58,10 @@ def reconnecting_redis(url: str, **kwargs):
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's ephemeral
+    range (daemon_runtime.ports: outgoing connections never take it before the server
+    that is handed it binds)."""
+    return free_ports("127.0.0.1", 1)[0]
 
 
 def redis_server_binary() -> str:

@@ -79,7 +79,6 @@ import errno
 import os
 import random
 import socket
-import struct
 import time
 from typing import Callable
 
@@ -88,6 +87,7 @@ import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, WSMsgType, web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
+from websockets.frames import Frame, Opcode
 
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.redis_server import reconnecting_redis
@@ -238,17 +238,12 @@ class _Peer:
 #: loop pass (then flushed at once), and the transport's buffer above this makes the
 #: writer wait for the socket to drain (backpressure, as aiohttp's own writer does).
 _COALESCE_MAX = 1 << 18
-_PACK_LEN2 = struct.Struct("!BBH").pack
-_PACK_LEN3 = struct.Struct("!BBQ").pack
 
 
-def _binary_frame_header(length: int) -> bytes:
-    """RFC 6455 header of one unfragmented, unmasked (server to client) binary frame."""
-    if length < 126:
-        return bytes((0x82, length))
-    if length < 65536:
-        return _PACK_LEN2(0x82, 126, length)
-    return _PACK_LEN3(0x82, 127, length)
+def _binary_frame(data: bytes) -> bytes:
+    """One unfragmented, unmasked (server to client) binary frame, framed by the websockets
+    library (RFC 6455; the relay's WebSocketResponse negotiates no extension)."""
+    return Frame(Opcode.BINARY, data).serialize(mask=False, extensions=[])
 
 
 class _Count:
@@ -933,11 +928,7 @@ class RelayServer:
             if requeue:
                 self._spawn(self._run(), "requeue after a failed write")
             return
-        parts = []
-        for cmd in out:
-            parts.append(_binary_frame_header(len(cmd.data)))
-            parts.append(cmd.data)
-        transport.write(b"".join(parts))
+        transport.write(b"".join([_binary_frame(cmd.data) for cmd in out]))
         logs = [(log.event, log.uid, log.level, log.attrs) for log in
                 [cmd.log for cmd in out] if log is not None]
         if logs:        # one moment, one write: one timestamp, one write of the lines

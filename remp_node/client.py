@@ -490,9 +490,9 @@ class RempClient:
     def _tick(self, now: float) -> None:
         while self._heap and self._heap[0][0] <= now:
             when, mid = heapq.heappop(self._heap)
-            t = self._tracked.get(mid)
-            if t is None or min(t.next_send, t.deadline) != when:
-                continue        # stale entry
+            if self._stale(when, mid):
+                continue
+            t = self._tracked[mid]
             if now >= t.deadline:
                 signed = self._own_receipt(t.msg.id, Timeout(), now)
                 self._events.append(ReceiptEvent(t.msg.id, signed.open(), signed.signature, "fullnode", t.shard))

@@ -1017,9 +1017,8 @@ class BlockConsensus:
     def _accept(self, cand: Candidate, round: int, sigs: dict, commit_raw: bytes | None, now: float,
                 broadcast: bool) -> None:
         bid = cand.block_id
+        pairs = self._member_order(sigs)
         if commit_raw is None:
-            order = {m: i for i, m in enumerate(self.member_ids)}
-            pairs = tuple(sorted(sigs.items(), key=lambda kv: order[kv[0]]))
             commit_raw = Commit(self.session_id, round, cand.pack(), pairs, cand).pack()
         self._commits[bid.seqno] = commit_raw
         self.block_ids[bid.seqno] = bid
@@ -1033,8 +1032,6 @@ class BlockConsensus:
             # signatures only (the candidate travelled to every member in the proposal; a
             # master candidate carries shard commits, n*(n-1) copies of it per block were
             # most of the masterchain's bytes); the others get the whole commit
-            order = {m: i for i, m in enumerate(self.member_ids)}
-            pairs = tuple(sorted(sigs.items(), key=lambda kv: order[kv[0]]))
             compact = CommitSignatures(self.session_id, round, bid, pairs).pack()
             for m in self.member_ids:
                 if m != self.me:
@@ -1059,6 +1056,11 @@ class BlockConsensus:
             if c.verdict is not True:
                 self._emit(CandidateRejected(h.seqno, c.round, c.leader, c.verdict))
         return c.verdict
+
+    def _member_order(self, sigs: dict) -> tuple:
+        """(who, signature) pairs of `sigs` in member order, as commits carry them."""
+        order = {m: i for i, m in enumerate(self.member_ids)}
+        return tuple(sorted(sigs.items(), key=lambda kv: order[kv[0]]))
 
     def _tally(self, h: _Height, kind: int, round: int) -> tuple[Counter, int, dict]:
         """(votes per block, voters, the box) of (kind, round); cached until a vote of that

@@ -21,6 +21,7 @@ is compared with valid_until; a simulation's fake clock must start at a Unix epo
 from __future__ import annotations
 
 import copy as _copy
+import functools
 import hashlib
 from collections import OrderedDict
 import json
@@ -133,7 +134,6 @@ def make_wallet_message(key: NodeKey, src: str, dest: str, amount: int, valid_un
 #: signature checks per message with 2 x 7 validators). Bounded, least recently used out.
 _MEMO_MAX = 1 << 15
 _decoded: "OrderedDict[bytes, WalletTransfer | WalletBodyError]" = OrderedDict()
-_verified: "OrderedDict[tuple[bytes, bytes, bytes], bool]" = OrderedDict()
 
 
 def _memo_put(memo: OrderedDict, key, value) -> None:
@@ -157,12 +157,10 @@ def _wallet_transfer(msg: ExternalMessage) -> "WalletTransfer | WalletBodyError"
 
 def _signed_by(public_key: bytes, tr: WalletTransfer) -> bool:
     """verify(public_key, signed hash, signature), memoized on all three."""
-    key = (public_key, tr.signed_hash, tr.signature)
-    ok = _verified.get(key)
-    if ok is None:
-        ok = verify(public_key, tr.signed_hash, tr.signature)
-        _memo_put(_verified, key, ok)
-    return ok
+    return _verify_memo(public_key, tr.signed_hash, tr.signature)
+
+
+_verify_memo = functools.lru_cache(maxsize=_MEMO_MAX)(verify)
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,88 @@ def test_garbage_is_invalid_not_a_crash():
             with pytest.raises(BlockInvalid):
                 validate_block(ch, data)
     assert validate_block(CHANNEL_RAW, b"anything").txs == 0
+
+
+# ---- the lean CheckBlock (validate._check_block) gives python-bitcoinlib's verdict ----------
+
+def _verdict(fn, *args):
+    try:
+        fn(*args)
+    except Exception as exc:  # the verdict is the exception's type and message, or None
+        return type(exc).__name__, str(exc)
+    return None
+
+
+@pytest.fixture()
+def regtest():
+    """python-bitcoinlib's regtest parameters (proof-of-work limit 2^255) so that blocks built
+    here can carry a valid proof of work after a few nonces; mainnet again afterwards."""
+    import bitcoin
+    bitcoin.SelectParams("regtest")
+    yield
+    bitcoin.SelectParams("mainnet")
+
+
+def _mined(txs, ntime, merkle=None):
+    from bitcoin.core import CBlock, CheckProofOfWork, CheckProofOfWorkError
+    root = merkle if merkle is not None else CBlock.build_merkle_tree_from_txs(txs)[-1] if txs else b"\0" * 32
+    for nonce in range(10_000):
+        header = dict(nVersion=4, hashPrevBlock=b"\x11" * 32, hashMerkleRoot=root, nTime=ntime,
+                      nBits=0x207FFFFF, nNonce=nonce)
+        try:
+            CheckProofOfWork(CBlock(**header).GetHash(), header["nBits"])
+        except CheckProofOfWorkError:
+            continue
+        blk = CBlock(**header)                       # header only: CBlock(vtx=...) checks the root itself
+        object.__setattr__(blk, "vtx", tuple(txs))
+        object.__setattr__(blk, "vMerkleTree", tuple(CBlock.build_merkle_tree_from_txs(txs)) if txs else ())
+        object.__setattr__(blk, "vWitnessMerkleTree", ())
+        return CBlock.deserialize(blk.serialize())   # as a consumer gets it: from bytes
+    raise AssertionError("no nonce found")
+
+
+def test_lean_check_block_matches_checkblock_on_real_blocks(shared_data):
+    from bitcoin.core import CBlock, CheckBlock
+    from marlin_cluster.validate import _check_block
+    for name in ("block413567.raw", "block413567_corrupted_btc2arc.raw"):
+        raw = (shared_data / "btc" / name).read_bytes()
+        b = CBlock.deserialize(raw)
+        for t in (b.nTime, b.nTime - 3 * 3600):      # in time; header 3 h in the future
+            lib = _verdict(CheckBlock, b, True, True, t)
+            assert _verdict(_check_block, b, len(raw), t) == lib, (name, t)
+    assert lib is not None and "timestamp" in lib[1]
+
+
+def test_lean_check_block_matches_checkblock_on_mutated_blocks(shared_data, regtest):
+    """Blocks cut from block 413567's transactions and broken one rule at a time (duplicate
+    transaction, coinbase misplaced or twice, negative or duplicate-input transaction, wrong
+    merkle root, empty): the same verdict, message included, as CheckBlock."""
+    from bitcoin.core import CBlock, CheckBlock, CMutableTransaction, CTransaction
+    from marlin_cluster.validate import _check_block
+    real = CBlock.deserialize((shared_data / "btc" / "block413567.raw").read_bytes())
+    cb, txs = real.vtx[0], list(real.vtx[1:40])
+    neg = CMutableTransaction.from_tx(txs[3])
+    neg.vout[0].nValue = -1
+    dup_in = CMutableTransaction.from_tx(txs[4])
+    dup_in.vin = [dup_in.vin[0], dup_in.vin[0]]
+    t = real.nTime
+    cases = {
+        "valid": _mined([cb] + txs, t),
+        "duplicate_tx": _mined([cb] + txs + [txs[-1]], t),
+        "coinbase_not_first": _mined(txs[:1] + [cb] + txs[1:], t),
+        "two_coinbases": _mined([cb] + txs + [cb], t),
+        "negative_value": _mined([cb, CTransaction.from_tx(neg)] + txs, t),
+        "duplicate_inputs": _mined([cb, CTransaction.from_tx(dup_in)] + txs, t),
+        "merkle_root": _mined([cb] + txs, t, merkle=b"\x22" * 32),
+        "empty": _mined([], t),
+    }
+    seen = {}
+    for name, b in cases.items():
+        raw = b.serialize()
+        lib = _verdict(CheckBlock, b, True, True, t)
+        assert _verdict(_check_block, b, len(raw), t) == lib, name
+        seen[name] = lib
+    assert seen["valid"] is None
+    assert all(v is not None for k, v in seen.items() if k != "valid"), seen
+    assert "duplicate transaction" in seen["duplicate_tx"][1]
+    assert "hashMerkleRoot" in seen["merkle_root"][1]

@@ -667,15 +667,25 @@ def compare(counters: Counters, summary: dict) -> list[Row]:
     return [(name, mine, theirs, mine == theirs) for name, mine, theirs in rows]
 
 
-def sla_results(summary: dict) -> list[tuple[str, bool | None]]:
-    """(objective, ok) per SLA objective of summary.json's "sla" list; ok None = no data
-    (not a failure). Reads `objective`/`ok`, or the older `name`/`passed`."""
+def sla_results(summary: dict, ran: set[str] | None = None) -> list[tuple[str, bool | None]]:
+    """(objective, ok) per SLA objective of summary.json's "sla" list. Reads `objective`/`ok`,
+    or the older `name`/`passed`. ok None = no data: not a failure when the objective's
+    protocol did not run (or `ran` is None); an objective of a protocol in `ran` (the
+    protocols this demo ran) with no data is a failure (ok False): an objective that judged
+    nothing has not passed, whatever hid its samples (issue #10: "a broken one fails them")."""
     out = []
     for entry in summary.get("sla") or []:
         name = entry.get("objective") or entry.get("name") or "?"
         ok = entry["ok"] if "ok" in entry else entry.get("passed")
+        if ok is None and ran is not None and entry.get("protocol") in ran:
+            ok = False
         out.append((str(name), ok if ok is None else bool(ok)))
     return out
+
+
+def _no_data(summary: dict, objective: str) -> bool:
+    return any((e.get("objective") or e.get("name")) == objective and e.get("status") == "no data"
+               for e in summary.get("sla") or [])
 
 
 def sla_detail(summary: dict, objective: str) -> str:
@@ -827,12 +837,14 @@ async def amain(args: argparse.Namespace) -> int:
     print("\nlauncher vs report:")
     for name, mine, theirs, ok in rows:
         print(f"  {name:22} launcher={_cell(mine):24} report={_cell(theirs):24} {'ok' if ok else 'MISMATCH'}")
-    slas = sla_results(summary)
+    ran = ({"rmb"} if cluster is not None else set()) | {seg.name for seg in segments}
+    slas = sla_results(summary, ran)
     if slas:
         print("\nSLA objectives (spark/sla.toml):")
         for name, ok in slas:
-            print(f"  {name:34} {'no data' if ok is None else 'pass' if ok else 'FAIL':8} "
-                  f"{sla_detail(summary, name)}".rstrip())
+            verdict = ('no data' if ok is None else 'pass' if ok else
+                       'FAIL (no data: nothing to judge)' if _no_data(summary, name) else 'FAIL')
+            print(f"  {name:34} {verdict:8} {sla_detail(summary, name)}".rstrip())
     print(f"\nreport: {out / 'report.html'}\nsummary: {out / 'summary.json'}")
     failed = [r[0] for r in rows if not r[3]] + [n for n, ok in slas if ok is False]
     if mismatched:

@@ -13,8 +13,12 @@ A failure is PLANNED when its trace has a `demo.plan.expect`, or when it hit a p
 fault's target inside the fault's window: the (trace, branch)'s destination (its branch),
 any node that logged one of its steps, or any node a step of the trace was sent to or came
 from (its `peer` attribute: a REMP message sent to the killed validator, a Marlin chunk sent
-to the killed member) is the target, and the request's life [start, deadline] overlaps the
-window. Everything else is unplanned; the SLA objectives judge
+to the killed member) is the target, and the (trace, branch)'s life overlaps the window: from its
+start to when its outcome was decided (its first answered / errored / expired step), or to
+its deadline while undecided (spark/stages.py outcome_sql `end_us`). A message finalized
+before a validator was killed was not touched by the kill, even though its TTL (the REMP
+default is 60 s) outlasts it: with [start, deadline] every REMP message of a demo could be
+labelled planned and the REMP objectives judged no message at all. Everything else is unplanned; the SLA objectives judge
 unplanned traffic unless an objective says `count = "all"` (spark/report.py module doc).
 Pure Python; `planned_sql` renders the rule as SQL over a (trace, branch) row.
 """
@@ -50,9 +54,10 @@ class Plan:
 
     def planned_sql(self, trace_col: str = "trace_id", branch_col: str = "branch",
                     nodes_col: str = "nodes", start: str = "start_us",
-                    end: str = "deadline_us") -> str:
+                    end: str = "end_us") -> str:
         """SQL boolean: this (trace, branch) row is planned (module doc). The row's columns:
-        trace id, branch, nodes (array of raw node values of its steps), start and end (us)."""
+        trace id, branch, nodes (array of raw node values of its steps), start and end of its
+        life (us)."""
         parts = []
         if self.expected:
             ids = ", ".join(_q(t) for t in sorted(self.expected))

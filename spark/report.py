@@ -629,7 +629,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
               F.array_union(F.collect_set("node"), F.first("peers")).alias("nodes"))
           .withColumnRenamed("tbranch", "branch"))
     cols = {"sa": _by_protocol({n: _stages_array(p) for n, p in PROTOCOLS.items()})}
-    for key in ("sent", "delivered", "outcome", "late", "start_us", "deadline_us", "ttl_s",
+    for key in ("sent", "delivered", "outcome", "late", "start_us", "deadline_us", "end_us", "ttl_s",
                 "error_code"):
         cols[key] = _by_protocol({n: _outcome_cols(p, ttl_default[n], log_end)[key]
                                   for n, p in PROTOCOLS.items()})
@@ -651,7 +651,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
         "error_code": F.expr("CASE WHEN outcome = 'errored' THEN error_code END"),
         **{o: F.col("outcome") == o for o in OUTCOME_COLUMNS},
         "start": F.expr("timestamp_micros(start_us)"),
-        "deadline": F.expr("timestamp_micros(deadline_us)")}).drop("start_us", "deadline_us")
+        "deadline": F.expr("timestamp_micros(deadline_us)")}).drop("start_us", "deadline_us", "end_us")
 
     # delivery per protocol split planned / unplanned with the error codes: alone, as it
     # fills the cache of tb

@@ -138,7 +138,9 @@ def outcome_sql(o: Outcomes, ts, detail, ttl_default: float, log_end_us: int,
     """SQL (Spark and DuckDB alike) of the outcome columns of one (trace, branch) row.
     ts(step) / detail(step): SQL of the first ts (us) / detail of that step in the row, NULL
     when absent. Returns sent, delivered, answered, errored, expired, late (booleans),
-    outcome, error_code, start_us, deadline_us, ttl_s."""
+    outcome, error_code, start_us, deadline_us, end_us, ttl_s. end_us: when the outcome was
+    decided (the first answered / errored / expired step), else the deadline: the end of the
+    row's life that a planned fault's window is matched against (spark/plan.py)."""
     def least(steps):
         if not steps:
             return "CAST(NULL AS BIGINT)"
@@ -185,7 +187,7 @@ def outcome_sql(o: Outcomes, ts, detail, ttl_default: float, log_end_us: int,
     late = f"({has(o.late)} OR {late_reply})"
     return {"sent": has(o.sent), "delivered": has(o.delivered), "outcome": outcome,
             "error_code": code, "late": late, "start_us": start,
-            "deadline_us": deadline, "ttl_s": ttl}
+            "deadline_us": deadline, "end_us": f"coalesce({first}, {deadline})", "ttl_s": ttl}
 
 
 @dataclass(frozen=True)

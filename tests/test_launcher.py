@@ -148,12 +148,17 @@ def test_compare_covers_every_error_code_and_the_late_row():
     assert bad == {"errored by code", "late"}
 
 
-def test_sla_results_read_ok_or_passed_and_no_data_is_not_a_failure():
-    summary = {"sla": [{"objective": "rmb-round-trip-p99", "ok": False},
-                       {"objective": "rmb-delivery-rate", "ok": True},
-                       {"name": "remp-first-receipt-p99", "passed": None, "status": "no data"}]}
+def test_sla_results_read_ok_or_passed_and_no_data_fails_only_for_a_protocol_that_ran():
+    summary = {"sla": [{"objective": "rmb-round-trip-p99", "ok": False, "protocol": "rmb"},
+                       {"objective": "rmb-delivery-rate", "ok": True, "protocol": "rmb"},
+                       {"name": "remp-first-receipt-p99", "passed": None, "status": "no data",
+                        "protocol": "remp"}]}
     assert sla_results(summary) == [("rmb-round-trip-p99", False), ("rmb-delivery-rate", True),
                                     ("remp-first-receipt-p99", None)]
+    # REMP not run (--only rmb): nothing to judge, not a failure
+    assert sla_results(summary, {"rmb"})[2] == ("remp-first-receipt-p99", None)
+    # REMP ran and its objective judged nothing (e.g. every message labelled planned): a failure
+    assert sla_results(summary, {"rmb", "remp"})[2] == ("remp-first-receipt-p99", False)
     assert sla_results({}) == []
 
 

@@ -99,7 +99,7 @@ RECEIPT_BATCH_ACK = tl_constructor_id(TL_LINES["remp.receiptBatchAck"])   # 0x9d
 
 #: Validator mux channel kinds (validator.py: CH_CLIENT=1, CH_RMQ=2, CH_SHARD=3, CH_MASTER=4,
 #: CH_ANNOUNCE=5): byte 0 of a muxed datagram, followed by a 32-byte session id.
-_MUX = {1: "client", 2: "rmq", 3: "shard", 4: "master", 5: "announce"}
+_MUX = {1: "client", 2: "rmq", 3: "shard", 4: "master", 5: "announce", 6: "master_ref", 7: "commit_need"}
 _MUX_PREFIX = 33
 #: What classify() returns.
 KINDS = ("client_message", "receipt", "receipt_batch", "receipt_ack", "validator_mux", "unknown")

@@ -15,7 +15,7 @@ What it does, per submitted message:
    an answer; 1/3 + 1 guarantees one honest relayer). Near a session switch `groups` returns
    a non-empty next group: the same rule then runs for that group too. When every member
    of a group has been sent to and too few answered, the unanswered ones get the message
-   again each interval (datagram loss). Each wave that reaches a new validator produces a
+   again (datagram loss), after 2, 4, 8, then every 16 s (RESEND_BACKOFF_MAX). Each wave that reaches a new validator produces a
    SentToValidators status (sent_to = distinct validators reached, total_validators = size
    of current + next group), signed by the full node.
 3. Receipts in (`receive_datagram`): a `tonNode.rempSignedReceipt` is verified against the
@@ -60,6 +60,13 @@ from .wire import RempMessageDatagram, decode_datagram, encode_remp_message
 
 #: Seconds between adding validators / resending (reference: client resend 2 s).
 RESEND_INTERVAL = 2.0
+#: A wave that reaches no new validator (every member of its groups was tried: the client
+#: resends to the unanswered ones) waits resend_interval * 2**k before the next, k = such
+#: waves so far, at most RESEND_BACKOFF_MAX doublings (2, 4, 8, 16 s). Without it, past
+#: saturation (receipts queued behind an overloaded full node, so nobody seems to answer)
+#: every tracked message went again to up to 12 validators every 2 s: 412 datagrams per
+#: message in bench_remp_daemon at 40 msg/s, which kept the network saturated.
+RESEND_BACKOFF_MAX = 3
 #: Seconds a full node tracks a message before its own Timeout (docs: Timeout after 4 min).
 MESSAGE_LIFETIME = 240.0
 #: Seconds a finished message id is remembered to drop late receipts quietly.
@@ -168,6 +175,7 @@ class _Tracked:
     datagrams: int = 0
     reported_sent: int = 0
     early: bool = False            # its one early wave (silent_after) is used up
+    rewaves: int = 0               # waves that reached no new validator (backoff exponent)
 
 
 class RempClient:
@@ -446,9 +454,12 @@ class RempClient:
         t.datagrams += 1
         self.stats["datagrams_sent"] += 1
 
-    def _wave(self, t: _Tracked, now: float) -> None:
+    def _wave(self, t: _Tracked, now: float) -> bool:
+        """Send one wave; True when it only resent to validators already tried (backoff)."""
         current, nxt = self.groups(t.shard, now)
         total: set[bytes] = set()
+        resent = False
+        fresh_any = False
         for group in (current, nxt):
             ids = [key_id(pk) for pk in group]
             for pk, kid in zip(group, ids):
@@ -460,6 +471,7 @@ class RempClient:
             order = ids[start:] + ids[:start]
             fresh = [k for k in order if k not in t.sent]
             if fresh:
+                fresh_any = True
                 if self.silent_after is not None:
                     awake = [k for k in fresh if now - self._unheard_since.get(k, now) <= self.silent_after]
                     if awake and awake[0] != fresh[0]:
@@ -467,6 +479,7 @@ class RempClient:
                     fresh = awake or fresh
                 self._send(t, fresh[0], now)
             else:  # everyone was tried: the datagrams or answers may have been lost
+                resent = True
                 for k in order:
                     if k not in t.answered and t.sent[k] <= now - self.resend_interval:
                         self._send(t, k, now)
@@ -475,6 +488,13 @@ class RempClient:
             t.reported_sent = reached
             signed = self._own_receipt(t.msg.id, SentToValidators(reached, len(total)), now)
             self._events.append(ReceiptEvent(t.msg.id, signed.open(), signed.signature, "fullnode", t.shard))
+        return resent and not fresh_any
+
+    def _next_wave(self, t: _Tracked, resent: bool, now: float) -> float:
+        """When the next wave of `t` is due (module constant RESEND_BACKOFF_MAX)."""
+        if resent:
+            t.rewaves += 1
+        return now + self.resend_interval * (1 << min(t.rewaves, RESEND_BACKOFF_MAX))
 
     def _silent_at(self, t: _Tracked) -> float | None:
         """When every validator an unanswered message went to is silent (silent_after), if
@@ -498,8 +518,7 @@ class RempClient:
                 self._events.append(ReceiptEvent(t.msg.id, signed.open(), signed.signature, "fullnode", t.shard))
                 self._finish(t, "timeout", "Timeout", f"no final status within {self.lifetime:g} s", now)
                 continue
-            self._wave(t, now)
-            t.next_send = now + self.resend_interval
+            t.next_send = self._next_wave(t, self._wave(t, now), now)
             if t.msg.id in self._tracked:
                 heapq.heappush(self._heap, (min(t.next_send, t.deadline), mid))
         for mid in list(self._unanswered):
@@ -511,8 +530,7 @@ class RempClient:
                 # every validator it went to fell silent while others answer: one early wave
                 t.early = True
                 self.stats["early_waves"] += 1
-                self._wave(t, now)
-                t.next_send = now + self.resend_interval
+                t.next_send = self._next_wave(t, self._wave(t, now), now)
                 heapq.heappush(self._heap, (min(t.next_send, t.deadline), mid))
         while self._finished:
             mid, until = next(iter(self._finished.items()))

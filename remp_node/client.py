@@ -67,6 +67,11 @@ RESEND_INTERVAL = 2.0
 #: every tracked message went again to up to 12 validators every 2 s: 412 datagrams per
 #: message in bench_remp_daemon at 40 msg/s, which kept the network saturated.
 RESEND_BACKOFF_MAX = 3
+#: Seconds between scans of the unanswered messages for early waves (silent_after). The scan
+#: is O(unanswered); it ran on every submit, every receipt and every get_timer (35 receipts
+#: per message), quadratic past saturation (py-spy, full node at 40 msg/s: _tick, _silent_at
+#: and get_timer ~12% of its samples). An early wave is now due within SILENT_SCAN of its time.
+SILENT_SCAN = 0.05
 #: Seconds a full node tracks a message before its own Timeout (docs: Timeout after 4 min).
 MESSAGE_LIFETIME = 240.0
 #: Seconds a finished message id is remembered to drop late receipts quietly.
@@ -225,6 +230,9 @@ class RempClient:
         self._heap: list[tuple[float, bytes]] = []
         #: tracked ids not answered yet (the only ones an early wave can concern)
         self._unanswered: set[bytes] = set()
+        self._scan_at = -1e18                  # last early-wave scan (SILENT_SCAN)
+        self._silent_next: float | None = None  # earliest early wave found by that scan
+        self._kid: dict[bytes, bytes] = {}     # public key -> key id (sha256 once per key)
         #: _finished and _late expire in insertion order (now + a constant; an id is popped
         #: before it is set again), so their first item is the next to expire
         self._finished: dict[bytes, float] = {}
@@ -273,7 +281,7 @@ class RempClient:
         self._tracked[msg.id] = _Tracked(msg, shard, now, now + self.lifetime, now)
         heapq.heappush(self._heap, (now, msg.id))
         self._unanswered.add(msg.id)
-        self._tick(now)
+        self._tick(now, scan=False)
         return msg.id
 
     def receive_datagram(self, data: bytes, src_key_id: bytes, now: float) -> None:
@@ -352,7 +360,7 @@ class RempClient:
                             else next(k for k in kinds if k != "Timeout"))
                 reasons = "; ".join(sorted({e for e in t.errors.values() if e}))
                 self._finish(t, "rejected", decisive, reasons, now)
-        self._tick(now)
+        self._tick(now, scan=False)
 
     def _late_receipt(self, dg: SignedReceipt, receipt: Receipt, now: float, authenticated: bool = False) -> None:
         late = self._late.get(receipt.message_id)
@@ -385,12 +393,15 @@ class RempClient:
             heapq.heappop(self._heap)
         if self._heap:
             times.append(self._heap[0][0])
-        for mid in list(self._unanswered):
-            t = self._tracked.get(mid)
-            if t is None or t.answered:
-                self._unanswered.discard(mid)
-            elif (e := self._silent_at(t)) is not None:
-                times.append(e)
+        if self._unanswered and self.silent_after is not None:
+            # the last scan's earliest early wave, and the next scan (what changed since)
+            if self._silent_next is not None:
+                times.append(self._silent_next)
+            # an early wave needs a receipt heard within resend_interval before it (_silent_at);
+            # a new receipt comes with a step, which asks again
+            wake = self._scan_at + SILENT_SCAN
+            if self._heard_at > -1e17 and wake - self._heard_at <= self.resend_interval:
+                times.append(wake)
         if self._finished:
             times.append(next(iter(self._finished.values())))
         if self._late:
@@ -461,7 +472,7 @@ class RempClient:
         resent = False
         fresh_any = False
         for group in (current, nxt):
-            ids = [key_id(pk) for pk in group]
+            ids = [self._kid.get(pk) or self._kid.setdefault(pk, key_id(pk)) for pk in group]
             for pk, kid in zip(group, ids):
                 t.keys[kid] = pk
             total.update(ids)
@@ -496,6 +507,28 @@ class RempClient:
             t.rewaves += 1
         return now + self.resend_interval * (1 << min(t.rewaves, RESEND_BACKOFF_MAX))
 
+    def _scan(self, now: float) -> None:
+        """Early waves (silent_after) of unanswered messages that are due; remembers the
+        earliest one not due yet."""
+        self._scan_at = now
+        nxt = None
+        for mid in list(self._unanswered):
+            t = self._tracked.get(mid)
+            if t is None or t.answered:
+                self._unanswered.discard(mid)
+                continue
+            if now >= t.next_send or (e := self._silent_at(t)) is None:
+                continue
+            if now >= e:
+                # every validator it went to fell silent while others answer: one early wave
+                t.early = True
+                self.stats["early_waves"] += 1
+                t.next_send = self._next_wave(t, self._wave(t, now), now)
+                heapq.heappush(self._heap, (min(t.next_send, t.deadline), mid))
+            elif nxt is None or e < nxt:
+                nxt = e
+        self._silent_next = nxt
+
     def _silent_at(self, t: _Tracked) -> float | None:
         """When every validator an unanswered message went to is silent (silent_after), if
         its early wave is not used up and some validator answered within the resend
@@ -507,7 +540,9 @@ class RempClient:
         at = max(self._unheard_since[k] for k in t.sent) + self.silent_after + 1e-6
         return at if at - self._heard_at <= self.resend_interval else None
 
-    def _tick(self, now: float) -> None:
+    def _tick(self, now: float, scan: bool = True) -> None:
+        """Due waves and deadlines (heap); with `scan`, the early-wave scan when SILENT_SCAN
+        passed since the last one or its earliest early wave is due; expiries."""
         while self._heap and self._heap[0][0] <= now:
             when, mid = heapq.heappop(self._heap)
             if self._stale(when, mid):
@@ -521,17 +556,9 @@ class RempClient:
             t.next_send = self._next_wave(t, self._wave(t, now), now)
             if t.msg.id in self._tracked:
                 heapq.heappush(self._heap, (min(t.next_send, t.deadline), mid))
-        for mid in list(self._unanswered):
-            t = self._tracked.get(mid)
-            if t is None or t.answered:
-                self._unanswered.discard(mid)
-                continue
-            if now < t.next_send and (e := self._silent_at(t)) is not None and now >= e:
-                # every validator it went to fell silent while others answer: one early wave
-                t.early = True
-                self.stats["early_waves"] += 1
-                t.next_send = self._next_wave(t, self._wave(t, now), now)
-                heapq.heappush(self._heap, (min(t.next_send, t.deadline), mid))
+        if scan and (now >= self._scan_at + SILENT_SCAN
+                     or (self._silent_next is not None and now >= self._silent_next)):
+            self._scan(now)
         while self._finished:
             mid, until = next(iter(self._finished.items()))
             if until > now:

@@ -304,7 +304,8 @@ class ValidatorEvent:
 @dataclass(frozen=True)
 class ReceiptSent(ValidatorEvent):
     """A signed receipt this validator produced. kind: JSON kind; message_id: 32 bytes;
-    dst: full node key ids it was sent to; shard: shard ident; signed: receipts.SignedReceipt."""
+    dst: full node key ids it was sent to; shard: shard ident; signed: receipts.SignedReceipt;
+    status: the status object it carries (None: read it from signed)."""
 
     message_id: bytes
     kind: str
@@ -312,6 +313,7 @@ class ReceiptSent(ValidatorEvent):
     dst: tuple[bytes, ...]
     signed: object
     reason: str = ""
+    status: object = None       # the receipts.* status signed (signed.open().status, unparsed)
 
 
 @dataclass(frozen=True)
@@ -900,7 +902,7 @@ class ValidatorCore:
         for d in dsts:
             self._out.append((d, data))
         self.stats["receipts"] += 1
-        self._events.append(ReceiptSent(mid, status.kind, shard, dsts, signed, reason))
+        self._events.append(ReceiptSent(mid, status.kind, shard, dsts, signed, reason, status))
 
     def _ann(self, mid: bytes, origin: bytes | None, shard: int, master_seqno: int) -> _Ann:
         a = self.ann.get(mid)

@@ -49,9 +49,24 @@ of DESIGN.md section 4. Batching would need the compact TL, one signature per pa
 flush timer in this core; it changes datagram counts only, no status. Not done.
 
 Multiplexing: every datagram between REMP nodes starts with a 33-byte prefix: one channel
-kind byte (CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE) and the 32-byte session id of
-the sub-protocol instance (zeros for CH_CLIENT and CH_ANNOUNCE). `mux`/`demux` are the
-helpers; a full node wraps its wire.py datagrams with CH_CLIENT.
+kind byte (CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE, CH_MASTER_REF,
+CH_COMMIT_NEED) and the 32-byte session id of the sub-protocol instance (zeros for
+CH_CLIENT, CH_ANNOUNCE and CH_COMMIT_NEED). `mux`/`demux` are the helpers; a full node wraps
+its wire.py datagrams with CH_CLIENT.
+
+Shard commits by reference: a master block commits shard blocks by carrying their commit
+certificates (consensus.Commit: the candidate with its message bodies + the precommits).
+Every masterchain member already holds them (its own group accepted the block, or two group
+members announced it, CH_ANNOUNCE), so a master proposal or commit datagram to another
+masterchain member goes as CH_MASTER_REF (same session id): `encode_refs` segments, literal
+bytes and the sha256 of each shard commit of >= MIN_REF_BYTES. The receiver rebuilds the
+exact CH_MASTER bytes from the commits it keeps by hash (KEEP_RAW_COMMITS) and feeds them to
+the master consensus, which checks every signature as before (a reference cannot forge
+anything: the rebuilt bytes are what the leader signed, or they fail). A member lacking a
+commit parks the datagram (MAX_PARKED) and sends CH_COMMIT_NEED (`count:int` + hashes) to the
+sender, at most once per NEED_RETRY per commit; the sender answers each with a CH_ANNOUNCE of
+the commit, after which the parked datagrams are fed. Non-members (the full node's follower)
+get whole CH_MASTER datagrams; the journal keeps whole master commits.
 
 Errors: remote garbage never raises out of receive_datagram (it becomes a `Dropped` event);
 local misuse raises ValidatorError.

@@ -72,6 +72,27 @@ async def scrape(s: aiohttp.ClientSession, ln: LocalNet) -> tuple[Counter, Count
     return n, b, int(dg)
 
 
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(ln: LocalNet) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each daemon process, from /proc."""
+    out = {}
+    for label, d in ln.daemons.items():
+        if d.proc is None:
+            continue
+        try:
+            f = Path(f"/proc/{d.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[label] = (int(f[11]) + int(f[12])) / CLK
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def cpu_delta(a: dict, b: dict) -> dict[str, float]:
+    return {k: b[k] - a.get(k, 0.0) for k in b}
+
+
 def transfers(net, count: int, nonce0: int) -> list[bytes]:
     ws = [w for w in net.wallets() if w["workchain"] == 0]
     keys = [NodeKey.from_seed(bytes.fromhex(w["seed"])) for w in ws]
@@ -83,6 +104,7 @@ def transfers(net, count: int, nonce0: int) -> list[bytes]:
 async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: int) -> dict:
     bocs = transfers(net, int(rate * duration), nonce0)
     n0, b0, d0 = await scrape(s, ln)
+    c0 = cpu_s(ln)
     ids: list[str] = []
     errors = Counter()
     t0 = time.monotonic()
@@ -106,6 +128,7 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
         tasks.append(asyncio.ensure_future(one(boc)))
     await asyncio.gather(*tasks)
     sent_for = time.monotonic() - t0
+    c1 = cpu_s(ln)
     # drain: wait until every message is final (or the drain deadline)
     end = time.monotonic() + drain
     finals = {}
@@ -113,7 +136,9 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
         finals = {e["trace_id"]: e for e in ln.events("fullnode1", "remp.fullnode.final")}
         if all(m in finals for m in ids):
             break
-        await asyncio.sleep(2)
+        await asyncio.sleep(1)
+    done_s = time.monotonic() - t0
+    c2 = cpu_s(ln)
     n1, b1, d1 = await scrape(s, ln)
     ev = ln.events("fullnode1")
     received = {e["trace_id"]: ts(e) for e in ev if e["event"] == "remp.fullnode.received"}
@@ -137,7 +162,8 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
             "first_p50": pct(lat_first, 0.5), "first_p99": pct(lat_first, 0.99), "n_first": len(lat_first),
             "fin_p50": pct(lat_fin, 0.5), "fin_p99": pct(lat_fin, 0.99), "n_fin": len(lat_fin),
             "outcomes": dict(outcomes), "lost": lost, "payloads": dn, "bytes": db,
-            "datagrams": (d1 - d0) / per}
+            "datagrams": (d1 - d0) / per, "done_s": done_s,
+            "cpu_send": cpu_delta(c0, c1), "cpu_all": cpu_delta(c0, c2)}
 
 
 async def amain(args) -> None:
@@ -163,6 +189,13 @@ async def amain(args) -> None:
                     if (await r.json())["outcome"]["final"]:
                         break
                 await asyncio.sleep(1)
+            # idle cost: CPU of the whole network carrying no messages (empty rounds, syncs)
+            ci0, ti0 = cpu_s(ln), time.monotonic()
+            await asyncio.sleep(args.idle)
+            idle = sum(cpu_delta(ci0, cpu_s(ln)).values()) / (time.monotonic() - ti0)
+            print(f"idle: {idle:.3f} CPU s per s summed over {len(ln.daemons)} processes "
+                  f"(load average {open('/proc/loadavg').read().split()[0]})", flush=True)
+            args.idle_rate = idle
             nonce = 0
             for rate in args.rates:
                 r = await phase(s, ln, net, rate, args.duration, args.drain, nonce)
@@ -210,7 +243,17 @@ def report(r: dict, args) -> None:
     cc = r["payloads"].get("client_message", 0) + r["payloads"].get("rmq", 0)
     print(f"  client + catchain payloads per message {cc:.1f} (target <= 2N + 3 = {2 * n + 3}: "
           f"{'met' if cc <= 2 * n + 3 else 'MISSED'}); transport datagrams per message (all kinds) "
-          f"{r['datagrams']:.1f}", flush=True)
+          f"{r['datagrams']:.1f}")
+    per = max(1, r["accepted"])
+    cs, ca = r["cpu_send"], r["cpu_all"]
+    net_all = sum(ca.values()) - args.idle_rate * r["done_s"]
+    vals = [v for k, v in ca.items() if not k.startswith("fullnode")]
+    fn = sum(v for k, v in ca.items() if k.startswith("fullnode"))
+    print(f"  CPU per message, summed over all processes: {sum(cs.values()) / per * 1000:.1f} ms while sending "
+          f"({sum(cs.values()) / max(r['send_s'], 1e-9):.2f} CPU s/s), {sum(ca.values()) / per * 1000:.1f} ms until "
+          f"all final ({r['done_s']:.1f} s), {net_all / per * 1000:.1f} ms above idle; per validator "
+          f"{statistics.mean(vals) / per * 1000 if vals else 0:.1f} ms (max {max(vals, default=0) / per * 1000:.1f}), "
+          f"full node {fn / per * 1000:.1f} ms; load average {open('/proc/loadavg').read().split()[0]}", flush=True)
 
 
 def main() -> None:
@@ -223,6 +266,7 @@ def main() -> None:
     ap.add_argument("--block-interval", type=float, default=0.25)
     ap.add_argument("--master-block-interval", type=float, default=0.4)
     ap.add_argument("--mc-catchain-lifetime", type=float, default=60.0)
+    ap.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU measurement before the rates")
     ap.add_argument("--workdir", default=None, help="keep the network, data and logs here")
     ap.add_argument("--skip-baseline", action="store_true")
     args = ap.parse_args()

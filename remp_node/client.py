@@ -15,7 +15,7 @@ What it does, per submitted message:
    an answer; 1/3 + 1 guarantees one honest relayer). Near a session switch `groups` returns
    a non-empty next group: the same rule then runs for that group too. When every member
    of a group has been sent to and too few answered, the unanswered ones get the message
-   again each interval (datagram loss). Each wave that reaches a new validator produces a
+   again (datagram loss), after 2, 4, 8, then every 16 s (RESEND_BACKOFF_MAX). Each wave that reaches a new validator produces a
    SentToValidators status (sent_to = distinct validators reached, total_validators = size
    of current + next group), signed by the full node.
 3. Receipts in (`receive_datagram`): a `tonNode.rempSignedReceipt` is verified against the
@@ -60,6 +60,18 @@ from .wire import RempMessageDatagram, decode_datagram, encode_remp_message
 
 #: Seconds between adding validators / resending (reference: client resend 2 s).
 RESEND_INTERVAL = 2.0
+#: A wave that reaches no new validator (every member of its groups was tried: the client
+#: resends to the unanswered ones) waits resend_interval * 2**k before the next, k = such
+#: waves so far, at most RESEND_BACKOFF_MAX doublings (2, 4, 8, 16 s). Without it, past
+#: saturation (receipts queued behind an overloaded full node, so nobody seems to answer)
+#: every tracked message went again to up to 12 validators every 2 s: 412 datagrams per
+#: message in bench_remp_daemon at 40 msg/s, which kept the network saturated.
+RESEND_BACKOFF_MAX = 3
+#: Seconds between scans of the unanswered messages for early waves (silent_after). The scan
+#: is O(unanswered); it ran on every submit, every receipt and every get_timer (35 receipts
+#: per message), quadratic past saturation (py-spy, full node at 40 msg/s: _tick, _silent_at
+#: and get_timer ~12% of its samples). An early wave is now due within SILENT_SCAN of its time.
+SILENT_SCAN = 0.05
 #: Seconds a full node tracks a message before its own Timeout (docs: Timeout after 4 min).
 MESSAGE_LIFETIME = 240.0
 #: Seconds a finished message id is remembered to drop late receipts quietly.
@@ -168,6 +180,7 @@ class _Tracked:
     datagrams: int = 0
     reported_sent: int = 0
     early: bool = False            # its one early wave (silent_after) is used up
+    rewaves: int = 0               # waves that reached no new validator (backoff exponent)
 
 
 class RempClient:
@@ -217,6 +230,9 @@ class RempClient:
         self._heap: list[tuple[float, bytes]] = []
         #: tracked ids not answered yet (the only ones an early wave can concern)
         self._unanswered: set[bytes] = set()
+        self._scan_at = -1e18                  # last early-wave scan (SILENT_SCAN)
+        self._silent_next: float | None = None  # earliest early wave found by that scan
+        self._kid: dict[bytes, bytes] = {}     # public key -> key id (sha256 once per key)
         #: _finished and _late expire in insertion order (now + a constant; an id is popped
         #: before it is set again), so their first item is the next to expire
         self._finished: dict[bytes, float] = {}
@@ -265,7 +281,7 @@ class RempClient:
         self._tracked[msg.id] = _Tracked(msg, shard, now, now + self.lifetime, now)
         heapq.heappush(self._heap, (now, msg.id))
         self._unanswered.add(msg.id)
-        self._tick(now)
+        self._tick(now, scan=False)
         return msg.id
 
     def receive_datagram(self, data: bytes, src_key_id: bytes, now: float) -> None:
@@ -344,7 +360,7 @@ class RempClient:
                             else next(k for k in kinds if k != "Timeout"))
                 reasons = "; ".join(sorted({e for e in t.errors.values() if e}))
                 self._finish(t, "rejected", decisive, reasons, now)
-        self._tick(now)
+        self._tick(now, scan=False)
 
     def _late_receipt(self, dg: SignedReceipt, receipt: Receipt, now: float, authenticated: bool = False) -> None:
         late = self._late.get(receipt.message_id)
@@ -377,12 +393,15 @@ class RempClient:
             heapq.heappop(self._heap)
         if self._heap:
             times.append(self._heap[0][0])
-        for mid in list(self._unanswered):
-            t = self._tracked.get(mid)
-            if t is None or t.answered:
-                self._unanswered.discard(mid)
-            elif (e := self._silent_at(t)) is not None:
-                times.append(e)
+        if self._unanswered and self.silent_after is not None:
+            # the last scan's earliest early wave, and the next scan (what changed since)
+            if self._silent_next is not None:
+                times.append(self._silent_next)
+            # an early wave needs a receipt heard within resend_interval before it (_silent_at);
+            # a new receipt comes with a step, which asks again
+            wake = self._scan_at + SILENT_SCAN
+            if self._heard_at > -1e17 and wake - self._heard_at <= self.resend_interval:
+                times.append(wake)
         if self._finished:
             times.append(next(iter(self._finished.values())))
         if self._late:
@@ -446,11 +465,14 @@ class RempClient:
         t.datagrams += 1
         self.stats["datagrams_sent"] += 1
 
-    def _wave(self, t: _Tracked, now: float) -> None:
+    def _wave(self, t: _Tracked, now: float) -> bool:
+        """Send one wave; True when it only resent to validators already tried (backoff)."""
         current, nxt = self.groups(t.shard, now)
         total: set[bytes] = set()
+        resent = False
+        fresh_any = False
         for group in (current, nxt):
-            ids = [key_id(pk) for pk in group]
+            ids = [self._kid.get(pk) or self._kid.setdefault(pk, key_id(pk)) for pk in group]
             for pk, kid in zip(group, ids):
                 t.keys[kid] = pk
             total.update(ids)
@@ -460,6 +482,7 @@ class RempClient:
             order = ids[start:] + ids[:start]
             fresh = [k for k in order if k not in t.sent]
             if fresh:
+                fresh_any = True
                 if self.silent_after is not None:
                     awake = [k for k in fresh if now - self._unheard_since.get(k, now) <= self.silent_after]
                     if awake and awake[0] != fresh[0]:
@@ -467,6 +490,7 @@ class RempClient:
                     fresh = awake or fresh
                 self._send(t, fresh[0], now)
             else:  # everyone was tried: the datagrams or answers may have been lost
+                resent = True
                 for k in order:
                     if k not in t.answered and t.sent[k] <= now - self.resend_interval:
                         self._send(t, k, now)
@@ -475,6 +499,35 @@ class RempClient:
             t.reported_sent = reached
             signed = self._own_receipt(t.msg.id, SentToValidators(reached, len(total)), now)
             self._events.append(ReceiptEvent(t.msg.id, signed.open(), signed.signature, "fullnode", t.shard))
+        return resent and not fresh_any
+
+    def _next_wave(self, t: _Tracked, resent: bool, now: float) -> float:
+        """When the next wave of `t` is due (module constant RESEND_BACKOFF_MAX)."""
+        if resent:
+            t.rewaves += 1
+        return now + self.resend_interval * (1 << min(t.rewaves, RESEND_BACKOFF_MAX))
+
+    def _scan(self, now: float) -> None:
+        """Early waves (silent_after) of unanswered messages that are due; remembers the
+        earliest one not due yet."""
+        self._scan_at = now
+        nxt = None
+        for mid in list(self._unanswered):
+            t = self._tracked.get(mid)
+            if t is None or t.answered:
+                self._unanswered.discard(mid)
+                continue
+            if now >= t.next_send or (e := self._silent_at(t)) is None:
+                continue
+            if now >= e:
+                # every validator it went to fell silent while others answer: one early wave
+                t.early = True
+                self.stats["early_waves"] += 1
+                t.next_send = self._next_wave(t, self._wave(t, now), now)
+                heapq.heappush(self._heap, (min(t.next_send, t.deadline), mid))
+            elif nxt is None or e < nxt:
+                nxt = e
+        self._silent_next = nxt
 
     def _silent_at(self, t: _Tracked) -> float | None:
         """When every validator an unanswered message went to is silent (silent_after), if
@@ -487,7 +540,9 @@ class RempClient:
         at = max(self._unheard_since[k] for k in t.sent) + self.silent_after + 1e-6
         return at if at - self._heard_at <= self.resend_interval else None
 
-    def _tick(self, now: float) -> None:
+    def _tick(self, now: float, scan: bool = True) -> None:
+        """Due waves and deadlines (heap); with `scan`, the early-wave scan when SILENT_SCAN
+        passed since the last one or its earliest early wave is due; expiries."""
         while self._heap and self._heap[0][0] <= now:
             when, mid = heapq.heappop(self._heap)
             if self._stale(when, mid):
@@ -498,22 +553,12 @@ class RempClient:
                 self._events.append(ReceiptEvent(t.msg.id, signed.open(), signed.signature, "fullnode", t.shard))
                 self._finish(t, "timeout", "Timeout", f"no final status within {self.lifetime:g} s", now)
                 continue
-            self._wave(t, now)
-            t.next_send = now + self.resend_interval
+            t.next_send = self._next_wave(t, self._wave(t, now), now)
             if t.msg.id in self._tracked:
                 heapq.heappush(self._heap, (min(t.next_send, t.deadline), mid))
-        for mid in list(self._unanswered):
-            t = self._tracked.get(mid)
-            if t is None or t.answered:
-                self._unanswered.discard(mid)
-                continue
-            if now < t.next_send and (e := self._silent_at(t)) is not None and now >= e:
-                # every validator it went to fell silent while others answer: one early wave
-                t.early = True
-                self.stats["early_waves"] += 1
-                self._wave(t, now)
-                t.next_send = now + self.resend_interval
-                heapq.heappush(self._heap, (min(t.next_send, t.deadline), mid))
+        if scan and (now >= self._scan_at + SILENT_SCAN
+                     or (self._silent_next is not None and now >= self._silent_next)):
+            self._scan(now)
         while self._finished:
             mid, until = next(iter(self._finished.items()))
             if until > now:

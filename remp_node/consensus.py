@@ -33,10 +33,12 @@ One round (n members, quorum q = 2n // 3 + 1, i.e. weight > 2/3; f = n - q fault
        prevoted and holds B (valid) LOCKS on (round, B) and precommits B. If no polka is
        possible any more in this round (or at the deadline) it precommits nil.
     4. q precommits for B in one round accept B: BlockAccepted(block_id, payload,
-       signatures = those precommits, round); the member broadcasts a commit so members that
+       signatures = those precommits, round); the member sends a commit so members that
        missed votes accept the same block (the candidate + signatures to members whose
-       precommit for B it lacks; the signatures only, remp.consensus.commitSignatures, to
-       the others, which hold B), and moves to seqno+1.
+       precommit for B it lacks, the signatures only, remp.consensus.commitSignatures, to
+       the others, which hold B; only B's collator sends them: every member decides by
+       itself from the broadcast precommits, stragglers are pushed commits when they send
+       stale-height messages), and moves to seqno+1.
        If no commit is possible in the round any more (or at the deadline), the member moves
        to the next round (RoundSkipped).
     5. Seeing messages of a higher round r' from f + 1 distinct members, a member jumps to r'
@@ -700,6 +702,7 @@ class BlockConsensus:
         self.block_ids: OrderedDict[int, BlockIdExt] = OrderedDict()
         self._future_commits: dict[int, tuple[Commit, bytes]] = {}
         self._last_push: dict[bytes, float] = {}
+        self._accepted_at = -1e18
         self._last_pull: dict[bytes, float] = {}
         self._out: list[tuple[bytes, bytes]] = []
         self._events: deque[ConsensusEvent] = deque()
@@ -840,7 +843,11 @@ class BlockConsensus:
         """True if a message for `seqno` should be stored; answers stale/future senders."""
         if seqno < self.height:
             self.ignored["stale_height"] += 1
-            self._push(src, seqno, now)
+            # a vote for the block just accepted that arrives right after the quorum is the
+            # normal late vote of a member that decides by itself: a push only once it had
+            # time to (a member that is really behind resends every resend_interval)
+            if seqno < self.height - 1 or now - self._accepted_at >= self.resend_interval / 2:
+                self._push(src, seqno, now)
             return False
         if seqno > self.height:
             self._pull(src, now)
@@ -1028,14 +1035,31 @@ class BlockConsensus:
             self.block_ids.popitem(last=False)
         self._emit(BlockAccepted(bid, cand.payload, dict(sigs), round))
         if broadcast and self.is_member:
-            # members whose precommit for this block we hold have the candidate: they get the
-            # signatures only (the candidate travelled to every member in the proposal; a
-            # master candidate carries shard commits, n*(n-1) copies of it per block were
-            # most of the masterchain's bytes); the others get the whole commit
-            compact = CommitSignatures(self.session_id, round, bid, pairs).pack()
+            # Who gets a commit: a member from which we hold a prevote or a precommit for
+            # this block has the candidate and gets every precommit broadcast, so it decides
+            # by itself; the block's collator alone sends those the signatures only
+            # (remp.consensus.commitSignatures, one copy each: a member that lost precommits).
+            # The others (no vote for the block seen: they may lack the candidate) get the
+            # whole commit from every member. A member that lost all of that catches up by
+            # push (its resent vote is a stale-height message, _check_height) or pull (it
+            # sees the next height). Every member sending a copy to every other one (n*(n-1),
+            # 182 per master block of 14 members) plus a whole-commit push answering each
+            # vote that arrived after the quorum were most of the masterchain's datagrams.
+            h = self._heights.get(bid.seqno)
+            knows = set(sigs)
+            if h is not None:
+                for (kind, _r), box in h.votes.items():
+                    knows.update(who for who, blocks in box.items() if bid in blocks)
+            lead = cand.collator == self.me
+            compact = CommitSignatures(self.session_id, round, bid, pairs).pack() if lead else None
             for m in self.member_ids:
-                if m != self.me:
-                    self._out.append((m, compact if m in sigs else commit_raw))
+                if m == self.me:
+                    continue
+                if m not in knows:
+                    self._out.append((m, commit_raw))
+                elif lead:
+                    self._out.append((m, compact))
+        self._accepted_at = now
         self.prev = bid
         self.height = bid.seqno + 1
         self._future_commits.pop(bid.seqno, None)

@@ -22,8 +22,16 @@ Validator side: `ReceiptSender` (one per validator, per-full-node state inside)
   previous packet to that node; a batch that reaches `max_batch_bytes` leaves at once.
   So a status waits at most `max_delay` (the issue's 100 ms), and at 1 receipt per
   message-status the first status (PutIntoQueue) is not delayed at all.
-  Resend: an unacknowledged packet is resent after `resend_initial` s, then doubling up to
-  `resend_max` s, re-signed with the current `base` (see TL). Obsolete: a receipt added in
+  Resend: one retransmission timer per full node, as TCP's (RFC 6298): rto = srtt + 4 rttvar
+  from the acks' round trips of packets sent once (Karn), within [`resend_initial`,
+  `resend_max`] s; when it fires the oldest RESEND_WINDOW (4) unacknowledged packets go
+  again and the timeout doubles (up to `resend_max`; it stays backed off until a packet
+  sent once is acknowledged: a fresh sample); acknowledged progress restarts the timer, and
+  when an ack reveals that the next unacknowledged packet is older than rto it goes at
+  once. A resent packet is signed again only when its `base` (see TL) moved. (It was one
+  timer per packet, 0.25 s doubling to 2 s, each resend signed again: behind a saturated
+  full node every one of up to 4,096 unacknowledged packets per validator went again every
+  2 s, 776 receipt packets per message in bench_remp_daemon at 40 msg/s.) Obsolete: a receipt added in
   master session S is abandoned once the current session is S + 2 (DESIGN.md: a message
   received in N is obsolete at N + 2; a Timeout produced at the switch to N + 2 therefore
   still has two sessions to arrive). Bounded memory: at most `max_unacked_per_dst` packets per
@@ -71,7 +79,6 @@ ValueError) for local misuse.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -99,7 +106,7 @@ RECEIPT_BATCH_ACK = tl_constructor_id(TL_LINES["remp.receiptBatchAck"])   # 0x9d
 
 #: Validator mux channel kinds (validator.py: CH_CLIENT=1, CH_RMQ=2, CH_SHARD=3, CH_MASTER=4,
 #: CH_ANNOUNCE=5): byte 0 of a muxed datagram, followed by a 32-byte session id.
-_MUX = {1: "client", 2: "rmq", 3: "shard", 4: "master", 5: "announce"}
+_MUX = {1: "client", 2: "rmq", 3: "shard", 4: "master", 5: "announce", 6: "master_ref", 7: "commit_need"}
 _MUX_PREFIX = 33
 #: What classify() returns.
 KINDS = ("client_message", "receipt", "receipt_batch", "receipt_ack", "validator_mux", "unknown")
@@ -273,9 +280,11 @@ class _Out:
     seqno: int
     receipts: tuple            # serialized SignedReceipt bytes
     session: int               # oldest session among its receipts
-    next_send: float
-    interval: float
+    sent_at: float             # first send (RTT sample when acknowledged without a resend)
+    last_sent: float = 0.0
     sends: int = 0
+    wire: bytes | None = None  # the signed packet as last sent, reused while its base holds
+    wire_base: int = 0
 
 
 @dataclass
@@ -286,6 +295,16 @@ class _Dst:
     last_flush: float = -1e18
     seqno: int = 0
     unacked: "OrderedDict[int, _Out]" = field(default_factory=OrderedDict)
+    rto: float = 0.25           # retransmission timeout (s), from the acks' round trips
+    srtt: float | None = None
+    rttvar: float = 0.0
+    rtx_at: float | None = None  # when the oldest unacknowledged packets go again
+    backoff: int = 0            # resends since the last acknowledged progress
+
+
+#: unacknowledged packets resent per full node when its retransmission timer fires (the
+#: oldest ones: the receiver acknowledges cumulatively and buffers what follows a hole)
+RESEND_WINDOW = 4
 
 
 class ReceiptSender:
@@ -324,7 +343,6 @@ class ReceiptSender:
         self.session = session
         self._dsts: dict[bytes, _Dst] = {}
         self._out: list[tuple[bytes, bytes]] = []
-        self._resends: list[tuple[float, bytes, int]] = []    # heap (next_send, dst, seqno)
         self.journal = journal
         self._journal: list[OutboxChange] = []
         self.stats = {k: 0 for k in ("added", "packets", "resends", "acked", "receipts_acked",
@@ -360,7 +378,7 @@ class ReceiptSender:
             self._journal.append(OutboxChange("add", bytes(dst), hashlib.sha256(data).digest(), data, session))
         d = self._dsts.get(dst)
         if d is None:
-            d = self._dsts[dst] = _Dst()
+            d = self._dsts[dst] = _Dst(rto=self.resend_initial)
         if d.pending_bytes and d.pending_bytes + len(data) > self.max_batch_bytes:
             self._flush(dst, d, now)
         d.pending.append((data, session))
@@ -393,21 +411,38 @@ class ReceiptSender:
         if not d.pending:
             return
         d.seqno += 1
-        o = _Out(d.seqno, tuple(r for r, _ in d.pending), min(s for _, s in d.pending),
-                 now + self.resend_initial, self.resend_initial)
+        o = _Out(d.seqno, tuple(r for r, _ in d.pending), min(s for _, s in d.pending), now)
         d.pending, d.pending_bytes = [], 0
         d.unacked[o.seqno] = o
         while len(d.unacked) > self.max_unacked:
             self._done(dst, d.unacked.popitem(last=False)[1].receipts)
             self.stats["abandoned_overflow"] += 1
         d.last_flush = now
-        self._emit(dst, d, o)
+        self._emit(dst, d, o, now)
+        if d.rtx_at is None:
+            d.rtx_at = now + d.rto
 
-    def _emit(self, dst: bytes, d: _Dst, o: _Out) -> None:
-        heapq.heappush(self._resends, (o.next_send, dst, o.seqno))
+    def _emit(self, dst: bytes, d: _Dst, o: _Out, now: float) -> None:
+        base = self._base(d)
+        if o.wire is None or o.wire_base != base:     # signed again only when base moved
+            o.wire = encode_batch(self.key, dst, self.stream, o.seqno, base, o.receipts)
+            o.wire_base = base
         o.sends += 1
-        self._out.append((dst, encode_batch(self.key, dst, self.stream, o.seqno, self._base(d), o.receipts)))
+        o.last_sent = now
+        self._out.append((dst, o.wire))
         self.stats["packets" if o.sends == 1 else "resends"] += 1
+
+    def _resend(self, dst: bytes, d: _Dst, now: float) -> None:
+        """The oldest RESEND_WINDOW unacknowledged packets go again (those not sent within the
+        last rto); the timer backs off."""
+        for o in list(d.unacked.values())[:RESEND_WINDOW]:
+            if now - o.last_sent >= d.rto - 1e-9:
+                self._emit(dst, d, o, now)
+        d.backoff += 1
+        # RFC 6298 5.5 / Karn: the timeout doubles and stays backed off until a packet sent
+        # once is acknowledged (a fresh sample), so a slow full node is not flooded
+        d.rto = min(self.resend_max, d.rto * 2)
+        d.rtx_at = now + d.rto
 
     def receive_ack(self, src: bytes, payload: bytes, now: float) -> None:
         """An ack from full node `src` (key id, from the transport). Raises DeliveryError
@@ -432,6 +467,26 @@ class ReceiptSender:
             self.stats["acked"] += 1
             self.stats["receipts_acked"] += len(o.receipts)
             self._done(src, o.receipts)
+            if o.sends == 1:            # Karn: only packets sent once time the round trip
+                self._rtt(d, now - o.sent_at)
+        if done:
+            d.backoff = 0
+            d.rtx_at = None
+            if d.unacked:
+                d.rtx_at = now + d.rto
+                head = next(iter(d.unacked.values()))
+                if now - head.last_sent >= d.rto:   # the ack revealed the next hole: go at once
+                    self._resend(src, d, now)
+
+    def _rtt(self, d: _Dst, sample: float) -> None:
+        """Jacobson/Karels (RFC 6298): rto = srtt + 4 rttvar within [resend_initial, resend_max]."""
+        sample = max(0.0, sample)
+        if d.srtt is None:
+            d.srtt, d.rttvar = sample, sample / 2
+        else:
+            d.rttvar = 0.75 * d.rttvar + 0.25 * abs(d.srtt - sample)
+            d.srtt = 0.875 * d.srtt + 0.125 * sample
+        d.rto = min(self.resend_max, max(self.resend_initial, d.srtt + 4 * d.rttvar))
 
     def packets_to_send(self, now: float) -> list[tuple[bytes, bytes]]:
         """Run due flushes and resends, then drain: [(full node key id, payload)]."""
@@ -439,39 +494,24 @@ class ReceiptSender:
         out, self._out = self._out, []
         return out
 
-    def _live(self, entry) -> _Out | None:
-        at, dst, seq = entry
-        d = self._dsts.get(dst)
-        o = d.unacked.get(seq) if d is not None else None
-        return o if o is not None and o.next_send == at else None
-
     def get_timer(self) -> float | None:
-        """Earliest flush or resend deadline (seconds), or None. O(full nodes) + amortized
-        O(log n) over a heap of resend deadlines (stale entries are discarded lazily)."""
+        """Earliest flush or retransmission deadline (seconds), or None. O(full nodes)."""
         t = None
         for d in self._dsts.values():
             if d.flush_at is not None and (t is None or d.flush_at < t):
                 t = d.flush_at
-        heap = self._resends
-        while heap and self._live(heap[0]) is None:
-            heapq.heappop(heap)
-        if heap and (t is None or heap[0][0] < t):
-            t = heap[0][0]
+            if d.unacked and d.rtx_at is not None and (t is None or d.rtx_at < t):
+                t = d.rtx_at
         return t
 
     def handle_timer(self, now: float) -> None:
         for dst, d in self._dsts.items():
             if d.flush_at is not None and d.flush_at <= now:
                 self._flush(dst, d, now)
-        heap = self._resends
-        while heap and heap[0][0] <= now:
-            entry = heapq.heappop(heap)
-            o = self._live(entry)
-            if o is None:
-                continue
-            o.interval = min(self.resend_max, o.interval * 2)
-            o.next_send = now + o.interval
-            self._emit(entry[1], self._dsts[entry[1]], o)
+            if not d.unacked:
+                d.rtx_at, d.backoff = None, 0
+            elif d.rtx_at is not None and d.rtx_at <= now:
+                self._resend(dst, d, now)
 
     def unacked(self, dst: bytes | None = None) -> int:
         """Receipts not yet acknowledged (pending + in unacked packets), for dst or all."""

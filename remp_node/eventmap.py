@@ -90,7 +90,7 @@ def validator_records(ev) -> list[LogRecord]:
     """Log records for one validator core event (validator.ValidatorEvent); [] for an
     event the catalogue has no line for. Raises TypeError for a non-event."""
     if isinstance(ev, ReceiptSent):
-        attrs, level = _status_attrs(ev.signed.open().status, ev.reason)
+        attrs, level = _status_attrs(ev.status if ev.status is not None else ev.signed.open().status, ev.reason)
         attrs["shard"] = shard_hex(ev.shard)
         return [LogRecord("remp.validator.status", ev.message_id.hex(), level, attrs)]
     if isinstance(ev, ForkBlamed):

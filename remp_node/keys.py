@@ -6,6 +6,7 @@ Signatures are plain ed25519 (64 bytes) from `cryptography`.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from cryptography.exceptions import InvalidSignature
@@ -27,10 +28,17 @@ def verify(public_key: bytes, data: bytes, signature: bytes) -> bool:
     if len(public_key) != 32 or len(signature) != 64:
         return False
     try:
-        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
+        _public(bytes(public_key)).verify(signature, data)
         return True
     except InvalidSignature:
         return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _public(public_key: bytes) -> Ed25519PublicKey:
+    """The loaded public key object (a node verifies the same few dozen validator keys for
+    every vote, receipt and commit; loading one is a point decompression)."""
+    return Ed25519PublicKey.from_public_bytes(public_key)
 
 
 class NodeKey:

@@ -64,7 +64,8 @@ class SimConfig:
     probabilities; seed: randomness of keys and network; journal: keep each validator's
     ValidatorJournal in memory (journal_updates after every flush) so restart(i) works.
     part_payload: bytes per transport part (0 = whole datagrams; 1,154 = transport.py's
-    fragmentation, where loss applies to every part: network.SimNetwork)."""
+    fragmentation, where loss applies to every part: network.SimNetwork). master_commit_bytes:
+    ValidatorCore's cap on the shard commit bytes of one master block (None: its default)."""
 
     validators: int = 14
     shard_count: int = 2
@@ -88,6 +89,7 @@ class SimConfig:
     catchain_factory: Callable | None = None
     journal: bool = False
     part_payload: int = 0
+    master_commit_bytes: int | None = None
 
 
 class Simulation:
@@ -152,7 +154,9 @@ class Simulation:
                              rmq_block_interval=cfg.rmq_block_interval,
                              shard_round_timeout=cfg.shard_round_timeout,
                              master_round_timeout=cfg.master_round_timeout,
-                             master_block_interval=cfg.master_block_interval, journal=journal)
+                             master_block_interval=cfg.master_block_interval, journal=journal,
+                             **({} if cfg.master_commit_bytes is None else
+                                {"master_commit_bytes": cfg.master_commit_bytes}))
 
     def restart(self, i: int) -> ValidatorCore:
         """Validator i (crashed) comes back: a NEW core with the same key, built from its

@@ -49,16 +49,32 @@ of DESIGN.md section 4. Batching would need the compact TL, one signature per pa
 flush timer in this core; it changes datagram counts only, no status. Not done.
 
 Multiplexing: every datagram between REMP nodes starts with a 33-byte prefix: one channel
-kind byte (CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE) and the 32-byte session id of
-the sub-protocol instance (zeros for CH_CLIENT and CH_ANNOUNCE). `mux`/`demux` are the
-helpers; a full node wraps its wire.py datagrams with CH_CLIENT.
+kind byte (CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE, CH_MASTER_REF,
+CH_COMMIT_NEED) and the 32-byte session id of the sub-protocol instance (zeros for
+CH_CLIENT, CH_ANNOUNCE and CH_COMMIT_NEED). `mux`/`demux` are the helpers; a full node wraps
+its wire.py datagrams with CH_CLIENT.
+
+Shard commits by reference: a master block commits shard blocks by carrying their commit
+certificates (consensus.Commit: the candidate with its message bodies + the precommits).
+Every masterchain member already holds them (its own group accepted the block, or two group
+members announced it, CH_ANNOUNCE), so a master proposal or commit datagram to another
+masterchain member goes as CH_MASTER_REF (same session id): `encode_refs` segments, literal
+bytes and the sha256 of each shard commit of >= MIN_REF_BYTES. The receiver rebuilds the
+exact CH_MASTER bytes from the commits it keeps by hash (KEEP_RAW_COMMITS) and feeds them to
+the master consensus, which checks every signature as before (a reference cannot forge
+anything: the rebuilt bytes are what the leader signed, or they fail). A member lacking a
+commit parks the datagram (MAX_PARKED) and sends CH_COMMIT_NEED (`count:int` + hashes) to the
+sender, at most once per NEED_RETRY per commit; the sender answers each with a CH_ANNOUNCE of
+the commit, after which the parked datagrams are fed. Non-members (the full node's follower)
+get whole CH_MASTER datagrams; the journal keeps whole master commits.
 
 Errors: remote garbage never raises out of receive_datagram (it becomes a `Dropped` event);
 local misuse raises ValidatorError.
 """
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -84,8 +100,11 @@ __all__ = ["ValidatorCore", "ValidatorError", "ValidatorJournal", "JournalEntry"
            "encode_shard_payload", "decode_shard_payload", "encode_master_block", "decode_master_block"]
 
 CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE = 1, 2, 3, 4, 5
+#: a CH_MASTER datagram with its shard commits by reference, and the request for the commits a
+#: member lacks to rebuild one (module doc, "Shard commits by reference")
+CH_MASTER_REF, CH_COMMIT_NEED = 6, 7
 CHANNEL_NAMES = {CH_CLIENT: "client", CH_RMQ: "rmq", CH_SHARD: "shard", CH_MASTER: "master",
-                 CH_ANNOUNCE: "announce"}
+                 CH_ANNOUNCE: "announce", CH_MASTER_REF: "master", CH_COMMIT_NEED: "commit_need"}
 ZERO32 = bytes(32)
 PREFIX = 33
 #: most messages a collator puts into one shard block
@@ -98,14 +117,30 @@ MAX_BLOCK_MESSAGES = 64
 MAX_BLOCK_BYTES = 4 * 1024
 #: most shard commit bytes (consensus.Commit datagrams, each carrying its shard candidate)
 #: one master block carries; the rest go in the next master blocks (oldest first, shards in
-#: turn). Same reason as MAX_BLOCK_BYTES: 4 KiB keeps a master proposal at <= 5 parts
-#: when its shard blocks are small; one bigger commit still goes alone.
-MAX_MASTER_COMMIT_BYTES = 4 * 1024
+#: turn); one bigger commit still goes alone. Between masterchain members a master proposal
+#: or commit carries the shard commits by reference (CH_MASTER_REF: 32 bytes each, the
+#: members hold them from their group or its announces), so this bounds the full master
+#: block (journal, catch-up, the full node's follower), not the proposals' parts. It was
+#: 4 KiB while proposals carried the commits whole (36 KB proposals of 32 parts stalled the
+#: masterchain under 20% part loss, tests/test_remp_master_fragments.py), and that cap was
+#: the network's throughput limit: ~12 wallet messages per master block (~20 msg/s).
+MAX_MASTER_COMMIT_BYTES = 32 * 1024
 #: client messages buffered while no RMQ of their shard exists on this node
 MAX_EARLY = 4096
 #: how many shard group members announce each accepted shard block's commit to one
 #: masterchain member outside the group
 ANNOUNCE_COPIES = 2
+#: shard commits kept by sha256 (the references of CH_MASTER_REF datagrams; own group's
+#: accepted blocks, announces, master blocks seen)
+KEEP_RAW_COMMITS = 2048
+#: shard commits of at least this many bytes travel by reference in CH_MASTER_REF datagrams
+MIN_REF_BYTES = 200
+#: CH_MASTER_REF datagrams held while the shard commits they reference are fetched
+MAX_PARKED = 64
+#: seconds before the same commit is asked from the same member again (CH_COMMIT_NEED)
+NEED_RETRY = 0.2
+#: most references in one CH_MASTER_REF datagram / hashes in one CH_COMMIT_NEED
+MAX_REFS = 1024
 #: verified shard commits kept (raw bytes -> _ShardCommit): a commit is checked on its
 #: announce, in each master proposal carrying it and again when that master block is
 #: accepted; its q ed25519 signatures are verified once
@@ -140,6 +175,46 @@ def demux(data: bytes) -> tuple[int, bytes, bytes]:
     if len(data) < PREFIX:
         raise ValueError(f"datagram of {len(data)} bytes is shorter than the {PREFIX}-byte prefix")
     return data[0], bytes(data[1:PREFIX]), bytes(data[PREFIX:])
+
+
+def encode_refs(segments: list) -> bytes:
+    """CH_MASTER_REF body: boxed-free TL `count:int` then per segment `0:int data:bytes`
+    (literal bytes) or `1:int hash:int256` (the shard commit whose sha256 is `hash`).
+    segments: bytes (literal) or _Ref."""
+    out = [pack_int(len(segments))]
+    for seg in segments:
+        if isinstance(seg, _Ref):
+            out.append(pack_int(1) + pack_int256(seg.hash))
+        else:
+            out.append(pack_int(0) + pack_bytes(seg))
+    return b"".join(out)
+
+
+def decode_refs(body: bytes) -> list:
+    """Inverse of encode_refs; raises PayloadError (remote input)."""
+    try:
+        r = TLReader(body, cons.MAX_DATAGRAM)
+        n = r.uint()
+        if n > 2 * MAX_REFS + 1:
+            raise PayloadError(f"{n} segments in a master reference datagram")
+        segs: list = []
+        for _ in range(n):
+            k = r.int()
+            if k == 0:
+                segs.append(r.bytes())
+            elif k == 1:
+                segs.append(_Ref(r.int256()))
+            else:
+                raise PayloadError(f"segment kind {k}")
+        r.finish()
+    except TLError as exc:
+        raise PayloadError(f"master reference datagram: {exc}") from None
+    return segs
+
+
+@dataclass(frozen=True)
+class _Ref:
+    hash: bytes
 
 
 # --- block payloads ------------------------------------------------------------------------------
@@ -244,7 +319,8 @@ class ValidatorEvent:
 @dataclass(frozen=True)
 class ReceiptSent(ValidatorEvent):
     """A signed receipt this validator produced. kind: JSON kind; message_id: 32 bytes;
-    dst: full node key ids it was sent to; shard: shard ident; signed: receipts.SignedReceipt."""
+    dst: full node key ids it was sent to; shard: shard ident; signed: receipts.SignedReceipt;
+    status: the status object it carries (None: read it from signed)."""
 
     message_id: bytes
     kind: str
@@ -252,6 +328,7 @@ class ReceiptSent(ValidatorEvent):
     dst: tuple[bytes, ...]
     signed: object
     reason: str = ""
+    status: object = None       # the receipts.* status signed (signed.open().status, unparsed)
 
 
 @dataclass(frozen=True)
@@ -374,7 +451,8 @@ class _ShardSession:
 class ValidatorCore:
     """One validator. ValidatorCore(key, config, zerostate, *, catchain_factory,
     full_nodes=None, rmq_block_interval=0.05, shard_round_timeout=0.6,
-    master_round_timeout=1.0, master_block_interval=None, wall_clock=lambda now: now).
+    master_round_timeout=1.0, master_block_interval=None, wall_clock=lambda now: now,
+    journal=None, master_commit_bytes=MAX_MASTER_COMMIT_BYTES).
 
     config: schedule.ZeroStateConfig (validators, shards, group size, mc_catchain_lifetime,
     block_interval, genesis_time); zerostate: state.ZeroState (the node's own copy is
@@ -389,12 +467,13 @@ class ValidatorCore:
                  rmq_block_interval: float = 0.05, shard_round_timeout: float = 0.6,
                  master_round_timeout: float = 1.0, master_block_interval: float | None = None,
                  wall_clock: Callable[[float], float] = lambda now: now,
-                 journal: ValidatorJournal | None = None):
+                 journal: ValidatorJournal | None = None, master_commit_bytes: int = MAX_MASTER_COMMIT_BYTES):
         if key.public not in [v.public_key for v in config.validators]:
             raise ValidatorError("key is not a validator of the zerostate config")
         self.key = key
         self.cfg = config
         self.workchain = config.workchain
+        self.master_commit_bytes = master_commit_bytes
         # restart: what the journal says this node signed before (module doc, "Restarts")
         self._restored = journal or ValidatorJournal()
         self._replay: dict[int, bytes] | None = dict(self._restored.master_commits) or None
@@ -442,6 +521,12 @@ class ValidatorCore:
         self.master: cons.BlockConsensus | None = None
         self._known_commits: dict[int, dict[int, _ShardCommit]] = {s: {} for s in config.shards}
         self._verified_commits: dict[bytes, _ShardCommit] = {}
+        # shard commits by reference between masterchain members (module doc)
+        self._master_id_set = set(self.master_ids)
+        self._raws: OrderedDict[bytes, bytes] = OrderedDict()          # sha256 -> raw shard commit
+        self._parked: deque[tuple[bytes, bytes, list]] = deque()      # (src, session id, segments)
+        self._need_at: dict[tuple[bytes, bytes], float] = {}          # (member, hash) -> last asked
+        self._compact_memo: OrderedDict[bytes, bytes | None] = OrderedDict()
         # sessions
         self.session = -1
         self.rmqs: dict[tuple[int, int], ReliableMessageQueue] = {}
@@ -456,7 +541,8 @@ class ValidatorCore:
         self._now = 0.0
         self.crashed = False
         self.stats = {"receipts": 0, "shard_blocks": 0, "master_blocks": 0, "collator_rejects": 0,
-                      "orphaned_blocks": 0, "dropped": 0, "held": 0}
+                      "orphaned_blocks": 0, "dropped": 0, "held": 0, "master_ref_out": 0, "master_ref_in": 0,
+                      "master_ref_parked": 0, "commit_needs": 0, "commits_resent": 0}
 
     # -- restarts ------------------------------------------------------------------------------
     def _mute_restored(self, c) -> None:
@@ -567,6 +653,11 @@ class ValidatorCore:
                 self.master.receive_datagram(body, src, now)
         elif kind == CH_ANNOUNCE:
             self._on_announce(body, src)
+            self._retry_parked(now)
+        elif kind == CH_MASTER_REF:
+            self._on_master_ref(sid, body, src, now)
+        elif kind == CH_COMMIT_NEED:
+            self._on_commit_need(body, src)
         else:
             self._drop("mux", src, f"unknown channel kind {kind}")
         self._pump(now)
@@ -580,7 +671,10 @@ class ValidatorCore:
         for s in list(self.shard_sessions.values()):
             out.extend((dst, mux(CH_SHARD, s.consensus.session_id, d)) for dst, d in s.consensus.datagrams_to_send(now))
         if self.master is not None:
-            out.extend((dst, mux(CH_MASTER, self.master.session_id, d)) for dst, d in self.master.datagrams_to_send(now))
+            sid = self.master.session_id
+            for dst, d in self.master.datagrams_to_send(now):
+                ref = self._compact(d) if dst in self._master_id_set else None
+                out.append((dst, mux(CH_MASTER, sid, d) if ref is None else mux(CH_MASTER_REF, sid, ref)))
         self._pump(now)
         out.extend(self._out)
         self._out = []
@@ -823,7 +917,7 @@ class ValidatorCore:
         for d in dsts:
             self._out.append((d, data))
         self.stats["receipts"] += 1
-        self._events.append(ReceiptSent(mid, status.kind, shard, dsts, signed, reason))
+        self._events.append(ReceiptSent(mid, status.kind, shard, dsts, signed, reason, status))
 
     def _ann(self, mid: bytes, origin: bytes | None, shard: int, master_seqno: int) -> _Ann:
         a = self.ann.get(mid)
@@ -1062,6 +1156,7 @@ class ValidatorCore:
                 self._send_receipt(m.message_id, Accepted(Level.SHARDCHAIN, ev.block_id), s.shard)
             raw = s.consensus.commit_for(ev.block_id.seqno)
             if raw is not None:
+                self._keep_raw(raw)
                 sc = _ShardCommit(ev.block_id, cons.parse_message(raw).candidate.prev, p, raw)
                 s.accepted.append(sc)
                 self._known_commits[s.shard][ev.block_id.seqno] = sc
@@ -1087,6 +1182,7 @@ class ValidatorCore:
     def _check_commit(self, raw: bytes, min_tag: int, max_tag: int) -> _ShardCommit:
         """Parse and verify a shard block commit certificate (raises PayloadError)."""
         sc = self._verified_commits.get(raw)
+        self._keep_raw(raw)
         if sc is not None:
             if not min_tag <= sc.payload.session <= max_tag:
                 raise PayloadError(f"shard block of session {sc.payload.session} outside [{min_tag}, {max_tag}]")
@@ -1119,7 +1215,126 @@ class ValidatorCore:
             raise PayloadError(str(exc)) from None
         return _ShardCommit(bid, cand.prev, p, raw)
 
+    # -- shard commits by reference (CH_MASTER_REF / CH_COMMIT_NEED) ---------------------------------
+    def _keep_raw(self, raw: bytes) -> bytes:
+        """Remember a shard commit by its sha256 (what CH_MASTER_REF references); returns the hash."""
+        h = hashlib.sha256(raw).digest()
+        if h in self._raws:
+            self._raws.move_to_end(h)
+        else:
+            self._raws[h] = raw
+            while len(self._raws) > KEEP_RAW_COMMITS:
+                self._raws.popitem(last=False)
+        return h
+
+    def _compact(self, d: bytes) -> bytes | None:
+        """The CH_MASTER_REF body for master consensus datagram `d` (a proposal or a commit
+        whose master block carries shard commits: each one of >= MIN_REF_BYTES replaced by its
+        sha256), or None to send `d` as it is. Memoized per datagram (a broadcast and its
+        resends are one bytes object)."""
+        memo = self._compact_memo
+        if d in memo:
+            return memo[d]
+        ref = None
+        if len(d) >= 2 * MIN_REF_BYTES and int.from_bytes(d[:4], "little") in (cons.PROPOSAL, cons.COMMIT):
+            try:
+                commits = decode_master_block(cons.parse_message(d).candidate.payload).shard_commits
+            except ValueError:
+                commits = ()
+            segs: list = []
+            pos = 0
+            for raw in commits:
+                if len(raw) < MIN_REF_BYTES:
+                    continue
+                i = d.find(raw, pos)
+                if i < 0:
+                    continue
+                if i > pos:
+                    segs.append(d[pos:i])
+                segs.append(_Ref(self._keep_raw(raw)))
+                pos = i + len(raw)
+            if segs:
+                segs.append(d[pos:])
+                ref = encode_refs(segs)
+                self.stats["master_ref_out"] += 1
+        memo[d] = ref
+        while len(memo) > 32:
+            memo.popitem(last=False)
+        return ref
+
+    def _resolve(self, segs: list) -> tuple[bytes | None, list[bytes]]:
+        """(the rebuilt datagram, []) or (None, hashes of the shard commits we lack)."""
+        missing = [seg.hash for seg in segs if isinstance(seg, _Ref) and seg.hash not in self._raws]
+        if missing:
+            return None, missing
+        return b"".join(self._raws[seg.hash] if isinstance(seg, _Ref) else seg for seg in segs), []
+
+    def _on_master_ref(self, sid: bytes, body: bytes, src: bytes, now: float) -> None:
+        """A master consensus datagram with its shard commits by reference: rebuilt and fed to
+        the master consensus (which checks its signatures as usual: a wrong reference cannot
+        forge a proposal), or parked while the commits it lacks are asked from the sender."""
+        if self.master is None or sid != self.master.session_id:
+            self._drop("master", src, "unknown master session")
+            return
+        try:
+            segs = decode_refs(body)
+        except PayloadError as exc:
+            self._drop("master", src, str(exc))
+            return
+        self.stats["master_ref_in"] += 1
+        data, missing = self._resolve(segs)
+        if data is not None:
+            self.master.receive_datagram(data, src, now)
+            return
+        self.stats["master_ref_parked"] += 1
+        self._parked.append((src, sid, segs))
+        while len(self._parked) > MAX_PARKED:
+            self._parked.popleft()
+        ask = [h for h in missing if now - self._need_at.get((src, h), -1e18) >= NEED_RETRY]
+        if ask and src in self.validator_keys:
+            if len(self._need_at) > 4096:
+                self._need_at.clear()
+            for h in ask:
+                self._need_at[(src, h)] = now
+            self.stats["commit_needs"] += 1
+            self._out.append((src, mux(CH_COMMIT_NEED, ZERO32, pack_int(len(ask)) + b"".join(ask[:MAX_REFS]))))
+
+    def _retry_parked(self, now: float) -> None:
+        """Feed the parked CH_MASTER_REF datagrams whose shard commits all arrived."""
+        if not self._parked:
+            return
+        keep: deque = deque()
+        for src, sid, segs in self._parked:
+            data, _ = self._resolve(segs)
+            if data is None:
+                keep.append((src, sid, segs))
+            elif self.master is not None and sid == self.master.session_id:
+                self.master.receive_datagram(data, src, now)
+        self._parked = keep
+
+    def _on_commit_need(self, body: bytes, src: bytes) -> None:
+        """A member lacks shard commits we referenced: each goes to it as an announce."""
+        if src not in self.validator_keys:
+            self._drop("commit_need", src, "not a validator")
+            return
+        try:
+            r = TLReader(body, 4 + 32 * MAX_REFS)
+            n = r.uint()
+            if n > MAX_REFS:
+                raise PayloadError(f"{n} hashes")
+            hashes = [r.int256() for _ in range(n)]
+            r.finish()
+        except (TLError, PayloadError) as exc:
+            self._drop("commit_need", src, f"commit need: {exc}")
+            return
+        for h in hashes:
+            raw = self._raws.get(h)
+            if raw is not None:
+                self.stats["commits_resent"] += 1
+                self._out.append((src, mux(CH_ANNOUNCE, ZERO32, raw)))
+
     def _on_announce(self, raw: bytes, src: bytes) -> None:
+        self._keep_raw(raw)
         try:
             sc = self._check_commit(raw, max(self.master_tag, 0), self.session + 1)
         except PayloadError as exc:
@@ -1148,7 +1363,7 @@ class ValidatorCore:
                 if sc is None or sc.prev != top or not max(self.master_tag, 0) <= sc.payload.session <= tag:
                     open_shards.remove(shard)
                     continue
-                if commits and size + len(sc.raw) > MAX_MASTER_COMMIT_BYTES:
+                if commits and size + len(sc.raw) > self.master_commit_bytes:
                     open_shards = []
                     break
                 commits.append(sc.raw)

@@ -200,7 +200,9 @@ def test_lifetime_timeout():
     net.step(T0 + 30)
     (final,) = net.finals()
     assert final.message_id == mid
-    assert final.outcome == "timeout" and final.datagrams == 7 + 7 * 8  # t=0..12 one each, t=14..28 all seven
+    # t=0..12 one each; then the unanswered seven again with backoff: t=14, 18 (+4), 26 (+8);
+    # the next (+16) is past the lifetime (before the backoff: every 2 s, 7 + 7 * 8)
+    assert final.outcome == "timeout" and final.datagrams == 7 + 7 * 3
     assert net.kinds("fullnode")[-1] == "Timeout"
 
 
@@ -437,3 +439,27 @@ def test_a_message_stuck_at_a_silent_validator_gets_one_early_wave():
     assert all(m in sent and any(
         isinstance(e, ReceiptEvent) and e.message_id == m and e.origin == "validator" for e in net.events)
         for m in ids)                                   # every one answered within 1 s
+
+
+def test_receipts_do_not_rescan_every_unanswered_message():
+    """300 messages wait for answers; 1,000 receipts for other messages arrive within one
+    instant, get_timer after each (what a daemon step does): the early-wave scan over the
+    unanswered messages runs at most once per SILENT_SCAN, not per receipt (it was per
+    receipt and per get_timer: quadratic past saturation)."""
+    from remp_node.client import SILENT_SCAN
+    c = client()
+    silent = [c.submit(wallet_msg(nonce=900 + i), T0) for i in range(300)]
+    heard = c.submit(wallet_msg(nonce=1900), T0)
+    calls = []
+    orig = c._silent_at
+    c._silent_at = lambda t: calls.append(1) or orig(t)
+    net = Net(c, answer=lambda v, mid: [])
+    now = T0 + 1.0
+    for i in range(1000):
+        net.send_receipt(G1[i % 7], heard, New(), now)
+        c.get_timer()
+        c.datagrams_to_send(now)
+    assert len(calls) <= len(silent) + 1
+    # the scan did run (once) and found the early waves of the messages whose validators fell silent
+    c.datagrams_to_send(now + SILENT_SCAN)
+    assert c.stats["early_waves"] > 0

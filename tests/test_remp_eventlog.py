@@ -127,3 +127,21 @@ def test_fork_blame_and_drop_records_are_catalogued():
         client_records(object())
     with pytest.raises(EventLogError):                # the mapping's records are checked against the catalogue
         emit_records(log, [LogRecord("remp.validator.status", None, "info", {"level": "4"})])
+
+
+def test_validator_status_line_is_the_same_from_the_event_status_or_the_signed_bytes():
+    """ReceiptSent carries the status it signed, so the log line needs no parse of the signed
+    receipt; the line is the one the signed bytes give."""
+    from remp_node.eventmap import validator_records
+    from remp_node.keys import NodeKey
+    from remp_node.receipts import Accepted, Level, New, Rejected, make_signed_receipt
+    from remp_node.tl import BlockIdExt
+    from remp_node.validator import ReceiptSent
+    k = NodeKey.from_seed(b"\x07" * 32)
+    bid = BlockIdExt(0, 0x4000000000000000, 5, b"\x01" * 32, b"\x02" * 32)
+    for st in (New(), Accepted(Level.COLLATOR, bid), Accepted(Level.MASTERCHAIN, bid, bid),
+               Rejected(Level.COLLATOR, bid, "Insufficient balance: 1 < 2")):
+        signed = make_signed_receipt(k, b"\x03" * 32, st, 1_700_000_000_000)
+        with_status = ReceiptSent(b"\x03" * 32, st.kind, 0x4000000000000000, (b"\x04" * 32,), signed, "r", st)
+        without = ReceiptSent(b"\x03" * 32, st.kind, 0x4000000000000000, (b"\x04" * 32,), signed, "r")
+        assert validator_records(with_status) == validator_records(without)

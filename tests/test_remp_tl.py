@@ -74,3 +74,25 @@ def test_zero_block_id_packs_to_80_bytes():
 def test_vector_parentheses_are_dropped_like_tons_tl_compiler():
     from remp_node.tl import tl_constructor_id
     assert tl_constructor_id("catchain.getDifference rt:(vector int) = catchain.Difference") == 0xd06cced8
+
+
+def test_reader_refuses_truncated_and_badly_padded_bytes_at_every_cut():
+    """TLReader reads with Struct.unpack_from and slices (no memoryview copies): every prefix
+    of a valid object is refused with TLError, never another exception or a short value."""
+    from remp_node.tl import TLError, TLReader, pack_bytes, pack_int, pack_long
+    blob = pack_int(-7) + pack_long(1 << 40) + pack_bytes(b"x" * 5) + pack_bytes(b"y" * 300) + b"\x01" * 32
+    r = TLReader(blob)
+    assert (r.int(), r.long(), r.bytes(), r.bytes(), r.int256()) == (-7, 1 << 40, b"x" * 5, b"y" * 300, b"\x01" * 32)
+    r.finish()
+    for cut in range(len(blob)):
+        r = TLReader(blob[:cut])
+        with pytest.raises(TLError):
+            r.int(), r.long(), r.bytes(), r.bytes(), r.int256()
+            r.finish()
+    bad = bytearray(pack_bytes(b"x" * 5))
+    bad[-1] = 1                                    # non-zero padding
+    with pytest.raises(TLError):
+        TLReader(bytes(bad)).bytes()
+    with pytest.raises(TLError):
+        TLReader(b"\xff\x00\x00\x00").bytes()      # 0xff length prefix
+    assert TLReader(bytearray(pack_int(3))).int() == 3     # any bytes-like input

@@ -11,8 +11,9 @@ or the console script `relay-trace-report --out DIR [--master URL] [--sla FILE]
 written by spark/compact.py, local paths or any Hadoop-compatible URI. Without `--master`
 (and outside spark-submit) the master is `local[*]`. Small local input (the demo's logs)
 runs as a short job: C1-only JIT and the serial collector for the driver JVM when the
-report starts it (SHORT_JOB_JVM_OPTS), interpreted expressions, 2 shuffle partitions, AQE
-off (SMALL_INPUT_CONF); any other input gets LARGE_INPUT_CONF; settings given to
+report starts it (SHORT_JOB_JVM_OPTS, plus the class-data-sharing archive of spark/cds.py
+when one was built), interpreted expressions, 2 shuffle partitions, AQE off
+(SMALL_INPUT_CONF); the page's charts are drawn in a thread while Spark writes; any other input gets LARGE_INPUT_CONF; settings given to
 spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
 and the per-branch table) and 4 writes; stages.parquet is written first and read back for
 the latency table and the slowest traces, hops.parquet is read back for the OTLP output

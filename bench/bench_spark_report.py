@@ -341,6 +341,19 @@ def demo_size(logdir: str, base: Path, events: int = 3000) -> int:
           f"wall, CPU {r['cpu_s']} s, peak {r['peak_mb']} MB, rc {r['rc']}; target <= {DEMO_TARGET_S:g} s: "
           f"{'MET' if r['wall_s'] <= DEMO_TARGET_S else 'NOT MET'}")
     print(f"  phases (s since start): {timings}")
+    if timings:
+        # the same as durations: session start, then each step of the report (the console
+        # script's own start, Python imports before the JVM, is wall minus total_s)
+        prev, parts = 0.0, []
+        for k, v in timings.items():
+            parts.append(f"{k.removesuffix('_s')} {v - prev:.1f}")
+            prev = v if k != "total_s" else prev
+        parts[-1] = f"total {timings.get('total_s', 0):.1f}"
+        print(f"  breakdown (s): python start {r['wall_s'] - timings.get('total_s', 0):.1f}, "
+              + ", ".join(parts))
+    from spark import cds
+    print(f"  JVM class archive (spark/cds.py): "
+          f"{'used' if cds.java_opts() else 'none (build: python -m spark.cds)'}")
     print(f"  duckdb, same tables: {duck['wall_s']} s wall; ratio {r['wall_s'] / duck['wall_s']:.1f}x")
     print(f"  load average while measuring: {os.getloadavg()}")
     return 0 if r["rc"] == 0 else 1

@@ -35,6 +35,16 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   fi
   echo "$WANT" > "$STAMP"
 fi
+# the trace report's class-data-sharing archive (spark/cds.py: a short report's JVM starts
+# from pre-parsed classes), built once per JDK + Spark when Java is present (~1 min)
+if [ -z "${RELAYSUITE_NO_CDS:-}" ] && { [ -n "${JAVA_HOME:-}" ] || command -v java >/dev/null 2>&1; }; then
+  CDS="$(cd "$ROOT" && "$VENV/bin/python" -m spark.cds --path 2>/dev/null || true)"
+  if [ -n "$CDS" ] && [ "$CDS" != "no java" ] && [ ! -f "$CDS" ]; then
+    echo "setup: building the trace report's JVM class archive ($CDS, once)" >&2
+    (cd "$ROOT" && "$VENV/bin/python" -m spark.cds >>"$VENV/setup.log" 2>&1) \
+      || echo "setup: note: the JVM class archive was not built (see $VENV/setup.log); reports run without it" >&2
+  fi
+fi
 export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV="$VENV"
 export PYSPARK_PYTHON="$VENV/bin/python"

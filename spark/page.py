@@ -165,9 +165,25 @@ def _failure_rows(rows: list[dict], label) -> list[dict]:
              "late reply": "yes" if f.get("late") else ""} for f in rows]
 
 
-def render(summary: dict, slow_traces: list[dict]) -> str:
-    """The whole page as a string (see module doc)."""
+def render_charts(summary: dict, slow_traces: list[dict]) -> dict[str, str]:
+    """The page's charts (matplotlib, the slow part of the page) as SVG text, keyed
+    `delivery`, `latency` and `trace:<id>`; reads only summary's `delivery`, `latency` and
+    plan labels, so the report renders them in a thread while Spark writes its outputs."""
     labels = summary.get("plan", {}).get("labels", {})
+    out = {"delivery": delivery_chart(summary["delivery"]),
+           "latency": latency_chart(summary["latency"])}
+    for t in slow_traces:
+        if t.get("chart"):
+            out["trace:" + t["trace_id"]] = waterfall(t, labels)
+    return out
+
+
+def render(summary: dict, slow_traces: list[dict], charts: dict[str, str] | None = None) -> str:
+    """The whole page as a string (see module doc); charts: render_charts' result for this
+    summary (computed here when None)."""
+    labels = summary.get("plan", {}).get("labels", {})
+    if charts is None:
+        charts = render_charts(summary, slow_traces)
 
     def label(n):
         return labels.get(n, n) if n is not None else ""
@@ -223,10 +239,10 @@ def render(summary: dict, slow_traces: list[dict]) -> str:
         "<h3>Planned (the demo's injected faults)</h3>",
         _table(faults) if faults else "",
         _table(_failure_rows(fails["planned"], label), left=("protocol", "trace", "branch", "outcome")),
-        "<h2>Delivery</h2>", delivery_chart(summary["delivery"]),
+        "<h2>Delivery</h2>", charts["delivery"],
         _table(delivery_rows, left=("protocol", "traffic")),
         *extra,
-        "<h2>Latency</h2>", latency_chart(summary["latency"]),
+        "<h2>Latency</h2>", charts["latency"],
         _table(summary["latency"], left=("protocol", "stage")),
         "<h2>Slowest traces</h2>",
         "<p class='note'>Look one up: <code>relay-trace-report --out DIR --trace ID</code>.</p>",
@@ -242,7 +258,7 @@ def render(summary: dict, slow_traces: list[dict]) -> str:
                              for h in t["hops"]], ["seq", "step", "branch", "node", "ts", "spent_ms"],
                             left=("step", "branch", "node", "ts")))
         if t.get("chart"):
-            parts.append(waterfall(t, labels))
+            parts.append(charts["trace:" + t["trace_id"]])
         parts.append("</section>")
     parts += [
         "<h2>Clock alignment</h2>", _clock_text(summary["clock"], label),

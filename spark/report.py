@@ -11,8 +11,9 @@ or the console script `relay-trace-report --out DIR [--master URL] [--sla FILE]
 written by spark/compact.py, local paths or any Hadoop-compatible URI. Without `--master`
 (and outside spark-submit) the master is `local[*]`. Small local input (the demo's logs)
 runs as a short job: C1-only JIT and the serial collector for the driver JVM when the
-report starts it (SHORT_JOB_JVM_OPTS), interpreted expressions, 2 shuffle partitions, AQE
-off (SMALL_INPUT_CONF); any other input gets LARGE_INPUT_CONF; settings given to
+report starts it (SHORT_JOB_JVM_OPTS, plus the class-data-sharing archive of spark/cds.py
+when one was built), interpreted expressions, 2 shuffle partitions, AQE off
+(SMALL_INPUT_CONF); the page's charts are drawn in a thread while Spark writes; any other input gets LARGE_INPUT_CONF; settings given to
 spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
 and the per-branch table) and 4 writes; stages.parquet is written first and read back for
 the latency table and the slowest traces, hops.parquet is read back for the OTLP output
@@ -534,6 +535,7 @@ def run(inputs: list[str], out: str, master: str | None = None, sla_path: str | 
     t_start = time.time()
     timings: dict[str, float] = {}
     own = spark is None
+    _preload_page()
     if own:
         if _small_input(inputs):
             short_job_jvm()
@@ -797,6 +799,15 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                                                          "unplanned": unplanned_delivery}, within)
     timings["aggregates_s"] = round(time.time() - t_start, 3)
 
+    # the page's charts (matplotlib: ~2 s of Python CPU on the demo's logs) in a thread
+    # while the JVM writes the outputs below (the driver only waits on py4j meanwhile)
+    from concurrent.futures import ThreadPoolExecutor
+    sample = _slowest_traces(third["top"], third["top_hops"], clock.corrections)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="report-charts")
+    charts = pool.submit(_charts, {"delivery": delivery, "latency": latency_tbl,
+                                   "plan": {"labels": plan.labels}}, sample)
+    pool.shutdown(wait=False)
+
     # hops: ordered steps per trace with corrected ts
     hops = _with_corr(spark, ok_events.filter("hop").select(
         "trace_id", "protocol", "step", "branch", "node", "n", "dup", "detail", "ts"),
@@ -875,8 +886,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                   "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions")},
     }
     from spark.page import render
-    sample = _slowest_traces(third["top"], third["top_hops"], clock.corrections)
-    html = render(summary, sample)
+    html = render(summary, sample, charts.result())
     _write_text(spark, _join(out, "report.html"), html)
     outputs["html"] = _join(out, "report.html")
     outputs["summary"] = _join(out, "summary.json")
@@ -884,6 +894,23 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     summary["timings"] = timings
     _write_text(spark, _join(out, "summary.json"), json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def _charts(summary: dict, sample: list[dict]) -> dict[str, str]:
+    from spark.page import render_charts
+    return render_charts(summary, sample)
+
+
+def _preload_page() -> None:
+    """Import spark.page (matplotlib, ~1 s) in a thread while the JVM starts."""
+    import threading
+
+    def load():
+        try:
+            import spark.page  # noqa: F401
+        except Exception:   # noqa: BLE001 - the render step imports it again and reports
+            pass
+    threading.Thread(target=load, name="report-preload", daemon=True).start()
 
 
 def _remp_marlin_queries(tr) -> dict:
@@ -1018,6 +1045,15 @@ LOG4J2 = Path(__file__).with_name("log4j2.properties")
 # back to back at load 0.8-1.9: 26.96 s -> 23.46 s wall, peak 1796 -> 801 MB. Not used for
 # large input, where C2-compiled code and a parallel collector pay off.
 SHORT_JOB_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def _short_job_opts() -> str:
+    """SHORT_JOB_JVM_OPTS plus the class-data-sharing archive when one was built for this
+    JDK and Spark (spark/cds.py: JVM CPU on the demo's logs 28-33 s -> 19-23 s)."""
+    from spark import cds
+    return " ".join(o for o in (SHORT_JOB_JVM_OPTS, cds.java_opts()) if o)
+
+
 SHORT_JOB_MAX_BYTES = 64 * 1024 * 1024
 #: SMALL_INPUT_CONF (interpreted expressions) only up to this: the demo's logs are ~3 MB
 SMALL_INPUT_MAX_BYTES = 16 * 1024 * 1024
@@ -1062,10 +1098,10 @@ def short_job_jvm() -> None:
     args = os.environ.get("PYSPARK_SUBMIT_ARGS")
     if args is None:
         os.environ["PYSPARK_SUBMIT_ARGS"] = (
-            f'--driver-java-options "{SHORT_JOB_JVM_OPTS}" pyspark-shell')
+            f'--driver-java-options "{_short_job_opts()}" pyspark-shell')
     elif args == _QUIET_ARGS.get("set") and SHORT_JOB_JVM_OPTS not in args:
         os.environ["PYSPARK_SUBMIT_ARGS"] = _QUIET_ARGS["set"] = args.replace(
-            '" pyspark-shell', f' {SHORT_JOB_JVM_OPTS}" pyspark-shell', 1)
+            '" pyspark-shell', f' {_short_job_opts()}" pyspark-shell', 1)
 
 
 #: the PYSPARK_SUBMIT_ARGS quiet_jvm set (short_job_jvm adds to them only)
@@ -1083,7 +1119,7 @@ def quiet_jvm(level: str | None = None, inputs: list[str] | None = None) -> None
     opt = (f"-Dlog4j2.level={level}" if level else
            f"-Dlog4j2.configurationFile=file:{LOG4J2}")
     if inputs and _small_input(inputs):
-        opt += " " + SHORT_JOB_JVM_OPTS
+        opt += " " + _short_job_opts()
     os.environ["PYSPARK_SUBMIT_ARGS"] = _QUIET_ARGS["set"] = \
         f'--driver-java-options "{opt}" pyspark-shell'
 

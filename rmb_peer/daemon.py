@@ -10,7 +10,9 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
   rmb_peer.redisq.QueueReader (BRPOP + RPOP COUNT drains in one round trip); pushes
   (LPUSH + LTRIM 0 9999, one LPUSH per queue per pipeline), backlog SET EX / DEL pipelined
   by rmb_peer.redisq.RedisWriter; a batch of frames to a relay is written with the socket
-  corked (TCP_CORK, Linux);
+  corked (TCP_CORK, Linux); a burst (relay frames, queue messages) is handled YIELD_EVERY
+  at a time with one pass of the event loop in between, so each slice's output leaves
+  while the rest is handled (the next hop starts on it meanwhile), in order;
 - the twin table is the core's (TTL --twin-cache-ttl, refresh-ahead, stale-if-error up to
   --twin-max-stale, a negative cache): it asks for lookups (LookupTwin) and this adapter
   runs each as its own task through rmb_peer.twins.TwinDirectory, so a slow registry

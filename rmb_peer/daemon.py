@@ -10,7 +10,9 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
   rmb_peer.redisq.QueueReader (BRPOP + RPOP COUNT drains in one round trip); pushes
   (LPUSH + LTRIM 0 9999, one LPUSH per queue per pipeline), backlog SET EX / DEL pipelined
   by rmb_peer.redisq.RedisWriter; a batch of frames to a relay is written with the socket
-  corked (TCP_CORK, Linux);
+  corked (TCP_CORK, Linux); a burst (relay frames, queue messages) is handled YIELD_EVERY
+  at a time with one pass of the event loop in between, so each slice's output leaves
+  while the rest is handled (the next hop starts on it meanwhile), in order;
 - the twin table is the core's (TTL --twin-cache-ttl, refresh-ahead, stale-if-error up to
   --twin-max-stale, a negative cache): it asks for lookups (LookupTwin) and this adapter
   runs each as its own task through rmb_peer.twins.TwinDirectory, so a slow registry
@@ -68,6 +70,15 @@ __all__ = ["PeerDaemon", "build_parser", "parse_args", "relay_url", "relay_domai
 
 #: Messages taken from Redis per burst after a BRPOP returned (RPOP key COUNT).
 DRAIN_COUNT = 256
+#: Relay frames or queue messages handled in one pass of the event loop. After that many
+#: the reading task yields once (asyncio.sleep(0)), so the frames and Redis writes they
+#: produced leave (the writer tasks run) before the rest of the burst is handled. Without
+#: it a burst was handled whole before any of its output left, and requests travelled
+#: in one wave: peer A signed ~250 requests while peer B idled, then B worked while A
+#: idled (bench/bench_roundtrip.py: the two peers never ran at once, ~1 core of 2 used).
+#: 64: in that bench (256 in flight) 16 and 32 cost more CPU per round trip (smaller
+#: batches downstream) for no more throughput; 64 and 128 about the same.
+YIELD_EVERY = 64
 #: Lifetime of the relay authentication token, seconds.
 TOKEN_TTL = 60
 #: Linux TCP_CORK (None elsewhere): set while a batch of frames is written.
@@ -629,6 +640,7 @@ class PeerDaemon:
         self._connected.set()
         self._after()
         reason = "closed"
+        handled = 0
         try:
             async for frame in ws:
                 now = self._now()
@@ -643,6 +655,12 @@ class PeerDaemon:
                 except Exception as exc:  # the frame's guard: a bug drops only this frame
                     self._guard("relay frame", relay, exc)
                 self._after()
+                handled += 1
+                if handled >= YIELD_EVERY:
+                    # frames already queued are returned without a pass of the event
+                    # loop: let what these produced leave first (see YIELD_EVERY)
+                    handled = 0
+                    await asyncio.sleep(0)
         except websockets.ConnectionClosed as exc:
             reason = f"closed: {exc}"
         except OSError as exc:
@@ -659,7 +677,8 @@ class PeerDaemon:
     # ------------------------------------------------------------------ local queues
     async def _local_loop(self) -> None:
         """App requests and service replies through a QueueReader (BRPOP and RPOP COUNT
-        drains in one round trip), handled in order; core events executed once per batch."""
+        drains in one round trip), handled in order, YIELD_EVERY at a time; the core's
+        events are executed after each slice."""
         reader = QueueReader(self.redis, [LOCAL_QUEUE, REPLY_QUEUE], DRAIN_COUNT, timeout=1)
         local_b = LOCAL_QUEUE.encode()
         try:
@@ -676,13 +695,24 @@ class PeerDaemon:
                     self._guard("queue read", LOCAL_QUEUE, exc)
                     await asyncio.sleep(1.0)
                     continue
-                if items:
-                    now = self._now()
-                    for key, raw in items:
-                        self._local_message(key == local_b, raw, now)
-                    self._after()
+                while items:
+                    batch, items = items[:YIELD_EVERY], items[YIELD_EVERY:]
+                    self._local_batch(batch, local_b)
+                    if items:
+                        try:
+                            await asyncio.sleep(0)   # what `batch` produced leaves now
+                        except asyncio.CancelledError:
+                            self._local_batch(items, local_b)  # popped: never dropped
+                            raise
         finally:
             await reader.close()
+
+    def _local_batch(self, items: list[tuple[bytes, bytes]], local_b: bytes) -> None:
+        """Queue items in order, then the core's events."""
+        now = self._now()
+        for key, raw in items:
+            self._local_message(key == local_b, raw, now)
+        self._after()
 
     def _local_message(self, local: bool, raw: bytes, now: float) -> None:
         """One app request (local) or service reply, with the queue item's guard. Nothing

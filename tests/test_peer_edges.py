@@ -256,3 +256,33 @@ def test_a_peer_that_cannot_reach_redis_names_the_url_and_the_flag(tmp_path):
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert bad in proc.stderr and "--redis" in proc.stderr, proc.stderr
+
+
+async def test_relay_connection_keepalive_both_ways(cluster):
+    """The peer's relay connections (aiohttp, autoping off: the peer's reader answers the
+    relay's pings and sees the pongs to its own): a relay pinging every 0.4 s (no pong
+    within 0.2 s closes) keeps the connection for 2 s, and a ping from the peer's core on
+    a quiet relay (default heartbeat 20 s) comes back as relay activity."""
+    r1 = await cluster.start_relay(heartbeat=0.4)
+    r2 = await cluster.start_relay()
+    a = await cluster.new_twin([r1, r2])
+    pa = await cluster.start_peer(a, [r1, r2])
+    daemon = pa.daemon
+    core = daemon.core
+    for _ in range(200):
+        if core.live_relays() == [r1.url, r2.url]:
+            break
+        await asyncio.sleep(0.05)
+    conn1 = daemon._conns[r1.url]
+    await asyncio.sleep(2.0)
+    assert daemon._conns.get(r1.url) is conn1              # the relay never closed it
+    assert core.relays[r1.url].state == "up"
+    from rmb_peer.core import SendPing
+    conn2 = daemon._conns[r2.url]
+    core.relays[r2.url].last_rx = 0.0
+    daemon._ping(SendPing(r2.url, conn2.attempt))
+    for _ in range(100):
+        if core.relays[r2.url].last_rx > 0.0:
+            break
+        await asyncio.sleep(0.02)
+    assert core.relays[r2.url].last_rx > 0.0              # the pong counted

@@ -295,6 +295,7 @@ class PeerDaemon:
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self._after_pending = False
         self._stopping = False
         self._connected = asyncio.Event()
         self.metrics = CollectorRegistry()
@@ -559,6 +560,22 @@ class PeerDaemon:
             self._timer_at = deadline
             self._timer = self._loop.call_at(deadline, self._on_timer)
 
+    def _after_soon(self) -> None:
+        """_after() once the running task yields (call_soon): a relay reader handles a
+        slice of frames that were already received without a pass of the event loop, so
+        their events are executed once per slice, not once per frame; none of them could
+        leave earlier anyway (the writers run when the loop does)."""
+        if not self._after_pending:
+            self._after_pending = True
+            self._loop.call_soon(self._after_deferred)
+
+    def _after_deferred(self) -> None:
+        self._after_pending = False
+        try:
+            self._after()
+        except Exception as exc:  # the callback's guard: logged, the daemon goes on
+            self._guard("core events", "loop", exc)
+
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = None
@@ -690,7 +707,8 @@ class PeerDaemon:
                         core.receive_frame(msg.data, relay, now)
                     except Exception as exc:  # the frame's guard: a bug drops only this frame
                         self._guard("relay frame", relay, exc)
-                    self._after()
+                    if not self._after_pending:
+                        self._after_soon()
                     handled += 1
                     if handled >= YIELD_EVERY:
                         # frames already queued are returned without a pass of the event

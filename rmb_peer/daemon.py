@@ -11,8 +11,8 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
 - `msgbus.system.local` (app requests) and `msgbus.system.reply` (service replies) read by
   rmb_peer.redisq.QueueReader (BRPOP + RPOP COUNT drains in one round trip); pushes
   (LPUSH + LTRIM 0 9999, one LPUSH per queue per pipeline), backlog SET EX / DEL pipelined
-  by rmb_peer.redisq.RedisWriter; a batch of frames to a relay is written in one
-  transport write; a burst (relay frames, queue messages) is handled YIELD_EVERY
+  by rmb_peer.redisq.RedisWriter; a batch of frames to a relay is written with the socket
+  corked (TCP_CORK, Linux); a burst (relay frames, queue messages) is handled YIELD_EVERY
   at a time with one pass of the event loop in between, so each slice's output leaves
   while the rest is handled (the next hop starts on it meanwhile), in order;
 - the twin table is the core's (TTL --twin-cache-ttl, refresh-ahead, stale-if-error up to
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import struct
+import socket
 import sys
 import time
 from collections import deque
@@ -49,7 +49,6 @@ from urllib.parse import urlsplit
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import WSMsgType
-from aiohttp._websocket.helpers import websocket_mask
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from redis.exceptions import RedisError
@@ -85,10 +84,19 @@ DRAIN_COUNT = 256
 YIELD_EVERY = 64
 #: Lifetime of the relay authentication token, seconds.
 TOKEN_TTL = 60
-_PACK_LEN1 = struct.Struct("!BB").pack
-_PACK_LEN2 = struct.Struct("!BBH").pack
-_PACK_LEN3 = struct.Struct("!BBQ").pack
-_PACK_MASK = struct.Struct("!L").pack
+#: Linux TCP_CORK (None elsewhere): set while a batch of frames is written.
+_TCP_CORK = getattr(socket, "TCP_CORK", None)
+
+
+def _cork(sock, on: int) -> bool:
+    """Set/clear TCP_CORK on a socket; False when not possible (no socket, closed)."""
+    if sock is None or _TCP_CORK is None:
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, on)
+        return True
+    except OSError:
+        return False
 
 
 def relay_url(value: str) -> str:
@@ -224,52 +232,16 @@ class _StatsCollector:
 class _RelaySocket:
     """An open aiohttp client WebSocket to a relay, with the few operations the daemon
     uses bound once (no extra call per frame): send(bytes) writes a binary frame,
-    write_many(frames) several at once, receive() the next message, ping()/pong(),
-    transport (abort)."""
-    __slots__ = ("ws", "send", "write_many", "receive", "ping", "pong", "transport",
-                 "_writer", "_bits")
+    receive() the next message, ping()/pong(), transport (TCP_CORK, abort)."""
+    __slots__ = ("ws", "send", "receive", "ping", "pong", "transport")
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse):
         self.ws = ws
         self.send = ws.send_bytes
-        self.write_many = self._write_many
         self.receive = ws.receive
         self.ping = ws.ping
         self.pong = ws.pong
         self.transport = ws._conn.transport
-        self._writer = ws._writer
-        self._bits = ws._writer.get_random_bits    # the masking keys aiohttp uses
-
-    def _write_many(self, frames: list[bytes]) -> bool:
-        """Write binary frames (masked, as a client must) in ONE transport write: one
-        syscall for the batch instead of one per frame. True when the transport's buffer
-        is over its high-water mark (await drain()). Raises ClientConnectionResetError
-        (an OSError) when the connection is closing; nothing is written then."""
-        writer = self._writer
-        if writer._closing or self.transport.is_closing():
-            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
-        bits = self._bits
-        parts = []
-        for data in frames:
-            n = len(data)
-            if n < 126:
-                parts.append(_PACK_LEN1(0x82, n | 0x80))
-            elif n < 65536:
-                parts.append(_PACK_LEN2(0x82, 254, n))
-            else:
-                parts.append(_PACK_LEN3(0x82, 255, n))
-            mask = _PACK_MASK(bits())
-            body = bytearray(data)
-            websocket_mask(mask, body)
-            parts.append(mask)
-            parts.append(body)
-        self.transport.write(b"".join(parts))
-        return writer.protocol.writing_paused
-
-    async def drain(self) -> None:
-        protocol = self._writer.protocol
-        if protocol.writing_paused:
-            await protocol._drain_helper()
 
     @property
     def close_code(self) -> int | None:
@@ -626,25 +598,27 @@ class PeerDaemon:
     async def _writer(self, relay: str, conn: _Conn) -> None:
         """Writes the connection's frames in order; on a failed write the connection is
         reported lost and its unsent frames are re-routed through another relay. A batch of
-        several frames is written in one transport write (_RelaySocket.write_many): one
-        syscall and full-size segments instead of one send per frame."""
+        several frames is written with the socket corked (Linux TCP_CORK), so it leaves in
+        full-size segments instead of one send per frame."""
+        sock = conn.ws.transport.get_extra_info("socket") if _TCP_CORK is not None else None
         while True:
             await conn.wake.wait()
             conn.wake.clear()
             while conn.outq:
                 conn.sending = sending = deque(conn.outq)
                 conn.outq = []
+                corked = len(sending) > 1 and _cork(sock, 1)
                 try:
-                    if len(sending) == 1:
-                        await conn.ws.send(sending[0].data)
-                        sending.clear()
-                    else:
-                        if conn.ws.write_many([ev.data for ev in sending]):
-                            await conn.ws.drain()    # a drop meanwhile re-routes them
-                        sending.clear()
-                except (OSError, aiohttp.ClientError, RuntimeError) as exc:
-                    self._requeue(relay, conn, f"write failed: {exc!r}")
-                    return
+                    while sending:
+                        try:
+                            await conn.ws.send(sending[0].data)
+                        except (OSError, aiohttp.ClientError, RuntimeError) as exc:
+                            self._requeue(relay, conn, f"write failed: {exc!r}")
+                            return
+                        sending.popleft()
+                finally:
+                    if corked:
+                        _cork(sock, 0)
 
     def _requeue(self, relay: str, conn: _Conn, reason: str) -> None:
         """The connection is lost: every frame not yet written (the writer's batch

@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace

@@ -297,7 +297,7 @@ def mandatory_crypto_codec(n: int = 2000, key_type: str = "sr25519"):
     from rmb_peer.envelope import Envelope, new_uid, parse_envelope
     from rmb_peer.identity import E2EKey, Identity
 
-    ia, ib = Identity.from_seed(os.urandom(32), key_type), Identity.from_seed(os.urandom(32), key_type)
+    ia = Identity.from_seed(os.urandom(32), key_type)
     ka, kb = SharedKeyCache(E2EKey.from_seed(os.urandom(32))), SharedKeyCache(E2EKey.from_seed(os.urandom(32)))
     env = Envelope(uid=new_uid(), expiration=30, timestamp=int(time.time()))
     env.request.command = "bench.echo"

@@ -146,7 +146,9 @@ def _wallet_transfer(msg: ExternalMessage) -> "WalletTransfer | WalletBodyError"
     """decode_wallet_body(msg.body), memoized by the body cell hash (msg.uid)."""
     key = msg.uid
     tr = _decoded.get(key)
-    if tr is None:
+    if tr is not None:
+        _decoded.move_to_end(key)          # least recently USED goes first
+    else:
         try:
             tr = decode_wallet_body(msg.body)
         except WalletBodyError as exc:

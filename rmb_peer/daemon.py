@@ -43,7 +43,7 @@ import socket
 import sys
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Callable
 from urllib.parse import urlsplit
 
 import aiohttp

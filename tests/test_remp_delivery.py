@@ -427,7 +427,6 @@ def test_validator_crash_loses_no_receipt_with_the_outbox_journal():
             break
     assert delivered_unacked()
     assert net.senders[v.key_id].unacked() > 0 and store       # killed with receipts in flight
-    delivered_before = len(net.delivered)
     # SIGKILL: a new sender (new stream) and a new transport core (new epoch)
     net.senders[v.key_id] = ReceiptSender(v, stream=2, journal=True)
     net.tr[v.key_id] = TransportCore(v, {FULLNODE.public: FULLNODE.key_id}, epoch=2)

@@ -10,7 +10,7 @@ section 4 (kinds, levels, shard as 16 hex digits).
 
 | core event | event | trace_id | attrs |
 |---|---|---|---|
-| validator ReceiptSent | remp.validator.status | message id | kind, level, shard, block_seqno, reason |
+| validator ReceiptSent | remp.validator.status | message id | kind, level, shard, block_seqno, block_id, reason |
 | validator ForkBlamed | remp.validator.blamed (warning) | - | peer, shard, session |
 | validator Dropped | remp.validator.dropped (warning) | - | peer, channel, reason |
 | validator SessionStarted | remp.validator.session | - | session, count, roles |
@@ -18,14 +18,16 @@ section 4 (kinds, levels, shard as 16 hex digits).
 | validator MasterBlockAccepted | remp.masterchain.committed | - | block_seqno, count (shard blocks) |
 | client MessageReceived | remp.fullnode.received | message id | size, shard |
 | client MessageSent | remp.fullnode.sent | message id | peer, shard, size, count |
-| client ReceiptEvent | remp.fullnode.status | message id | kind, level, peer, shard, block_seqno, reason, count |
+| client ReceiptEvent | remp.fullnode.status | message id | kind, level, peer, shard, block_seqno, block_id, reason, count |
 | client FinalStatus | remp.fullnode.final | message id | outcome, kind, reason, count, duration_ms |
 | full node drop (adapter) | remp.fullnode.dropped (warning) | - | peer, reason, size |
 
 Log levels: RejectedBy*/Timeout statuses, rejected/timeout finals, blames and drops are
 "warning", everything else "info". block_seqno is the shard block's seqno (for Finalized
-too; the master block is in remp.masterchain.committed) and is left out when the status
-carries no block (zero block id). Peers and nodes are `peer_label(key_id)`: the first 8 hex
+too; the master block is in remp.masterchain.committed) and block_id its root hash (64 hex
+digits, the receipt JSON's `block_id`); both are left out when the status carries no block
+(zero block id). Two candidates of one seqno (rounds of the shard consensus) that both hold
+a message give two IncludedIntoBlock statuses that differ only in block_id. Peers and nodes are `peer_label(key_id)`: the first 8 hex
 digits of the 32-byte key id.
 """
 from __future__ import annotations
@@ -80,6 +82,7 @@ def _status_attrs(status, receipt_error: str = "") -> tuple[dict, str]:
     block = getattr(status, "block_id", None)
     if block is not None and block != ZERO_BLOCK_ID:
         attrs["block_seqno"] = block.seqno
+        attrs["block_id"] = block.root_hash.hex()
     error = getattr(status, "error", "") or receipt_error
     if error:
         attrs["reason"] = error

@@ -13,10 +13,10 @@ REMP_EVENTS = Catalogue("remp", [
     E("remp.fullnode.status", "the full node produced or received a status for a message "
       "(kind = JSON kind, level = 0..4, peer = source key id prefix)",
       {"kind": "string", "level": "long", "peer": "string", "shard": "string",
-       "block_seqno": "long", "reason": "string", "count": "long"}),
+       "block_seqno": "long", "block_id": "string", "reason": "string", "count": "long"}),
     E("remp.validator.status", "a validator produced a status for a message",
       {"kind": "string", "level": "long", "shard": "string", "block_seqno": "long",
-       "reason": "string"}),
+       "block_id": "string", "reason": "string"}),
     E("remp.masterchain.committed", "a master block committed shard block ids",
       {"block_seqno": "long", "count": "long"}),
     # full node (REMP client, remp_node/client.py)

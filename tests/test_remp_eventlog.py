@@ -145,3 +145,48 @@ def test_validator_status_line_is_the_same_from_the_event_status_or_the_signed_b
         with_status = ReceiptSent(b"\x03" * 32, st.kind, 0x4000000000000000, (b"\x04" * 32,), signed, "r", st)
         without = ReceiptSent(b"\x03" * 32, st.kind, 0x4000000000000000, (b"\x04" * 32,), signed, "r")
         assert validator_records(with_status) == validator_records(without)
+
+
+def test_statuses_for_two_candidates_of_one_seqno_are_two_lines_not_a_duplicate(tmp_path):
+    """Consensus rounds at one height: a message in round 0's candidate and in round 1's
+    (another collator) gets IncludedIntoBlock twice from a validator, with the same
+    block_seqno. The lines carry block_id (the candidate's root hash), so the report's
+    duplicate rule (one process logging the same event with the same attrs twice) does not
+    count them: a healthy run logs no line twice. Before block_id was logged, this run had
+    dozens of such pairs and the main job's report showed them as duplicates."""
+    files = []
+
+    def factory(service, node):
+        path = tmp_path / f"{service}-{node}.jsonl"
+        files.append(path)
+        return EventLog(service, node, [REMP_EVENTS], sink=str(path), min_level="info")
+
+    w = WalletSet(30, "sim-rounds")
+    # short shard rounds against 20-120 ms links with 10% loss: heights often take more than
+    # one round
+    sim = Simulation(SimConfig(seed=2, validators=8, group_size=4, latency=0.02, jitter=0.1,
+                               loss=0.1, duplicate=0.1, reorder=0.1, shard_round_timeout=0.15,
+                               mc_catchain_lifetime=60.0),
+                     wallets=w.genesis(), event_log=factory)
+    t0 = int(sim.now)
+    sim.run(0.2)
+    mids = []
+    for i in range(30):
+        mids.append(sim.submit(w.transfer(i, 3, t0 + 3600)))
+        if i % 10 == 9:
+            sim.run(0.1)
+    assert sim.run_until(lambda: all(sim.finals.get(m) for m in mids), 60.0)
+    assert all([f.outcome for f in sim.finals[m]] == ["finalized"] for m in mids)
+    sim.close_logs()
+    per_seqno: dict = defaultdict(list)
+    seen: dict = defaultdict(int)
+    for path in files:
+        for ln in read_lines([path]):
+            seen[(path.name, ln["event"], ln["trace_id"], json.dumps(ln["attrs"], sort_keys=True))] += 1
+            a = ln["attrs"]
+            if ln["event"] == "remp.validator.status" and a["kind"] == "IncludedIntoBlock":
+                per_seqno[(ln["node"], ln["trace_id"], a["shard"], a["block_seqno"])].append(a.get("block_id"))
+    assert any(len(ids) >= 2 for ids in per_seqno.values())     # the case happened
+    assert [k for k, n in seen.items() if n > 1 and k[1].endswith(".status")] == []
+    for ids in per_seqno.values():
+        assert all(re.fullmatch(r"[0-9a-f]{64}", b) for b in ids) and len(set(ids)) == len(ids)

@@ -16,7 +16,9 @@ service = "relay-suite-demo", node = "launcher".
   "corrupted_block", "negative_boc").
 - `demo.plan.node`: a readable name for a node as it appears in other events' `node`
   field (target = the readable label, e.g. "alice", "relay1", "v3"; peer = the raw node
-  value, e.g. "42" or "127.0.0.1:40231"; kind = the service). The report labels nodes with it.
+  value, e.g. "42" or "127.0.0.1:40231"; kind = the service; host = the host name of the
+  machine it runs on). The report labels nodes with it, and never corrects the timestamps
+  of two nodes of one host against each other: they share that host's clock.
 """
 from daemon_runtime.eventlog import Catalogue, EventSpec
 
@@ -32,6 +34,7 @@ DEMO_EVENTS = Catalogue("demo", [
       "message; outcome = planned outcome; fault = the planned cause)",
       {"outcome": "string", "fault": "string"}),
     E("demo.plan.node", "a readable label for a node (target = label, peer = the raw `node` "
-      "value in other events, kind = its service)",
-      {"target": "string", "peer": "string", "kind": "string"}),
+      "value in other events, kind = its service, host = the host name it runs on: nodes "
+      "of one host share its clock)",
+      {"target": "string", "peer": "string", "kind": "string", "host": "string"}),
 ])

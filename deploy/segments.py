@@ -18,6 +18,7 @@ demo.plan.*), so the report can show planned failures apart from unplanned ones.
 """
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from daemon_runtime.eventlog import EventLog
@@ -48,9 +49,12 @@ class Plan:
         """Message `trace_id` is planned to end as `outcome` (not delivered) because of `fault`."""
         self.log.emit("demo.plan.expect", trace_id, outcome=outcome, fault=fault)
 
-    def node(self, label: str, raw: str, service: str) -> None:
-        """Node `raw` (its `node` field in other events) is shown as `label` in the report."""
-        self.log.emit("demo.plan.node", None, target=label, peer=raw, kind=service)
+    def node(self, label: str, raw: str, service: str, host: str | None = None) -> None:
+        """Node `raw` (its `node` field in other events) is shown as `label` in the report;
+        it runs on `host` (default: this machine's host name, where the launcher starts every
+        daemon), so the report knows which nodes share a clock."""
+        self.log.emit("demo.plan.node", None, target=label, peer=raw, kind=service,
+                      host=host or socket.gethostname())
 
     def close(self) -> None:
         self.log.close()

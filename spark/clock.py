@@ -22,6 +22,13 @@ Correction x[node] (ms, added to the node's timestamps):
    so no corrected causal delta stays negative; if that does not converge in |nodes| passes
    the evidence is contradictory (e.g. a clock stepped mid-log): no correction at all is
    applied and `consistent` is False.
+
+Nodes of one host share its clock (`hosts`: node -> host name, from the demo plan's
+`demo.plan.node` host): they are one clock domain, named `host:<name>`. Pairs inside a domain
+prove nothing about skew; a receive logged before its send there is the order two processes
+wrote their log lines (a daemon logs a batch's events after handling the batch) and is
+reported as such (`log_order`). Steps 1-3 run over the domains; a domain's correction applies
+to each of its nodes.
 """
 from __future__ import annotations
 
@@ -40,6 +47,15 @@ class ClockResult:
     corrections: dict[str, float] = field(default_factory=dict)
     proofs: list[tuple[str, str, float, float | None]] = field(default_factory=list)
     consistent: bool = True
+    #: host name -> the nodes of that host seen in a causal pair with another node of it
+    shared_hosts: dict[str, list[str]] = field(default_factory=dict)
+    #: the most negative receive - send delta (ms) between two nodes of one host, as
+    #: (from, to, ms), None when none is negative: the log-writing order, not skew
+    log_order: tuple[str, str, float] | None = None
+    #: clock domain (a node, or `host:<name>`) -> ms, as `proofs` name them
+    domain_corrections: dict[str, float] = field(default_factory=dict)
+    #: ordered pairs of distinct clock domains observed (0: every pair within one host)
+    cross_pairs: int = 0
 
 
 def _interval(d, a, b):
@@ -56,11 +72,45 @@ def _estimate(lo: float, hi: float) -> float:
     return hi if hi < 0 else lo
 
 
-def align(pair_min: dict[tuple[str, str], float], tolerance_ms: float = 0.0) -> ClockResult:
+def align(pair_min: dict[tuple[str, str], float], tolerance_ms: float = 0.0,
+          hosts: dict[str, str] | None = None) -> ClockResult:
     """pair_min: (from_node, to_node) -> min observed delta ms (from != to). See module doc.
     tolerance_ms: negative deltas down to -tolerance_ms are read as 0 (not proof of skew):
-    processes on one host share its clock, and a sender that logs `sent` after the write
-    can be overtaken by the receiver's log line by a few ms (the logging order, not skew)."""
+    a sender that logs `sent` after the write can be overtaken by the receiver's log line by
+    a few ms (the logging order, not skew). hosts: node -> host name for the nodes whose host
+    is known; nodes of one host are one clock domain (never corrected against each other)."""
+    hosts = hosts or {}
+
+    def domain(n: str) -> str:
+        return f"host:{hosts[n]}" if n in hosts else n
+
+    shared: dict[str, set[str]] = defaultdict(set)
+    cross: dict[tuple[str, str], float] = {}
+    log_order = None
+    for (a, b), v in pair_min.items():
+        if a == b:
+            continue
+        da, db = domain(a), domain(b)
+        if da == db:
+            shared[hosts[a]].update((a, b))
+            if v < 0 and (log_order is None or v < log_order[2]):
+                log_order = (a, b, float(v))
+        else:
+            cross[(da, db)] = min(float(v), cross.get((da, db), math.inf))
+    result = _align(cross, tolerance_ms)
+    result.shared_hosts = {h: sorted(ns) for h, ns in sorted(shared.items())}
+    result.log_order = log_order
+    result.domain_corrections = dict(result.corrections)
+    result.cross_pairs = len(cross)
+    if result.corrections and hosts:
+        nodes = {n for pair in pair_min for n in pair} | set(hosts)
+        per_domain = result.corrections
+        result.corrections = {n: per_domain[domain(n)] for n in sorted(nodes) if domain(n) in per_domain}
+    return result
+
+
+def _align(pair_min: dict[tuple[str, str], float], tolerance_ms: float) -> ClockResult:
+    """Steps 1-3 of the module doc over clock domains (pair_min keys are domains)."""
     d = {k: (0.0 if -tolerance_ms <= float(v) < 0 else float(v))
          for k, v in pair_min.items() if k[0] != k[1]}
     links: dict[str, set[str]] = defaultdict(set)

@@ -141,6 +141,26 @@ font-size:16px}.ok{background:#e6f4e6}.bad{background:#fbe3e3}.note{color:#555;f
 
 def _clock_text(clock: dict, label) -> str:
     tol = clock.get("tolerance_ms", 0)
+    shared = clock.get("shared_hosts") or {}
+    text = ""
+    if shared:
+        hosts = "; ".join(f"{len(ns)} nodes on {html.escape(h)}" for h, ns in shared.items())
+        text = (f"<p>Processes on one host share its clock, so their timestamps are never "
+                f"corrected against each other ({hosts}; the demo plan names each node's host).")
+        lo = clock.get("log_order")
+        if lo:
+            text += (f" The most negative receive - send delta between two of them, "
+                     f"{lo['min_delta_ms']:.3f} ms ({html.escape(label(lo['from']))} -> "
+                     f"{html.escape(label(lo['to']))}), is the order the two processes wrote "
+                     f"their log lines (a daemon logs a batch's events after handling the "
+                     f"batch), not skew.")
+        text += "</p>"
+        if clock.get("cross_pairs") == 0:     # every causal pair within one host
+            return text
+    return text + _skew_text(clock, label, tol)
+
+
+def _skew_text(clock: dict, label, tol) -> str:
     if not clock["consistent"]:
         return ("<p>The causal pairs contradict each other (a clock stepped during the run?): "
                 "no timestamps were corrected; durations across processes are as logged.</p>")

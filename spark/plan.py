@@ -4,6 +4,8 @@ The launcher logs what it intends to break BEFORE it breaks it. From those event
 
 - labels: raw `node` value -> readable label (`demo.plan.node`: peer -> target), so the
   report says "alice" and "relay1" instead of "1" or "127.0.0.1:40231";
+- hosts: raw `node` value -> the host name it ran on (`demo.plan.node` host): nodes of one
+  host share its clock, so the report never "corrects" one against the other;
 - expected: trace ids the plan expects not to be delivered (`demo.plan.expect`);
 - faults: (fault, target label, raw node, start us, end us): a `demo.plan.fault` and the
   matching `demo.plan.recovered` (same fault and target), else start + duration_ms, else
@@ -43,6 +45,7 @@ class Fault:
 @dataclass
 class Plan:
     labels: dict[str, str] = field(default_factory=dict)
+    hosts: dict[str, str] = field(default_factory=dict)
     expected: dict[str, dict] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
 
@@ -83,6 +86,8 @@ def parse(rows: list[dict]) -> Plan:
         a = r.get("attrs") or {}
         if r["event"] == "demo.plan.node" and a.get("peer") and a.get("target"):
             plan.labels[a["peer"]] = a["target"]
+            if a.get("host"):
+                plan.hosts[a["peer"]] = a["host"]
     raw_of = {label: raw for raw, label in plan.labels.items()}
     open_faults: dict[tuple[str, str], Fault] = {}
     for r in rows:

@@ -676,7 +676,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
         .orderBy("protocol", "trace_id", "branch").limit(2000)})
     pairs = second["pairs"]
     pair_min = {(r["from_node"], r["to_node"]): r["d_ms"] for r in pairs}
-    clock = align(pair_min, CLOCK_TOLERANCE_MS)
+    clock = align(pair_min, CLOCK_TOLERANCE_MS, plan.hosts)
     timings["clock_s"] = round(time.time() - t_start, 3)
 
     stages = _with_corr(spark, stages_raw, clock.corrections,
@@ -833,7 +833,7 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     timings["parquet_s"] = round(time.time() - t_start, 3)
 
     clock_rows = ([{"node": a, "peer": b, "d_ms": dd, "d_back_ms": back,
-                    "correction_ms": clock.corrections.get(b, 0.0)}
+                    "correction_ms": clock.domain_corrections.get(b, 0.0)}
                    for a, b, dd, back in clock.proofs])
     small = {
         "latency": latency_tbl,
@@ -867,6 +867,9 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
                    "unknown_events": ingest["unknown"], "untraced_events": ingest["untraced"]},
         "clock": {"consistent": clock.consistent, "corrections_ms": clock.corrections,
                   "tolerance_ms": CLOCK_TOLERANCE_MS,
+                  "shared_hosts": clock.shared_hosts, "cross_pairs": clock.cross_pairs,
+                  "log_order": (None if clock.log_order is None else dict(zip(
+                      ("from", "to", "min_delta_ms"), clock.log_order))),
                   "proofs": clock_rows,
                   "pairs": [{"from": a, "to": b, "min_delta_ms": v} for (a, b), v in
                             sorted(pair_min.items())]},

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,16 @@ def test_default_demo_counts_match_the_report_and_planned_faults_are_logged(tmp_
         assert "result: ok" in out
     report = run / "report"
     assert summary["delivery"]["rmb"]["lost_or_stuck"] == 0
+    # one host, one clock: every node named with this host; no skew "proven" between them
+    # (a relay logs a batch's events after the batch, so a peer's `received` can precede its
+    # `delivered` by more than the tolerance; that read as contradictory skew before)
+    assert {e["attrs"]["host"] for e in plan if e["event"] == "demo.plan.node"} == {socket.gethostname()}
+    clock = summary["clock"]
+    assert clock["consistent"] and clock["corrections_ms"] == {} and clock["cross_pairs"] == 0, clock
+    assert list(clock["shared_hosts"]) == [socket.gethostname()]
+    # a status logged twice by one process is a duplicate; two candidates' IncludedIntoBlock
+    # at one seqno are two statuses (attrs.block_id)
+    assert summary["remp"]["duplicates"] == 0, summary["remp"]
     assert (report / "report.html").stat().st_size > 1000
 
 

@@ -50,6 +50,42 @@ def test_clock_contradiction_is_reported_not_applied():
     assert res.proofs == [("a", "b", -5.0, 3.0)]
 
 
+def test_clock_nodes_of_one_host_share_it():
+    """The demo's case (a run on one host): a relay logs a batch's `delivered` after the
+    peer already logged `received`, in both directions, beyond the tolerance. Without hosts
+    that reads as contradictory skew; with the plan's hosts it is one clock, no correction,
+    and the most negative delta is reported as the log order."""
+    d = {("alice", "relay1"): 0.316, ("relay1", "alice"): -5.026, ("relay2", "bob"): -6.962,
+         ("bob", "relay2"): 0.437, ("relay1", "relay2"): 2.0}
+    assert align(d, 5.0).consistent is False                       # what the report said before
+    hosts = {n: "box" for n in ("alice", "relay1", "relay2", "bob")}
+    res = align(d, 5.0, hosts)
+    assert res.consistent and res.corrections == {} and res.proofs == [] and res.cross_pairs == 0
+    assert res.shared_hosts == {"box": ["alice", "bob", "relay1", "relay2"]}
+    assert res.log_order == ("relay2", "bob", -6.962)
+
+
+def test_clock_skew_between_hosts_moves_every_node_of_the_host():
+    # host h2 (b, c) is 500 ms behind host h1 (r, a); a and r disagree by log order only
+    d = {("r", "b"): -496.0, ("b", "r"): 504.0, ("a", "r"): -3.0, ("c", "a"): 510.0}
+    res = align(d, 0.0, {"r": "h1", "a": "h1", "b": "h2", "c": "h2"})
+    assert res.consistent and res.cross_pairs == 2          # (h1, h2) and (h2, h1)
+    assert res.corrections == {"b": 500.0, "c": 500.0}
+    assert res.domain_corrections == {"host:h2": 500.0}
+    assert res.log_order == ("a", "r", -3.0)
+
+
+def test_clock_text_says_one_host_shares_its_clock():
+    from spark.page import _clock_text
+    lab = {"1": "alice", "127.0.0.1:1": "relay1"}
+    clock = {"consistent": True, "corrections_ms": {}, "tolerance_ms": 5.0, "proofs": [],
+             "shared_hosts": {"box": ["1", "127.0.0.1:1"]}, "cross_pairs": 0,
+             "log_order": {"from": "127.0.0.1:1", "to": "1", "min_delta_ms": -5.026}}
+    text = _clock_text(clock, lambda n: lab.get(n, n))
+    assert "share its clock" in text and "2 nodes on box" in text
+    assert "-5.026 ms (relay1 -> alice)" in text and "contradict" not in text
+
+
 # ------------------------------------------------------------------ SLA
 
 def _lat(count, p99, over):

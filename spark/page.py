@@ -262,7 +262,14 @@ def render(summary: dict, slow_traces: list[dict], charts: dict[str, str] | None
         "<h2>Delivery</h2>", charts["delivery"],
         _table(delivery_rows, left=("protocol", "traffic")),
         *extra,
-        "<h2>Latency</h2>", charts["latency"],
+        "<h2>Latency</h2>",
+        "<p class='note'>Every message, the demo's planned faults included (a request held "
+        "across a relay restart counts here); the SLA objectives above judge unplanned traffic "
+        "unless their counts column says otherwise, so an objective's value can be far below "
+        "this table's p99. e2e: an end-to-end "
+        "stage (what a user waits for: a round trip, a first receipt, a rebuilt block); the "
+        "others are its hops.</p>",
+        charts["latency"],
         _table(summary["latency"], left=("protocol", "stage")),
         "<h2>Slowest traces</h2>",
         "<p class='note'>Look one up: <code>relay-trace-report --out DIR --trace ID</code>.</p>",

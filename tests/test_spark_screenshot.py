@@ -51,6 +51,8 @@ def test_page_reads_right_and_screenshots(tmp_path):
     assert "All 1 SLA objectives with data pass" in page      # no false alarm
     assert "No clock skew proven" in page and "consistent:" not in page
     assert "bob" in page                                      # plan label, not "2"
+    # the latency table covers every message, planned faults included, and says so
+    assert "planned faults included" in page.split("<h2>Latency</h2>", 1)[1].split("<h2>", 1)[0]
     mod = _script()
     if mod.find_chromium() is None:
         pytest.skip("chromium not installed (Debian: apt-get install -y chromium)")

@@ -264,15 +264,21 @@ class RempClient:
 
     # -- public API ---------------------------------------------------------------------
 
-    def submit(self, boc: bytes, now: float) -> bytes:
+    def submit(self, boc: bytes, now: float, parsed: ExternalMessage | None = None) -> bytes:
         """Accept a message BOC from a user; returns its 32-byte message id (root cell hash;
         sha256 of the bytes when the BOC does not decode). Produces the first datagram (to
         one validator) or, when the message is refused, a RejectedByFullnode ReceiptEvent
-        and FinalStatus("rejected"). Re-submitting a tracked message is a no-op."""
+        and FinalStatus("rejected"). Re-submitting a tracked message is a no-op. parsed: the
+        caller's parse_external_message(boc, ...) result, if it has one (not parsed again; its
+        workchain is still checked against the states')."""
         self.stats["submitted"] += 1
         wall = self.wall_clock(now)
+        wcs = getattr(self.states, "workchains", (self.states.workchain,))
         try:
-            msg = parse_external_message(boc, getattr(self.states, "workchains", (self.states.workchain,)))
+            if parsed is not None and parsed.boc == boc and parsed.workchain in wcs:
+                msg = parsed
+            else:
+                msg = parse_external_message(boc, wcs)
         except MessageRejected as exc:
             mid = message_id_of(boc) or hashlib.sha256(bytes(boc)).digest()
             self._events.append(MessageReceived(mid, len(boc), 0))

@@ -476,10 +476,11 @@ class FullnodeDaemon(_Daemon):
         self.m_dropped.labels(reason.split(":")[0][:40]).inc()
         emit_records(self.log, [fullnode_dropped_record(src, reason, size)])
 
-    def submit(self, boc: bytes) -> bytes:
-        """Hand a BOC to the client core now (the API calls this); flushes at once."""
+    def submit(self, boc: bytes, parsed=None) -> bytes:
+        """Hand a BOC to the client core now (the API calls this; parsed: its
+        messages.parse_external_message result when the caller has it); flushes at once."""
         now = self.now()
-        mid = self.client.submit(boc, now)
+        mid = self.client.submit(boc, now, parsed)
         self.store.add_message(mid, boc, time.time())
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._step)

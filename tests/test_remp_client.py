@@ -498,3 +498,19 @@ def test_waves_wait_for_the_observed_answer_time():
     assert [t - start for t, m in got if m == mid] == [0.0]   # no second wave at +2 s, +4 s
     assert client().wave_interval() == 2.0        # nothing measured: the fixed interval
 
+
+def test_submit_takes_the_callers_parse(monkeypatch):
+    """The API parses a POSTed BOC once and hands the result over: the client core does not
+    parse it again (it was parsed twice per message, plus a third time to check it decodes)."""
+    import remp_node.client as client_mod
+    boc = wallet_msg(nonce=5)
+    parsed = parse_external_message(boc)
+    calls = []
+    real = client_mod.parse_external_message
+    monkeypatch.setattr(client_mod, "parse_external_message", lambda *a: calls.append(1) or real(*a))
+    c = client()
+    assert c.submit(boc, T0, parsed) == parsed.id and calls == []
+    assert c.pending() == [parsed.id]
+    other = wallet_msg(nonce=6)
+    c.submit(other, T0, parsed)            # a parse of another BOC is not taken
+    assert calls == [1] and len(c.pending()) == 2

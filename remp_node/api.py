@@ -170,7 +170,15 @@ class StatusHub:
     # -- submit -----------------------------------------------------------------------------
     def submit(self, boc: bytes) -> tuple[int, dict]:
         """(HTTP status, JSON body) for one BOC (POST /messages and postRequests)."""
-        if message_id_of(boc) is None:
+        # parsed once here and handed to the client core (a decodability check through
+        # message_id_of parsed the BOC a second time per message)
+        client = getattr(self.daemon, "client", None)
+        wcs = getattr(getattr(client, "states", None), "workchains", (0, -1))
+        try:
+            parsed = parse_external_message(boc, wcs)
+        except MessageRejected:
+            parsed = None
+        if parsed is None and message_id_of(boc) is None:
             try:
                 parse_external_message(boc, (0, -1))
                 reason = "Can't deserialize message"
@@ -178,7 +186,7 @@ class StatusHub:
                 reason = exc.reason
             self.m_refused.labels("undecodable").inc()
             return 400, {"error": reason}
-        mid = self.daemon.submit(boc)
+        mid = self.daemon.submit(boc, parsed) if parsed is not None else self.daemon.submit(boc)
         f = self.finals.get(mid)
         if f is not None and f["kind"] == "RejectedByFullnode":
             self.m_refused.labels("rejected_by_fullnode").inc()

@@ -15,7 +15,9 @@ What it does, per submitted message:
    an answer; 1/3 + 1 guarantees one honest relayer). Near a session switch `groups` returns
    a non-empty next group: the same rule then runs for that group too. When every member
    of a group has been sent to and too few answered, the unanswered ones get the message
-   again (datagram loss), after 2, 4, 8, then every 16 s (RESEND_BACKOFF_MAX). Each wave that reaches a new validator produces a
+   again (datagram loss), after 2, 4, 8, then every 16 s (RESEND_BACKOFF_MAX). When the
+   validators answer slower than `resend_interval` (first receipts measured as an RTO,
+   ANSWER_GAIN), waves wait that long instead (wave_interval(), at most 16 s). Each wave that reaches a new validator produces a
    SentToValidators status (sent_to = distinct validators reached, total_validators = size
    of current + next group), signed by the full node.
 3. Receipts in (`receive_datagram`): a `tonNode.rempSignedReceipt` is verified against the
@@ -67,6 +69,15 @@ RESEND_INTERVAL = 2.0
 #: every tracked message went again to up to 12 validators every 2 s: 412 datagrams per
 #: message in bench_remp_daemon at 40 msg/s, which kept the network saturated.
 RESEND_BACKOFF_MAX = 3
+#: The wave interval follows the network's answer time: srtt + 4 rttvar (RFC 6298, gains
+#: 1/8 and 1/4) of the delays from a message's first wave to its first receipt (from any
+#: validator: not Karn's rule, which would never learn a delay longer than the interval),
+#: when that is longer than resend_interval, up to resend_interval * 2**RESEND_BACKOFF_MAX. Past
+#: saturation a first receipt took 1-40 s (bench_remp_daemon, 40-100 msg/s): a fixed 2 s
+#: sent every message to one more validator every 2 s (client_message 24-37 datagrams per
+#: message at 80-100 msg/s against 1.2 at 40), each of which queued it again in its RMQ
+#: (rmq 118 per message at 100 msg/s), feeding the overload it reacted to.
+ANSWER_GAIN, ANSWER_VAR_GAIN = 0.125, 0.25
 #: Seconds between scans of the unanswered messages for early waves (silent_after). The scan
 #: is O(unanswered); it ran on every submit, every receipt and every get_timer (35 receipts
 #: per message), quadratic past saturation (py-spy, full node at 40 msg/s: _tick, _silent_at
@@ -223,6 +234,8 @@ class RempClient:
         self.silent_after = silent_after
         self._unheard_since: dict[bytes, float] = {}   # key id -> first send not answered yet
         self._heard_at = -1e18                          # last receipt from any validator
+        self._srtt: float | None = None                  # first-receipt delay (ANSWER_GAIN)
+        self._rttvar = 0.0
         self._tracked: dict[bytes, _Tracked] = {}
         #: (min(next_send, deadline), id) of tracked messages; an entry whose time no longer
         #: matches its message is stale and skipped (timers cost O(due * log n), not O(n) per
@@ -251,15 +264,21 @@ class RempClient:
 
     # -- public API ---------------------------------------------------------------------
 
-    def submit(self, boc: bytes, now: float) -> bytes:
+    def submit(self, boc: bytes, now: float, parsed: ExternalMessage | None = None) -> bytes:
         """Accept a message BOC from a user; returns its 32-byte message id (root cell hash;
         sha256 of the bytes when the BOC does not decode). Produces the first datagram (to
         one validator) or, when the message is refused, a RejectedByFullnode ReceiptEvent
-        and FinalStatus("rejected"). Re-submitting a tracked message is a no-op."""
+        and FinalStatus("rejected"). Re-submitting a tracked message is a no-op. parsed: the
+        caller's parse_external_message(boc, ...) result, if it has one (not parsed again; its
+        workchain is still checked against the states')."""
         self.stats["submitted"] += 1
         wall = self.wall_clock(now)
+        wcs = getattr(self.states, "workchains", (self.states.workchain,))
         try:
-            msg = parse_external_message(boc, getattr(self.states, "workchains", (self.states.workchain,)))
+            if parsed is not None and parsed.boc == boc and parsed.workchain in wcs:
+                msg = parsed
+            else:
+                msg = parse_external_message(boc, wcs)
         except MessageRejected as exc:
             mid = message_id_of(boc) or hashlib.sha256(bytes(boc)).digest()
             self._events.append(MessageReceived(mid, len(boc), 0))
@@ -324,6 +343,8 @@ class RempClient:
             dg.verify(keys)  # raises ReceiptError unknown_source / bad_signature
         t.seen.add(digest)
         self.stats["receipts"] += 1
+        if not t.answered:
+            self._answer_sample(now - t.submitted)
         src = receipt.source_id
         self._unheard_since.pop(src, None)
         self._heard_at = now
@@ -400,7 +421,7 @@ class RempClient:
             # an early wave needs a receipt heard within resend_interval before it (_silent_at);
             # a new receipt comes with a step, which asks again
             wake = self._scan_at + SILENT_SCAN
-            if self._heard_at > -1e17 and wake - self._heard_at <= self.resend_interval:
+            if self._heard_at > -1e17 and wake - self._heard_at <= self.wave_interval():
                 times.append(wake)
         if self._finished:
             times.append(next(iter(self._finished.values())))
@@ -484,7 +505,8 @@ class RempClient:
             if fresh:
                 fresh_any = True
                 if self.silent_after is not None:
-                    awake = [k for k in fresh if now - self._unheard_since.get(k, now) <= self.silent_after]
+                    quiet = self._silent_limit()
+                    awake = [k for k in fresh if now - self._unheard_since.get(k, now) <= quiet]
                     if awake and awake[0] != fresh[0]:
                         self.stats["silent_skipped"] += 1
                     fresh = awake or fresh
@@ -501,11 +523,35 @@ class RempClient:
             self._events.append(ReceiptEvent(t.msg.id, signed.open(), signed.signature, "fullnode", t.shard))
         return resent and not fresh_any
 
+    def _answer_sample(self, delay: float) -> None:
+        if self._srtt is None:
+            self._srtt, self._rttvar = delay, delay / 2
+        else:
+            self._rttvar += ANSWER_VAR_GAIN * (abs(self._srtt - delay) - self._rttvar)
+            self._srtt += ANSWER_GAIN * (delay - self._srtt)
+
+    def _silent_limit(self) -> float:
+        """silent_after, or the observed answer time srtt + 4 rttvar when longer (a
+        validator answering as slowly as every other one is not silent)."""
+        if self._srtt is None:
+            return self.silent_after
+        return max(self.silent_after, min(self._srtt + 4 * self._rttvar,
+                                          self.resend_interval * (1 << RESEND_BACKOFF_MAX)))
+
+    def wave_interval(self) -> float:
+        """Seconds before a message's next wave (module doc, ANSWER_GAIN): resend_interval,
+        or the observed answer time srtt + 4 rttvar when longer, at most
+        resend_interval * 2**RESEND_BACKOFF_MAX."""
+        if self._srtt is None:
+            return self.resend_interval
+        return min(max(self.resend_interval, self._srtt + 4 * self._rttvar),
+                   self.resend_interval * (1 << RESEND_BACKOFF_MAX))
+
     def _next_wave(self, t: _Tracked, resent: bool, now: float) -> float:
         """When the next wave of `t` is due (module constant RESEND_BACKOFF_MAX)."""
         if resent:
             t.rewaves += 1
-        return now + self.resend_interval * (1 << min(t.rewaves, RESEND_BACKOFF_MAX))
+        return now + max(self.resend_interval * (1 << min(t.rewaves, RESEND_BACKOFF_MAX)), self.wave_interval())
 
     def _scan(self, now: float) -> None:
         """Early waves (silent_after) of unanswered messages that are due; remembers the
@@ -537,8 +583,8 @@ class RempClient:
             return None
         if any(k not in self._unheard_since for k in t.sent):
             return None
-        at = max(self._unheard_since[k] for k in t.sent) + self.silent_after + 1e-6
-        return at if at - self._heard_at <= self.resend_interval else None
+        at = max(self._unheard_since[k] for k in t.sent) + self._silent_limit() + 1e-6
+        return at if at - self._heard_at <= self.wave_interval() else None
 
     def _tick(self, now: float, scan: bool = True) -> None:
         """Due waves and deadlines (heap); with `scan`, the early-wave scan when SILENT_SCAN

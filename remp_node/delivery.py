@@ -19,9 +19,13 @@ Validator side: `ReceiptSender` (one per validator, per-full-node state inside)
     get_timer() / handle_timer(now).
   Batching (Nagle-like, bounded): a receipt for a full node with nothing sent in the last
   `max_delay` seconds leaves at once; otherwise it waits until `max_delay` after the
-  previous packet to that node; a batch that reaches `max_batch_bytes` leaves at once.
-  So a status waits at most `max_delay` (the issue's 100 ms), and at 1 receipt per
-  message-status the first status (PutIntoQueue) is not delayed at all.
+  previous packet to that node; a batch that reaches `max_batch_bytes` leaves at once, and
+  so does the batch a message's first status at this validator (tonNode.rempNew,
+  PutIntoQueue: the first receipt users wait for) joins. So a status waits at most
+  `max_delay` (the issue's 100 ms), the first status is never held back, and the later
+  ones ride along with the next first status. (Batches were 990 bytes, one transport part,
+  2-3 receipts of ~310 bytes: a packet signature at the validator and a verify at the
+  full node per 2-3 statuses. Now up to 2,144 bytes, two parts.)
   Resend: one retransmission timer per full node, as TCP's (RFC 6298): rto = srtt + 4 rttvar
   from the acks' round trips of packets sent once (Karn), within [`resend_initial`,
   `resend_max`] s; when it fires the oldest RESEND_WINDOW (4) unacknowledged packets go
@@ -86,7 +90,7 @@ from typing import Iterable, Mapping
 
 from .keys import NodeKey, key_id as key_id_of, verify
 from .receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptError, SignedReceipt
-from .tl import (REMP_MESSAGE, REMP_SIGNED_RECEIPT, TLError, TLReader, pack_bytes, pack_id,
+from .tl import (REMP_MESSAGE, REMP_NEW, REMP_SIGNED_RECEIPT, TLError, TLReader, pack_bytes, pack_id,
                  pack_int, pack_int256, pack_long, tl_constructor_id)
 
 __all__ = ["ReceiptSender", "ReceiptReceiver", "OutboxChange", "ReceiptDelivered", "DeliveryEvent", "DeliveryError",
@@ -307,13 +311,28 @@ class _Dst:
 RESEND_WINDOW = 4
 
 
+_NEW = pack_id(REMP_NEW)
+
+
+def _is_first_status(data: bytes) -> bool:
+    """True iff `data` (a boxed tonNode.rempSignedReceipt) carries tonNode.rempNew: the
+    receipt's status constructor follows its own constructor and the 32-byte message id."""
+    try:
+        r = TLReader(data, MAX_RECEIPT_BYTES + 80)
+        if r.constructor() != REMP_SIGNED_RECEIPT:
+            return False
+        return r.bytes()[36:40] == _NEW
+    except TLError:
+        return False
+
+
 class ReceiptSender:
     """Validator side of receipt delivery (see module doc).
 
     key: the validator's NodeKey (signs packets). max_delay: seconds a status may wait for
-    batching (0.1). max_batch_bytes: receipts bytes per packet (990 = 1,154 payload bytes of one
-    transport datagram - 164 bytes of packet header and signature: a packet is one datagram,
-    so 20% datagram loss costs 20% of packets, not more). resend_initial / resend_max: seconds. max_unacked_per_dst:
+    batching (0.1). max_batch_bytes: receipts bytes per packet (2,144 = two transport parts
+    of 1,154 payload bytes - 164 bytes of packet header and signature; 990 keeps a packet in
+    one datagram, so 20% datagram loss costs 20% of packets, not 36%). resend_initial / resend_max: seconds. max_unacked_per_dst:
     packets kept per full node. stream: see module doc. session: current master session.
     stats: added, packets, resends, acked, receipts_acked, abandoned_obsolete,
     abandoned_overflow, acks_bad, restored.
@@ -328,7 +347,7 @@ class ReceiptSender:
     sent again; the full node drops the ones it already had (ReceiptReceiver dedups by
     receipt digest)."""
 
-    def __init__(self, key: NodeKey, *, max_delay: float = 0.1, max_batch_bytes: int = 990,
+    def __init__(self, key: NodeKey, *, max_delay: float = 0.1, max_batch_bytes: int = 2144,
                  resend_initial: float = 0.25, resend_max: float = 2.0, max_unacked_per_dst: int = 4096,
                  stream: int | None = None, session: int = 0, journal: bool = False):
         if max_delay < 0 or resend_initial <= 0 or resend_max < resend_initial or max_unacked_per_dst < 1:
@@ -384,7 +403,7 @@ class ReceiptSender:
         d.pending.append((data, session))
         d.pending_bytes += len(data) + 4
         self.stats["added"] += 1
-        if d.pending_bytes >= self.max_batch_bytes:
+        if d.pending_bytes >= self.max_batch_bytes or _is_first_status(data):
             self._flush(dst, d, now)
         elif d.flush_at is None:
             d.flush_at = max(now, d.last_flush + self.max_delay)

@@ -148,7 +148,7 @@ class ChainFollower:
 
     def _execute(self, st, boc: bytes, gen_ms: int) -> None:
         try:
-            st.execute(parse_external_message(boc, self.state.workchains), gen_ms / 1000.0)
+            st.execute(parse_external_message(boc, self.state.workchains), gen_ms / 1000.0, committed=True)
         except (MessageRejected, ValueError):
             self.stats["not_executed"] += 1
 

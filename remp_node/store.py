@@ -142,14 +142,20 @@ class ValidatorStore:
                 self.db.execute(f"PRAGMA synchronous={'FULL' if full else 'NORMAL'}")
                 self._full = full
             self.db.execute("BEGIN")
+            # consecutive outbox changes of one kind go in one executemany (an execute per
+            # receipt "add" and "done" was most of the store's CPU); order is kept
+            run_kind, run = None, []
             for e in entries:
                 if isinstance(e, OutboxChange):
-                    if e.kind == "add":
-                        self.db.execute("INSERT OR IGNORE INTO outbox (dst, digest, receipt, session) "
-                                        "VALUES (?, ?, ?, ?)", (e.dst, e.digest, e.receipt, int(e.session)))
-                    else:
-                        self.db.execute("DELETE FROM outbox WHERE dst = ? AND digest = ?", (e.dst, e.digest))
-                elif e.kind == "master_commit":
+                    if e.kind != run_kind:
+                        self._outbox_run(run_kind, run)
+                        run_kind, run = e.kind, []
+                    run.append((e.dst, e.digest, e.receipt, int(e.session)) if e.kind == "add" else (e.dst, e.digest))
+                    continue
+                if run:
+                    self._outbox_run(run_kind, run)
+                    run_kind, run = None, []
+                if e.kind == "master_commit":
                     self.db.execute("INSERT OR IGNORE INTO master_commits VALUES (?, ?)", (int(e.key), e.value))
                 elif e.kind == "signed_height":
                     self.db.execute("INSERT INTO signed_heights VALUES (?, ?) ON CONFLICT(session_id) DO UPDATE "
@@ -161,6 +167,7 @@ class ValidatorStore:
                                     (e.key, e.value[0], int(e.value[1])))
                 elif e.kind == "rejected_gc":
                     self.db.execute("DELETE FROM rejected WHERE master_seqno <= ?", (int(e.key),))
+            self._outbox_run(run_kind, run)
             self.db.execute("COMMIT")
         except sqlite3.Error as exc:
             try:
@@ -170,6 +177,14 @@ class ValidatorStore:
             raise StoreError(f"{self.path}: {exc}") from None
         self.writes += 1
         return len(entries)
+
+    def _outbox_run(self, kind: str | None, rows: list[tuple]) -> None:
+        if not rows:
+            return
+        if kind == "add":
+            self.db.executemany("INSERT OR IGNORE INTO outbox (dst, digest, receipt, session) VALUES (?, ?, ?, ?)", rows)
+        else:
+            self.db.executemany("DELETE FROM outbox WHERE dst = ? AND digest = ?", rows)
 
     def close(self) -> None:
         self.db.close()
@@ -190,6 +205,8 @@ class FullnodeStore:
         """)
         # SIGKILL-safe without an fsync per commit (module doc)
         self.db.execute("PRAGMA synchronous=NORMAL")
+        self._rows: list[tuple[bytes, dict]] = []
+        self._outcomes: list[tuple[str, str, str, bytes]] = []
 
     def run_epoch(self, now_us: int) -> int:
         """This run's transport epoch: max(previous + 1, now_us), fsynced."""
@@ -198,22 +215,44 @@ class FullnodeStore:
         return epoch
 
     def add_message(self, mid: bytes, boc: bytes, submitted: float) -> None:
+        """Committed at once (the API answers 202 after it: resubmitted after a crash)."""
         self.db.execute("INSERT OR IGNORE INTO messages (id, boc, submitted) VALUES (?, ?, ?)", (mid, boc, submitted))
 
     def add_statuses(self, rows: list[tuple[bytes, dict]]) -> None:
-        """Append statuses (message id, seed JSON dict) in one transaction."""
-        if not rows:
-            return
-        self.db.execute("BEGIN")
-        self.db.executemany("INSERT INTO statuses (id, json) VALUES (?, ?)",
-                            [(mid, json.dumps(d, separators=(",", ":"))) for mid, d in rows])
-        self.db.execute("COMMIT")
+        """Queue statuses (message id, seed JSON dict) for the next commit()."""
+        self._rows.extend(rows)
 
     def set_outcome(self, mid: bytes, outcome: str, kind: str, reason: str) -> None:
-        self.db.execute("UPDATE messages SET outcome = ?, kind = ?, reason = ? WHERE id = ?",
-                        (outcome, kind, reason, mid))
+        """Queue a final outcome for the next commit()."""
+        self._outcomes.append((outcome, kind, reason, mid))
+
+    def commit(self) -> int:
+        """Write the queued statuses and outcomes in ONE transaction (the daemon calls it at
+        the end of every step, before the step's datagrams, e.g. the receipt acks, leave;
+        reads and close() call it first). It was a transaction per status batch, per POST
+        and per final outcome. Returns how many rows were written."""
+        rows, outcomes = self._rows, self._outcomes
+        if not rows and not outcomes:
+            return 0
+        try:
+            self.db.execute("BEGIN")
+            if rows:
+                self.db.executemany("INSERT INTO statuses (id, json) VALUES (?, ?)",
+                                    [(mid, json.dumps(d, separators=(",", ":"))) for mid, d in rows])
+            if outcomes:
+                self.db.executemany("UPDATE messages SET outcome = ?, kind = ?, reason = ? WHERE id = ?", outcomes)
+            self.db.execute("COMMIT")
+        except sqlite3.Error as exc:      # kept for the next commit (the step sent nothing)
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise StoreError(f"{self.path}: {exc}") from None
+        self._rows, self._outcomes = [], []
+        return len(rows) + len(outcomes)
 
     def message(self, mid: bytes) -> dict | None:
+        self.commit()
         row = self.db.execute("SELECT submitted, outcome, kind, reason FROM messages WHERE id = ?",
                               (mid,)).fetchone()
         if row is None:
@@ -221,12 +260,15 @@ class FullnodeStore:
         return {"submitted": row[0], "outcome": row[1], "kind": row[2], "reason": row[3]}
 
     def statuses(self, mid: bytes) -> list[dict]:
+        self.commit()
         return [json.loads(t) for (t,) in self.db.execute("SELECT json FROM statuses WHERE id = ? ORDER BY n", (mid,))]
 
     def pending(self) -> list[tuple[bytes, bytes]]:
         """(id, boc) of messages without a final outcome (resubmitted after a restart)."""
+        self.commit()
         return [(bytes(i), bytes(b)) for i, b in
                 self.db.execute("SELECT id, boc FROM messages WHERE outcome IS NULL ORDER BY submitted")]
 
     def close(self) -> None:
+        self.commit()
         self.db.close()

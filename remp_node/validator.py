@@ -1141,7 +1141,7 @@ class ValidatorCore:
             for m in p.messages:
                 try:
                     parsed = self._parsed_of(m)
-                    s.tip.execute(parsed, p.gen_utime_ms / 1000.0)
+                    s.tip.execute(parsed, p.gen_utime_ms / 1000.0, committed=True)
                 except (MessageRejected, ValueError):
                     pass
                 e = self.cache.get(m.message_id)
@@ -1453,7 +1453,7 @@ class ValidatorCore:
             for m in sc.payload.messages:
                 mids.append(m.message_id)
                 try:
-                    st.execute(self._parsed_of(m), sc.payload.gen_utime_ms / 1000.0)
+                    st.execute(self._parsed_of(m), sc.payload.gen_utime_ms / 1000.0, committed=True)
                 except (MessageRejected, ValueError):
                     pass
                 e = self.cache.get(m.message_id)
@@ -1494,7 +1494,7 @@ class ValidatorCore:
         Finalized with the master block id (after PutIntoQueue/AcceptedByQueue if its RMQ
         had not delivered the message yet)."""
         try:
-            self.mc_committed.execute(self._parsed_of(m), p.gen_utime_ms / 1000.0)
+            self.mc_committed.execute(self._parsed_of(m), p.gen_utime_ms / 1000.0, committed=True)
         except (MessageRejected, ValueError):
             pass
         e = self.cache.get(m.message_id)

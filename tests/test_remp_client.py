@@ -454,6 +454,9 @@ def test_receipts_do_not_rescan_every_unanswered_message():
     orig = c._silent_at
     c._silent_at = lambda t: calls.append(1) or orig(t)
     net = Net(c, answer=lambda v, mid: [])
+    # its first answer after 0.1 s (a first receipt 1 s late would make the answer time,
+    # srtt + 4 rttvar = 3 s, the silence limit: test_waves_wait_for_the_observed_answer_time)
+    net.send_receipt(G1[0], heard, New(), T0 + 0.1)
     now = T0 + 1.0
     for i in range(1000):
         net.send_receipt(G1[i % 7], heard, New(), now)
@@ -463,3 +466,51 @@ def test_receipts_do_not_rescan_every_unanswered_message():
     # the scan did run (once) and found the early waves of the messages whose validators fell silent
     c.datagrams_to_send(now + SILENT_SCAN)
     assert c.stats["early_waves"] > 0
+
+
+def test_waves_wait_for_the_observed_answer_time():
+    """Validators answering in 5 s (an overloaded network): once first receipts took ~5 s,
+    a new message gets its second validator only after ~the answer time (srtt + 4 rttvar,
+    at most 16 s), not after the fixed 2 s that, past saturation, sent every message to one
+    more validator every 2 s (each queued it again in its RMQ)."""
+    c = client()
+    pending = []                                  # [due, validator, message id]
+    clock = [T0]
+    got = []                                      # (time, message id) per delivery
+    net = Net(c, answer=lambda v, mid: got.append((clock[0], mid)) or pending.append([clock[0] + 5.0, v, mid]) or [])
+
+    def run(until):
+        while clock[0] <= until:
+            net.step(clock[0])
+            for p in [p for p in pending if p[0] <= clock[0]]:
+                pending.remove(p)
+                net.send_receipt(p[1], p[2], New(), clock[0])
+            clock[0] += 0.25
+    for i in range(10):                           # one message per second, answered in 5 s
+        c.submit(wallet_msg(nonce=i + 1, amount=1), clock[0])
+        run(clock[0] + 0.75)
+    first = [t - T0 for t, _ in net.delivered if T0 <= t < T0 + 1.0]
+    assert first == [0.0]
+    assert 5.0 <= c.wave_interval() <= 16.0
+    start = clock[0]
+    mid = c.submit(wallet_msg(nonce=99, amount=1), start)
+    run(start + 4.9)
+    assert [t - start for t, m in got if m == mid] == [0.0]   # no second wave at +2 s, +4 s
+    assert client().wave_interval() == 2.0        # nothing measured: the fixed interval
+
+
+def test_submit_takes_the_callers_parse(monkeypatch):
+    """The API parses a POSTed BOC once and hands the result over: the client core does not
+    parse it again (it was parsed twice per message, plus a third time to check it decodes)."""
+    import remp_node.client as client_mod
+    boc = wallet_msg(nonce=5)
+    parsed = parse_external_message(boc)
+    calls = []
+    real = client_mod.parse_external_message
+    monkeypatch.setattr(client_mod, "parse_external_message", lambda *a: calls.append(1) or real(*a))
+    c = client()
+    assert c.submit(boc, T0, parsed) == parsed.id and calls == []
+    assert c.pending() == [parsed.id]
+    other = wallet_msg(nonce=6)
+    c.submit(other, T0, parsed)            # a parse of another BOC is not taken
+    assert calls == [1] and len(c.pending()) == 2

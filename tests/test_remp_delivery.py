@@ -184,7 +184,8 @@ def test_batching_delay_is_at_most_100_ms():
     for i in range(400):                       # bursts and gaps, up to ~2,000 statuses/s
         t += rng.choice([0.0, 0.0, 0.001, 0.01, 0.05, 0.2])
         net.step(t)
-        signed = make_signed_receipt(v, hashlib.sha256(b"%d" % i).digest(), New(), int(t * 1000))
+        # not a first status (New: leaves at once, next test)
+        signed = make_signed_receipt(v, hashlib.sha256(b"%d" % i).digest(), Accepted(Level.QUEUE), int(t * 1000))
         added[signed.serialize()] = net.now
         net.senders[v.key_id].add(FULLNODE.key_id, signed, net.now)
         net.flush()                             # what a daemon does after feeding a core
@@ -194,6 +195,46 @@ def test_batching_delay_is_at_most_100_ms():
     assert max(delays) <= 0.1 + 1e-9
     assert net.packets < 400 / 2                # bursts were batched
     assert min(delays) == 0.0                   # an isolated status leaves at once
+
+
+def test_a_first_status_takes_its_batch_along_at_once():
+    """A message's first status at a validator (New, PutIntoQueue: the first receipt a user
+    waits for) is never held back by batching: its batch leaves at once, with the later
+    statuses of other messages that waited; up to 2,144 receipt bytes (two transport parts)
+    per packet, so a packet carries ~6 full statuses (it was 990 bytes, 2-3)."""
+    net = Net(max_delay=0.1)
+    v = VALIDATORS[0]
+    snd = net.senders[v.key_id]
+    t = net.now
+    mids = [hashlib.sha256(b"first%d" % i).digest() for i in range(40)]
+    first = make_signed_receipt(v, mids[0], Accepted(Level.QUEUE), int(t * 1000))
+    snd.add(FULLNODE.key_id, first, t)                    # idle: leaves at once
+    net.flush()
+    assert net.packets == 1
+    t += 0.01
+    net.step(t)
+    held = [make_signed_receipt(v, m, Accepted(Level.SHARDCHAIN, SHARD_BLOCK), int(t * 1000)) for m in mids[1:4]]
+    for r in held:
+        snd.add(FULLNODE.key_id, r, t)
+    net.flush()
+    assert net.packets == 1                               # within max_delay of the last packet: held
+    new = make_signed_receipt(v, mids[4], New(), int(t * 1000))
+    snd.add(FULLNODE.key_id, new, t)
+    net.flush()
+    assert net.packets == 2 and net.first_sent[new.serialize()] == t
+    assert all(net.first_sent[r.serialize()] == t for r in held)   # taken along
+    # byte-limited batches: full statuses (block ids, ~310 bytes) about 6 per packet
+    t += 0.5
+    net.step(t)
+    before = net.packets
+    big = [make_signed_receipt(v, m, Accepted(Level.MASTERCHAIN, SHARD_BLOCK, MC_BLOCK), int(t * 1000))
+           for m in mids[5:40]]
+    for r in big:
+        snd.add(FULLNODE.key_id, r, t)
+    net.flush()
+    net.step(t + 1.0)
+    assert all(r.serialize() in net.first_sent for r in big)
+    assert net.packets - before <= 7
 
 
 def test_obsolete_packets_are_abandoned_and_memory_is_bounded():

@@ -127,3 +127,22 @@ def test_real_messages_go_to_open_accounts(shared_data):
         st.precheck(m, NOW)
         res = st.execute(m, NOW)
         assert res.ok and res.amount == 0
+
+
+def test_committed_execution_skips_only_the_body_signature(monkeypatch):
+    """execute(committed=True): a message from a block its shard group accepted (every member
+    executed it with every check when validating the candidate) is applied by the other
+    nodes without verifying the wallet's body signature again; every other check runs."""
+    import remp_node.state as state_mod
+    calls = []
+    real = state_mod._signed_by
+    monkeypatch.setattr(state_mod, "_signed_by", lambda pk, tr: calls.append(pk) or real(pk, tr))
+    st = zs().state_for(A)
+    res = st.execute(msg(nonce=7), NOW, committed=True)
+    assert res.ok and st.get(A).balance == 900 and calls == []
+    # a body no quorum could have accepted is still refused as a plain execute refuses it...
+    assert "Invalid signature" in st.execute(msg(key=MALLORY, nonce=8), NOW).error and len(calls) == 1
+    # ...and the state checks stay: expiry against the block time, balance
+    assert "Message expired" in st.execute(msg(valid_until=NOW - 1, nonce=9), NOW, committed=True).error
+    assert "Insufficient balance" in st.execute(msg(amount=901, nonce=10), NOW, committed=True).error
+    assert st.get(A).balance == 900 and len(calls) == 1

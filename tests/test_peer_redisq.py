@@ -116,3 +116,62 @@ async def test_writer_merges_dels_but_keeps_set_del_order_per_key(redis_url):
     assert await r.get("c") is None and await r.get("d") is None
     await writer.close()
     await r.aclose()
+
+
+async def test_link_reads_no_reply_between_reply_off_and_on(redis_url):
+    """RedisLink.run: the commands from REPLY_OFF to REPLY_ON are executed without a reply
+    (None in their place), the connection answers again after REPLY_ON; a refused command
+    after the silent run is still reported. The commands are packed as redis-py packs them."""
+    from redis.asyncio.connection import Connection
+    from redis.exceptions import ResponseError
+
+    from rmb_peer.redisq import REPLY_OFF, REPLY_ON, _pack_command
+    r = aioredis.Redis.from_url(redis_url)
+    await r.set("str.key", b"x")
+    link = RedisLink(r)
+    replies = await asyncio.wait_for(link.run([
+        ("SET", "k.a", b"1"), REPLY_OFF, ("SET", "k.b", b"2", "EX", 60), ("SET", "k.c", 3),
+        REPLY_ON, ("GET", "k.b"), ("LPUSH", "str.key", b"v"), ("GET", "k.c")]), 5)
+    assert replies[:5] == [b"OK", None, None, None, b"OK"]
+    assert replies[5] == b"2" and isinstance(replies[6], ResponseError) and replies[7] == b"3"
+    assert await link.run([("GET", "k.a")]) == [b"1"]       # same connection, replies on
+    assert 0 < await r.ttl("k.b") <= 60
+    if _pack_command is not None:
+        conn = Connection()
+        for cmd in [("BRPOP", "a", "b", 0.5), ("SET", "k", b"\x00\xff", "EX", 30),
+                    ("LTRIM", "q", 0, 9999), ("LPUSH", "q", "é", b"v", 1e20), REPLY_OFF]:
+            assert _pack_command(cmd) == b"".join(conn.pack_command(*cmd))
+    await link.close()
+    await r.aclose()
+
+
+async def test_writer_sends_runs_of_sets_without_replies(redis_url):
+    """Two or more SETs in a row go between REPLY_OFF and REPLY_ON (one backlog SET per app
+    request no longer costs a reply each); a lone SET is sent as it is; everything is
+    written, in order per key, and a refused push is still reported."""
+    from rmb_peer.redisq import REPLY_OFF, REPLY_ON
+    r = aioredis.Redis.from_url(redis_url)
+    writer = RedisWriter(r)
+    ops = [("set", "a", b"1", 60), ("set", "b", b"2", 60), ("push", "q", b"x"),
+           ("set", "c", b"3", 60), ("del", "a")]
+    assert writer._commands(ops) == [
+        REPLY_OFF, ("SET", "a", b"1", "EX", 60), ("SET", "b", b"2", "EX", 60), REPLY_ON,
+        ("LPUSH", "q", b"x"), ("LTRIM", "q", 0, 9999), ("SET", "c", b"3", "EX", 60),
+        ("DEL", "a")]
+    await r.set("not.a.list", b"x")
+    failures: list = []
+    writer.on_error = lambda exc, n: failures.append((exc, n))
+    writer.start()
+    for i in range(200):
+        writer.set(f"bl.{i}", f"v{i}".encode(), ttl=30)
+        if i % 50 == 49:
+            writer.push("not.a.list", b"refused")
+            writer.delete(f"bl.{i - 1}")
+    await writer.flush()
+    assert [await r.get(f"bl.{i}") for i in (0, 47, 49, 199)] == [b"v0", b"v47", b"v49", b"v199"]
+    assert await r.get("bl.48") is None and 0 < await r.ttl("bl.199") <= 30
+    assert failures and all("WRONGTYPE" in str(exc) for exc, _ in failures)
+    assert writer.written == 200 + 4 + 4
+    assert await writer._link.run([("PING",)]) == [b"PONG"]   # the link answers again
+    await writer.close()
+    await r.aclose()

@@ -218,7 +218,12 @@ class RedisLink:
 
     run() returns one reply per command in order; a command Redis refused is returned as
     its redis.exceptions.ResponseError (the other commands still ran); the commands from
-    REPLY_OFF to the next REPLY_ON get no reply from Redis: None in their place. Connection
+    REPLY_OFF to the next REPLY_ON get no reply from Redis: None in their place. Each new
+    connection is probed once (REPLY_OFF then REPLY_ON: one reply when the server honours
+    them, two when it refuses CLIENT REPLY: an ACL without +client, a proxy, Redis < 3.2);
+    where refused, REPLY_OFF / REPLY_ON are not sent (None in their place) and every other
+    command's reply is read and returned, so replies never shift against their commands
+    (`reply_off` says which case the connection is in). Connection
     errors raise (redis ConnectionError / TimeoutError, OSError); on any exception, including
     cancellation, the connection is dropped (its state is unknown) and the next run()
     reconnects.
@@ -227,20 +232,47 @@ class RedisLink:
     def __init__(self, client: aioredis.Redis):
         self.client = client
         self._conn = None
+        #: whether the current connection honours CLIENT REPLY OFF/ON (probed per connection)
+        self.reply_off = False
+
+    async def _connect(self):
+        conn = await self.client.connection_pool.get_connection()
+        try:
+            await conn.send_packed_command(conn.pack_commands([REPLY_OFF, REPLY_ON]), check_health=False)
+            try:
+                await conn.read_response()          # REPLY_ON's OK: OFF was honoured
+                self.reply_off = True
+            except ResponseError:                   # OFF refused; then ON's reply (OK or error)
+                self.reply_off = False
+                try:
+                    await conn.read_response()
+                except ResponseError:
+                    pass
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            await self.client.connection_pool.release(conn)
+            raise
+        self._conn = conn
+        return conn
 
     async def run(self, commands: list[tuple]) -> list:
         conn = self._conn
         if conn is None:
-            conn = self._conn = await self.client.connection_pool.get_connection()
+            conn = await self._connect()
+        honoured = self.reply_off
+        send = commands if honoured else [c for c in commands if c != REPLY_OFF and c != REPLY_ON]
         try:
             if _pack_command is not None:
-                packed = [_pack_command(cmd) for cmd in commands]
+                packed = [_pack_command(cmd) for cmd in send]
             else:
-                packed = conn.pack_commands(commands)
+                packed = conn.pack_commands(send)
             await conn.send_packed_command(packed, check_health=False)
             replies = []
             silent = False
             for cmd in commands:
+                if not honoured and (cmd == REPLY_OFF or cmd == REPLY_ON):
+                    replies.append(None)            # not sent (see the class doc)
+                    continue
                 if silent or cmd == REPLY_OFF:
                     silent = cmd != REPLY_ON
                     if silent:

@@ -175,3 +175,48 @@ async def test_writer_sends_runs_of_sets_without_replies(redis_url):
     assert await writer._link.run([("PING",)]) == [b"PONG"]   # the link answers again
     await writer.close()
     await r.aclose()
+
+
+async def test_writer_on_a_server_that_refuses_client_reply_reads_every_reply(redis_url):
+    """A connection whose user may not run CLIENT (ACL -client; a proxy or Redis < 3.2 refuse
+    it too) gets an error for CLIENT REPLY OFF and then a reply for every SET: RedisLink
+    probes each new connection and there sends no REPLY_OFF/ON and reads every reply, so
+    replies stay aligned with their commands (a refused push is still reported, later
+    commands answer with their own replies). The default user honours them."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from rmb_peer.redisq import REPLY_OFF, REPLY_ON
+    admin = aioredis.Redis.from_url(redis_url)
+    await admin.execute_command("ACL", "SETUSER", "noclient", "on", ">pw", "~*", "&*", "+@all", "-client")
+    parts = urlsplit(redis_url)
+    url = urlunsplit(parts._replace(netloc=f"noclient:pw@{parts.hostname}:{parts.port}"))
+    r = aioredis.Redis.from_url(url)
+    try:
+        link = RedisLink(r)
+        replies = await asyncio.wait_for(link.run([
+            REPLY_OFF, ("SET", "n.a", b"1"), ("SET", "n.b", b"2"), REPLY_ON, ("GET", "n.a")]), 5)
+        assert link.reply_off is False
+        assert replies == [None, b"OK", b"OK", None, b"1"]
+        assert await link.run([("GET", "n.b")]) == [b"2"]
+        await link.close()
+        await admin.set("n.str", b"x")
+        failures: list = []
+        writer = RedisWriter(r, on_error=lambda exc, n: failures.append((exc, n)))
+        writer.start()
+        for i in range(100):
+            writer.set(f"nb.{i}", f"v{i}".encode(), ttl=30)
+            if i % 50 == 49:
+                writer.push("n.str", b"refused")
+        await writer.flush()
+        assert [await admin.get(f"nb.{i}") for i in (0, 99)] == [b"v0", b"v99"]
+        assert failures and all("WRONGTYPE" in str(exc) for exc, _ in failures)
+        assert writer._link.reply_off is False
+        assert await writer._link.run([("PING",)]) == [b"PONG"]
+        await writer.close()
+        ok = RedisLink(admin)
+        assert await ok.run([("PING",)]) == [b"PONG"] and ok.reply_off is True
+        await ok.close()
+    finally:
+        await r.aclose()
+        await admin.execute_command("ACL", "DELUSER", "noclient")
+        await admin.aclose()

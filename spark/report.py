@@ -825,10 +825,19 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
         df.write.mode("overwrite").parquet(path)
         outputs[name] = path
     # the traces as OTLP JSON (spark/otlp.py): DIR/traces.otlp/part-*.txt, one TracesData a
-    # line; from the hops just written (read back: cheaper than caching them)
+    # line; from the hops computed again from the step table's cache (partitioned by trace_id,
+    # and the window sorts each partition by trace_id): with the object-hash aggregate off
+    # for this one query, collect_list per trace is a streaming sort aggregate over that
+    # order, with no shuffle and no sort (reading hops.parquet back shuffled every span)
     from spark.otlp import otlp_lines
     path = _join(out, "traces.otlp")
-    otlp_lines(spark.read.parquet(outputs["hops"]), plan.labels).write.mode("overwrite").text(path)
+    key = "spark.sql.execution.useObjectHashAggregateExec"
+    was = spark.conf.get(key)
+    spark.conf.set(key, "false")
+    try:
+        otlp_lines(hops, plan.labels).write.mode("overwrite").text(path)
+    finally:
+        spark.conf.set(key, was)
     outputs["otlp"] = path
     timings["parquet_s"] = round(time.time() - t_start, 3)
 
@@ -1054,6 +1063,13 @@ def _short_job_opts() -> str:
     return " ".join(o for o in (SHORT_JOB_JVM_OPTS, cds.java_opts()) if o)
 
 
+# JVM option for large input: the report's generated code (whole-stage codegen of the rule
+# CASE, the stage and outcome expressions) has methods above HotSpot's 8,000-byte limit for
+# JIT compilation; by default the JVM leaves those interpreted for the whole run. Given by
+# the console script when it starts the JVM for input that is not small (quiet_jvm), by
+# bench/bench_spark_report.py and the README's spark-submit line (`--driver-java-options`).
+LARGE_JOB_JVM_OPTS = "-XX:-DontCompileHugeMethods"
+
 SHORT_JOB_MAX_BYTES = 64 * 1024 * 1024
 #: SMALL_INPUT_CONF (interpreted expressions) only up to this: the demo's logs are ~3 MB
 SMALL_INPUT_MAX_BYTES = 16 * 1024 * 1024
@@ -1113,13 +1129,16 @@ def quiet_jvm(level: str | None = None, inputs: list[str] | None = None) -> None
     spark/log4j2.properties (ERROR only) unless PYSPARK_SUBMIT_ARGS is already set by the
     user. level: a log4j level to use instead of the file (e.g. "INFO"). inputs: the
     report's inputs; when they are local and at most SHORT_JOB_MAX_BYTES in all, the JVM
-    also gets SHORT_JOB_JVM_OPTS (a short job: JIT and GC threads cost more than they save)."""
+    also gets SHORT_JOB_JVM_OPTS (a short job: JIT and GC threads cost more than they save),
+    otherwise LARGE_JOB_JVM_OPTS (JIT compilation of the large generated methods)."""
     if os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("PYSPARK_SUBMIT_ARGS"):
         return
     opt = (f"-Dlog4j2.level={level}" if level else
            f"-Dlog4j2.configurationFile=file:{LOG4J2}")
     if inputs and _small_input(inputs):
         opt += " " + _short_job_opts()
+    elif inputs:
+        opt += " " + LARGE_JOB_JVM_OPTS
     os.environ["PYSPARK_SUBMIT_ARGS"] = _QUIET_ARGS["set"] = \
         f'--driver-java-options "{opt}" pyspark-shell'
 

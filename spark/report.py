@@ -16,7 +16,8 @@ when one was built), interpreted expressions, 2 shuffle partitions, AQE off
 (SMALL_INPUT_CONF); the page's charts are drawn in a thread while Spark writes; any other input gets LARGE_INPUT_CONF; settings given to
 spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
 and the per-branch table) and 4 writes; stages.parquet is written first and read back for
-the latency table and the slowest traces, hops.parquet is read back for the OTLP output
+the latency table and the slowest traces; the OTLP output is built from the hops
+DataFrame again, a sort aggregate over the order of its window (no shuffle; see _report)
 (docs/report-performance.md has the measurements).
 
 Python API: `run(inputs, out, master=None, sla_path=None, spark=None, strict=False,
@@ -1063,13 +1064,6 @@ def _short_job_opts() -> str:
     return " ".join(o for o in (SHORT_JOB_JVM_OPTS, cds.java_opts()) if o)
 
 
-# JVM option for large input: the report's generated code (whole-stage codegen of the rule
-# CASE, the stage and outcome expressions) has methods above HotSpot's 8,000-byte limit for
-# JIT compilation; by default the JVM leaves those interpreted for the whole run. Given by
-# the console script when it starts the JVM for input that is not small (quiet_jvm), by
-# bench/bench_spark_report.py and the README's spark-submit line (`--driver-java-options`).
-LARGE_JOB_JVM_OPTS = "-XX:-DontCompileHugeMethods"
-
 SHORT_JOB_MAX_BYTES = 64 * 1024 * 1024
 #: SMALL_INPUT_CONF (interpreted expressions) only up to this: the demo's logs are ~3 MB
 SMALL_INPUT_MAX_BYTES = 16 * 1024 * 1024
@@ -1129,16 +1123,13 @@ def quiet_jvm(level: str | None = None, inputs: list[str] | None = None) -> None
     spark/log4j2.properties (ERROR only) unless PYSPARK_SUBMIT_ARGS is already set by the
     user. level: a log4j level to use instead of the file (e.g. "INFO"). inputs: the
     report's inputs; when they are local and at most SHORT_JOB_MAX_BYTES in all, the JVM
-    also gets SHORT_JOB_JVM_OPTS (a short job: JIT and GC threads cost more than they save),
-    otherwise LARGE_JOB_JVM_OPTS (JIT compilation of the large generated methods)."""
+    also gets SHORT_JOB_JVM_OPTS (a short job: JIT and GC threads cost more than they save)."""
     if os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("PYSPARK_SUBMIT_ARGS"):
         return
     opt = (f"-Dlog4j2.level={level}" if level else
            f"-Dlog4j2.configurationFile=file:{LOG4J2}")
     if inputs and _small_input(inputs):
         opt += " " + _short_job_opts()
-    elif inputs:
-        opt += " " + LARGE_JOB_JVM_OPTS
     os.environ["PYSPARK_SUBMIT_ARGS"] = _QUIET_ARGS["set"] = \
         f'--driver-java-options "{opt}" pyspark-shell'
 

@@ -16,7 +16,8 @@ when one was built), interpreted expressions, 2 shuffle partitions, AQE off
 (SMALL_INPUT_CONF); the page's charts are drawn in a thread while Spark writes; any other input gets LARGE_INPUT_CONF; settings given to
 spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
 and the per-branch table) and 4 writes; stages.parquet is written first and read back for
-the latency table and the slowest traces, hops.parquet is read back for the OTLP output
+the latency table and the slowest traces; the OTLP output is built from the hops
+DataFrame again, a sort aggregate over the order of its window (no shuffle; see _report)
 (docs/report-performance.md has the measurements).
 
 Python API: `run(inputs, out, master=None, sla_path=None, spark=None, strict=False,
@@ -825,10 +826,19 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
         df.write.mode("overwrite").parquet(path)
         outputs[name] = path
     # the traces as OTLP JSON (spark/otlp.py): DIR/traces.otlp/part-*.txt, one TracesData a
-    # line; from the hops just written (read back: cheaper than caching them)
+    # line; from the hops computed again from the step table's cache (partitioned by trace_id,
+    # and the window sorts each partition by trace_id): with the object-hash aggregate off
+    # for this one query, collect_list per trace is a streaming sort aggregate over that
+    # order, with no shuffle and no sort (reading hops.parquet back shuffled every span)
     from spark.otlp import otlp_lines
     path = _join(out, "traces.otlp")
-    otlp_lines(spark.read.parquet(outputs["hops"]), plan.labels).write.mode("overwrite").text(path)
+    key = "spark.sql.execution.useObjectHashAggregateExec"
+    was = spark.conf.get(key)
+    spark.conf.set(key, "false")
+    try:
+        otlp_lines(hops, plan.labels).write.mode("overwrite").text(path)
+    finally:
+        spark.conf.set(key, was)
     outputs["otlp"] = path
     timings["parquet_s"] = round(time.time() - t_start, 3)
 

@@ -306,7 +306,7 @@ class EventLog:
         """emit() with the attributes as one dict: needed for attribute names that
         collide with emit's own parameters (REMP's `level`, the status level 0..4, seed:
         remp-protocol-b). Same checks and errors as emit()."""
-        if not self._check(event, level, attrs):
+        if not self.check(event, level, attrs):
             return
         logger = self._logger
         logger.msg(self._render(logger, level, self._stamp(logger, level, {
@@ -324,7 +324,7 @@ class EventLog:
         ts = None
         lines = []
         for event, trace_id, level, attrs in events:
-            if not self._check(event, level, attrs):
+            if not self.check(event, level, attrs):
                 continue
             line = {"ts": ts, "level": level, "service": self.service, "node": self.node,
                     "event": event, "trace_id": trace_id, "attrs": attrs}
@@ -334,8 +334,10 @@ class EventLog:
         if lines:
             logger.msg(b"\n".join([render(logger, line["level"], line) for line in lines]))
 
-    def _check(self, event: str, level: str, attrs: dict[str, object]) -> bool:
-        """The catalogue checks (EventLogError); False when `level` is below min_level."""
+    def check(self, event: str, level: str, attrs: dict[str, object]) -> bool:
+        """The catalogue checks of one line without writing it: raises EventLogError for an
+        unknown event, an undeclared attribute or a wrong type; False when `level` is below
+        min_level (the line would not be written), else True."""
         checks = self._checks.get(event)
         if checks is None:
             raise EventLogError(f"event {event!r} is not in this daemon's catalogues")

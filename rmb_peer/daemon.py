@@ -250,7 +250,7 @@ class _PassLog:
 
     def emit(self, event: str, trace_id: str | None = None, level: str = "info",
              **attrs) -> None:
-        if self.log._check(event, level, attrs):
+        if self.log.check(event, level, attrs):
             if not self.lines:
                 self.loop.call_soon(self.flush)
             self.lines.append((event, trace_id, level, attrs))

@@ -251,6 +251,17 @@ class RmbCluster:
         self._services.append((svc, stop, task))
         return svc
 
+    async def pair(self, service: str, handlers: dict):
+        """One relay, twins A and B on it, a peer for each, and B's service `service` with
+        `handlers`: returns (relay, a, b, peer_a, peer_b)."""
+        relay = await self.start_relay()
+        a = await self.new_twin([relay])
+        b = await self.new_twin([relay])
+        pa = await self.start_peer(a, [relay])
+        pb = await self.start_peer(b, [relay])
+        self.service(pb, service, handlers)
+        return relay, a, b, pa, pb
+
     async def close(self) -> None:
         for svc, stop, task in self._services:
             stop.set()

@@ -28,12 +28,7 @@ async def test_backlog_records_while_in_flight_deleted_when_finished(redis_url, 
         return data
 
     async with RmbCluster(redis_url, tmp_path) as c:
-        relay = await c.start_relay()
-        a = await c.new_twin([relay])
-        b = await c.new_twin([relay])
-        pa = await c.start_peer(a, [relay])
-        pb = await c.start_peer(b, [relay])
-        c.service(pb, "held", {"bk.echo": held_echo})
+        _relay, a, b, pa, _pb = await c.pair("held", {"bk.echo": held_echo})
         client = c.client(pa)
         r = aioredis.Redis.from_url(pa.redis_url)
         try:

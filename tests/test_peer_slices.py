@@ -27,12 +27,7 @@ BURST = 3 * peer_daemon.YIELD_EVERY + 5
 
 async def test_burst_output_leaves_per_slice_in_order(redis_url, tmp_path):
     async with RmbCluster(redis_url, tmp_path) as c:
-        relay = await c.start_relay()
-        a = await c.new_twin([relay])
-        b = await c.new_twin([relay])
-        pa = await c.start_peer(a, [relay])
-        pb = await c.start_peer(b, [relay])
-        c.service(pb, "echo", {"sl.echo": lambda data: asyncio.sleep(0, data)})
+        relay, a, b, pa, _pb = await c.pair("echo", {"sl.echo": lambda data: asyncio.sleep(0, data)})
 
         # peer A knows twin B (else the burst waits for the lookup and leaves at once)
         [warm] = await c.client(pa).call(b.id, "sl.echo", b"warm", ttl=10)

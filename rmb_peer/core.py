@@ -55,7 +55,7 @@ from rmb_peer.challenge import sign_envelope, verify_envelope
 from rmb_peer.e2e import E2EError, decrypt, encrypt
 from rmb_peer.envelope import (
     MAX_ENVELOPE_SIZE, MAX_UID_LEN, Backlog, Envelope, EnvelopeError, address_str,
-    is_uuid, message_kind, new_uid, parse_envelope,
+    is_expired, is_uuid, message_kind, new_uid, parse_envelope,
 )
 from rmb_peer.errors import RmbLocalError, RmbRemoteError
 from rmb_peer.identity import E2EKey, Identity, SignatureError
@@ -918,7 +918,7 @@ class PeerCore:
         if kind == "none":
             self._reject(ERR_INVALID_MESSAGE, "envelope carries no message", str(src_twin), env.uid)
             return None
-        if env.timestamp + env.expiration <= now + self.wall_offset:   # is_expired, inline
+        if is_expired(env, self.wall(now)):
             self._reject(ERR_EXPIRED, "envelope expired", address_str(env.source), env.uid)
             if kind == "request":
                 self._send_error(env, ERR_EXPIRED, "envelope expired", now)
@@ -957,7 +957,7 @@ class PeerCore:
         (has .account and .pk), None when the twin is unknown, or an Exception when the
         lookup failed. Verifies (104/103/500), decrypts (105/106), dispatches."""
         src = address_str(env.source)
-        kind = env.WhichOneof("message")
+        kind = message_kind(env)
         refusal: tuple[int, str] | None = None
         if sender is None:
             refusal = (ERR_UNKNOWN_TWIN, f"unknown twin {env.source.twin}")
@@ -1174,9 +1174,9 @@ class PeerCore:
                 self._need((rep.dst_twin,), _Job("response", rep, set()), now)
 
     def _fresh(self, twin_id: int, now: float) -> Any:
-        """The twin's record when the table holds it younger than half its TTL (then
-        _usable() would answer "ok" with it and ask for nothing), else None: the caller
-        takes the general path (_need). The hot path of every message: no _Job, no
+        """The twin's record when the table holds it younger than half its TTL (usable
+        as it is, no refresh due), else None: the caller takes the general path (_need,
+        _usable). The hot path of every message: no _Job, no
         parking bookkeeping for a twin that needs none."""
         entry = self._twins.get(twin_id)
         if entry is not None and now - entry.fetched < self.twin_ttl / 2:
@@ -1216,11 +1216,14 @@ class PeerCore:
     def _usable(self, twin_id: int, now: float) -> tuple[str, Any]:
         """("ok", record) | ("unknown", None) | ("failed", reason) | ("wait", None).
         Asks for a lookup when the record is missing, old, or due for refresh."""
+        record = self._fresh(twin_id, now)
+        if record is not None:
+            return "ok", record
         entry = self._twins.get(twin_id)
         if entry is not None:
             age = now - entry.fetched
             if age < self.twin_ttl:
-                if age >= self.twin_ttl / 2 and now >= entry.retry_at:
+                if now >= entry.retry_at:       # past half the TTL (else _fresh answered)
                     self._ask(twin_id, now, True)
                 return "ok", entry.record
             if twin_id in self._lookups and age < self.twin_ttl + min(self.twin_max_stale,

@@ -14,8 +14,10 @@ executes them as ever but answers none of them, so the pipeline's replies are on
 queue and DEL, not one per request (reading a reply costs ~5 us of CPU in redis-py; a
 backlog SET per app request was the peer's largest Redis cost). What that gives up: a SET
 Redis refuses there is not reported by itself; the refusals that apply to a SET (OOM,
-READONLY, MISCONF, NOPERM) apply to the pushes and the DEL around it, which are. Order is
-preserved per key:
+READONLY, MISCONF, NOPERM) apply to the pushes and the DEL around it, which are. A server
+that refuses CLIENT REPLY (an ACL without +client, a proxy) is found by RedisLink's probe
+of each connection; there every SET is answered and read as before. Order is preserved
+per key:
 operations on one key are executed in the order they were queued (operations on different
 keys within one pipeline may be regrouped; they are sent together anyway).
 

@@ -65,6 +65,13 @@ class Account:
     balance: int = 0
 
 
+def _copy_account(a: Account, _new=object.__new__) -> Account:
+    """A new Account with every field of `a` (a shallow copy: its fields are immutable)."""
+    n = _new(Account)
+    n.__dict__.update(a.__dict__)
+    return n
+
+
 @dataclass(frozen=True)
 class WalletTransfer:
     """The decoded signed part of a wallet body: valid_until (Unix s), nonce, dest
@@ -294,10 +301,11 @@ class ShardState:
         immutable bytes). Collators and validators copy the tip for every candidate and the
         master collator the masterchain state for every master block: copy.deepcopy of a
         200-account state cost ~2-6 ms (its memo and reconstruction per object), a fixed cost
-        per block at every validator; this is ~30x cheaper."""
+        per block at every validator; this is ~30x cheaper. Each Account is copied field by
+        field whatever its fields (its __dict__), as fast as calling its constructor."""
         new = ShardState.__new__(ShardState)
         new.__dict__.update(self.__dict__)
-        new.accounts = {k: Account(a.public_key, a.balance) for k, a in self.accounts.items()}
+        new.accounts = {k: _copy_account(a) for k, a in self.accounts.items()}
         return new
 
     def state_hash(self) -> bytes:

@@ -92,6 +92,7 @@ from .keys import NodeKey, key_id as key_id_of, verify
 from .receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptError, SignedReceipt
 from .tl import (REMP_MESSAGE, REMP_NEW, REMP_SIGNED_RECEIPT, TLError, TLReader, pack_bytes, pack_id,
                  pack_int, pack_int256, pack_long, tl_constructor_id)
+from .validator import CH_CLIENT, CHANNEL_NAMES
 
 __all__ = ["ReceiptSender", "ReceiptReceiver", "OutboxChange", "ReceiptDelivered", "DeliveryEvent", "DeliveryError",
            "DeliveryMisuse", "classify", "KINDS", "TL_LINES", "RECEIPT_BATCH", "RECEIPT_BATCH_ACK",
@@ -108,9 +109,9 @@ TL_LINES = {
 RECEIPT_BATCH = tl_constructor_id(TL_LINES["remp.receiptBatch"])          # 0x3d7144f4
 RECEIPT_BATCH_ACK = tl_constructor_id(TL_LINES["remp.receiptBatchAck"])   # 0x9dd2f163
 
-#: Validator mux channel kinds (validator.py: CH_CLIENT=1, CH_RMQ=2, CH_SHARD=3, CH_MASTER=4,
-#: CH_ANNOUNCE=5): byte 0 of a muxed datagram, followed by a 32-byte session id.
-_MUX = {1: "client", 2: "rmq", 3: "shard", 4: "master", 5: "announce", 6: "master_ref", 7: "commit_need"}
+#: Validator mux channel kinds (validator.CHANNEL_NAMES): byte 0 of a muxed datagram,
+#: followed by a 32-byte session id.
+_MUX = CHANNEL_NAMES
 _MUX_PREFIX = 33
 #: What classify() returns.
 KINDS = ("client_message", "receipt", "receipt_batch", "receipt_ack", "validator_mux", "unknown")
@@ -152,7 +153,7 @@ def classify(payload: bytes) -> str:
         if kind is not None:
             return kind
     if len(data) >= _MUX_PREFIX and data[0] in _MUX:
-        if data[0] == 1 and len(data) >= _MUX_PREFIX + 4:
+        if data[0] == CH_CLIENT and len(data) >= _MUX_PREFIX + 4:
             inner = _BY_ID.get(int.from_bytes(data[_MUX_PREFIX:_MUX_PREFIX + 4], "little"))
             if inner is not None:
                 return inner

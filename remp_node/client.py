@@ -530,22 +530,23 @@ class RempClient:
             self._rttvar += ANSWER_VAR_GAIN * (abs(self._srtt - delay) - self._rttvar)
             self._srtt += ANSWER_GAIN * (delay - self._srtt)
 
-    def _silent_limit(self) -> float:
-        """silent_after, or the observed answer time srtt + 4 rttvar when longer (a
-        validator answering as slowly as every other one is not silent)."""
+    def _answer_time(self) -> float:
+        """The observed answer time srtt + 4 rttvar (0 before the first sample), at most
+        resend_interval * 2**RESEND_BACKOFF_MAX."""
         if self._srtt is None:
-            return self.silent_after
-        return max(self.silent_after, min(self._srtt + 4 * self._rttvar,
-                                          self.resend_interval * (1 << RESEND_BACKOFF_MAX)))
+            return 0.0
+        return min(self._srtt + 4 * self._rttvar, self.resend_interval * (1 << RESEND_BACKOFF_MAX))
+
+    def _silent_limit(self) -> float:
+        """silent_after, or the observed answer time when longer (a validator answering as
+        slowly as every other one is not silent)."""
+        return max(self.silent_after, self._answer_time())
 
     def wave_interval(self) -> float:
         """Seconds before a message's next wave (module doc, ANSWER_GAIN): resend_interval,
-        or the observed answer time srtt + 4 rttvar when longer, at most
-        resend_interval * 2**RESEND_BACKOFF_MAX."""
-        if self._srtt is None:
-            return self.resend_interval
-        return min(max(self.resend_interval, self._srtt + 4 * self._rttvar),
-                   self.resend_interval * (1 << RESEND_BACKOFF_MAX))
+        or the observed answer time when longer (at most resend_interval *
+        2**RESEND_BACKOFF_MAX)."""
+        return max(self.resend_interval, self._answer_time())
 
     def _next_wave(self, t: _Tracked, resent: bool, now: float) -> float:
         """When the next wave of `t` is due (module constant RESEND_BACKOFF_MAX)."""

@@ -21,7 +21,11 @@ Validator side: `ReceiptSender` (one per validator, per-full-node state inside)
   `max_delay` seconds leaves at once; otherwise it waits until `max_delay` after the
   previous packet to that node; a batch that reaches `max_batch_bytes` leaves at once, and
   so does the batch a message's first status at this validator (tonNode.rempNew,
-  PutIntoQueue: the first receipt users wait for) joins. So a status waits at most
+  PutIntoQueue: the first receipt users wait for) joins; with `urgent_first` (the daemon's
+  validators) only the first status of a message a full node sent to this validator itself
+  does: the others of its group learned it from the RMQ, their PutIntoQueue is not the
+  first receipt a user sees, and holding it for the batch cut receipt packets per message
+  (bench figures in the README). So a status waits at most
   `max_delay` (the issue's 100 ms), the first status is never held back, and the later
   ones ride along with the next first status. (Batches were 990 bytes, one transport part,
   2-3 receipts of ~310 bytes: a packet signature at the validator and a verify at the
@@ -86,7 +90,7 @@ import hashlib
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from .keys import NodeKey, key_id as key_id_of, verify
 from .receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptError, SignedReceipt
@@ -315,16 +319,23 @@ RESEND_WINDOW = 4
 _NEW = pack_id(REMP_NEW)
 
 
-def _is_first_status(data: bytes) -> bool:
-    """True iff `data` (a boxed tonNode.rempSignedReceipt) carries tonNode.rempNew: the
-    receipt's status constructor follows its own constructor and the 32-byte message id."""
+def _first_status_id(data: bytes) -> bytes | None:
+    """The message id (32 bytes) when `data` (a boxed tonNode.rempSignedReceipt) carries
+    tonNode.rempNew, else None: the receipt's status constructor follows its own constructor
+    and the 32-byte message id."""
     try:
         r = TLReader(data, MAX_RECEIPT_BYTES + 80)
         if r.constructor() != REMP_SIGNED_RECEIPT:
-            return False
-        return r.bytes()[36:40] == _NEW
+            return None
+        inner = r.bytes()
+        return inner[4:36] if inner[36:40] == _NEW else None
     except TLError:
-        return False
+        return None
+
+
+def _is_first_status(data: bytes) -> bool:
+    """True iff `data` (a boxed tonNode.rempSignedReceipt) carries tonNode.rempNew."""
+    return _first_status_id(data) is not None
 
 
 class ReceiptSender:
@@ -335,6 +346,11 @@ class ReceiptSender:
     of 1,154 payload bytes - 164 bytes of packet header and signature; 990 keeps a packet in
     one datagram, so 20% datagram loss costs 20% of packets, not 36%). resend_initial / resend_max: seconds. max_unacked_per_dst:
     packets kept per full node. stream: see module doc. session: current master session.
+    urgent_first: None (every first status, tonNode.rempNew, flushes its batch at once) or
+    a predicate on the 32-byte message id: a first status flushes at once only when it is
+    true (the daemon passes ValidatorCore.received_directly: the validator a full node sent
+    the message to answers at once; the group members that learned it from the RMQ let
+    their PutIntoQueue ride in the next batch, at most max_delay later).
     stats: added, packets, resends, acked, receipts_acked, abandoned_obsolete,
     abandoned_overflow, acks_bad, restored.
 
@@ -350,7 +366,8 @@ class ReceiptSender:
 
     def __init__(self, key: NodeKey, *, max_delay: float = 0.1, max_batch_bytes: int = 2144,
                  resend_initial: float = 0.25, resend_max: float = 2.0, max_unacked_per_dst: int = 4096,
-                 stream: int | None = None, session: int = 0, journal: bool = False):
+                 stream: int | None = None, session: int = 0, journal: bool = False,
+                 urgent_first: Callable[[bytes], bool] | None = None):
         if max_delay < 0 or resend_initial <= 0 or resend_max < resend_initial or max_unacked_per_dst < 1:
             raise DeliveryMisuse("bad ReceiptSender parameters")
         self.key = key
@@ -364,6 +381,7 @@ class ReceiptSender:
         self._dsts: dict[bytes, _Dst] = {}
         self._out: list[tuple[bytes, bytes]] = []
         self.journal = journal
+        self.urgent_first = urgent_first
         self._journal: list[OutboxChange] = []
         self.stats = {k: 0 for k in ("added", "packets", "resends", "acked", "receipts_acked",
                                      "abandoned_obsolete", "abandoned_overflow", "acks_bad", "restored")}
@@ -404,12 +422,16 @@ class ReceiptSender:
         d.pending.append((data, session))
         d.pending_bytes += len(data) + 4
         self.stats["added"] += 1
-        if d.pending_bytes >= self.max_batch_bytes or _is_first_status(data):
+        if d.pending_bytes >= self.max_batch_bytes or self._urgent(data):
             self._flush(dst, d, now)
         elif d.flush_at is None:
             d.flush_at = max(now, d.last_flush + self.max_delay)
             if d.flush_at <= now:
                 self._flush(dst, d, now)
+
+    def _urgent(self, data: bytes) -> bool:
+        mid = _first_status_id(data)
+        return mid is not None and (self.urgent_first is None or self.urgent_first(mid))
 
     def set_session(self, session: int, now: float) -> None:
         """The validator entered master session `session`: abandon obsolete packets."""

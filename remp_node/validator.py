@@ -127,6 +127,8 @@ MAX_BLOCK_BYTES = 4 * 1024
 MAX_MASTER_COMMIT_BYTES = 32 * 1024
 #: client messages buffered while no RMQ of their shard exists on this node
 MAX_EARLY = 4096
+#: message ids remembered as sent to this validator by a full node itself (received_directly)
+MAX_DIRECT = 65536
 #: how many shard group members announce each accepted shard block's commit to one
 #: masterchain member outside the group
 ANNOUNCE_COPIES = 2
@@ -498,6 +500,9 @@ class ValidatorCore:
         self.bodies: dict[bytes, bytes] = {}
         self._parsed: dict[bytes, object] = {}
         self.ann: dict[bytes, _Ann] = {}
+        #: ids of messages a full node sent to this validator itself (tonNode.rempMessage on
+        #: the client channel), newest last, at most MAX_DIRECT: received_directly()
+        self._direct: OrderedDict[bytes, None] = OrderedDict()
         # messages this node's collator rejected before a restart: REJECTED in the cache (never
         # collated again by this node; pending() skips them) and already answered (no second
         # PutIntoQueue, no Timeout); the session switches' cache.gc drops them as usual
@@ -950,7 +955,20 @@ class ValidatorCore:
         if parsed.id != dg.message_id:
             self._drop("client", src, "rempMessage id is not the BOC's root hash")
             return
+        self._direct[parsed.id] = None
+        self._direct.move_to_end(parsed.id)
+        if len(self._direct) > MAX_DIRECT:
+            self._direct.popitem(last=False)
         self._route_client(parsed, src, now)
+
+    def received_directly(self, message_id: bytes) -> bool:
+        """True iff a full node sent message `message_id` (32 bytes) to this validator itself
+        (one of the last MAX_DIRECT such messages), not only through the RMQ of its shard
+        group. The daemon's receipt sender sends the first status (PutIntoQueue) of such a
+        message at once: it is the first receipt the full node's user waits for; the group's
+        other members learn the message from the RMQ, and their PutIntoQueue may wait for
+        its batch (at most delivery.ReceiptSender.max_delay, the issue's 100 ms)."""
+        return message_id in self._direct
 
     def _route_client(self, parsed, origin: bytes, now: float, received_in: int | None = None) -> None:
         received_in = self.session if received_in is None else received_in

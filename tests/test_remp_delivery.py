@@ -237,6 +237,42 @@ def test_a_first_status_takes_its_batch_along_at_once():
     assert net.packets - before <= 7
 
 
+def test_urgent_first_holds_the_first_status_of_messages_learned_from_the_rmq():
+    """With urgent_first (the daemon passes ValidatorCore.received_directly), only the first
+    status of a message the full node sent to this validator itself leaves at once; the
+    PutIntoQueue of a message the validator learned from its group's RMQ waits for its batch,
+    at most max_delay after the previous packet, and goes in one packet with the others."""
+    direct = {hashlib.sha256(b"direct").digest()}
+    net = Net(max_delay=0.1, urgent_first=lambda mid: mid in direct)
+    v = VALIDATORS[0]
+    snd = net.senders[v.key_id]
+    t = net.now
+    snd.add(FULLNODE.key_id, make_signed_receipt(v, b"\x09" * 32, Accepted(Level.QUEUE), int(t * 1000)), t)
+    net.flush()
+    assert net.packets == 1                               # idle: leaves at once
+    t += 0.01
+    net.step(t)
+    via_rmq = [make_signed_receipt(v, hashlib.sha256(b"rmq%d" % i).digest(), New(), int(t * 1000)) for i in range(3)]
+    for r in via_rmq:
+        snd.add(FULLNODE.key_id, r, t)
+    net.flush()
+    assert net.packets == 1                               # held: not received directly
+    mine = make_signed_receipt(v, next(iter(direct)), New(), int(t * 1000))
+    snd.add(FULLNODE.key_id, mine, t)
+    net.flush()
+    assert net.packets == 2 and net.first_sent[mine.serialize()] == t     # at once, others along
+    assert all(net.first_sent[r.serialize()] == t for r in via_rmq)
+    t += 0.01
+    net.step(t)
+    late = make_signed_receipt(v, hashlib.sha256(b"rmq-late").digest(), New(), int(t * 1000))
+    snd.add(FULLNODE.key_id, late, t)
+    net.flush()
+    assert late.serialize() not in net.first_sent
+    net.step(t + 0.2)
+    assert 0 < net.first_sent[late.serialize()] - t <= 0.1 + 1e-9
+    assert len(net.delivered) == 6
+
+
 def test_obsolete_packets_are_abandoned_and_memory_is_bounded():
     net = Net(loss=1.0, max_unacked_per_dst=50)
     s = net.senders[VALIDATORS[0].key_id]

@@ -452,7 +452,7 @@ def test_receipts_do_not_rescan_every_unanswered_message():
     heard = c.submit(wallet_msg(nonce=1900), T0)
     calls = []
     orig = c._silent_at
-    c._silent_at = lambda t: calls.append(1) or orig(t)
+    c._silent_at = lambda t, *limits: calls.append(1) or orig(t, *limits)
     net = Net(c, answer=lambda v, mid: [])
     # its first answer after 0.1 s (a first receipt 1 s late would make the answer time,
     # srtt + 4 rttvar = 3 s, the silence limit: test_waves_wait_for_the_observed_answer_time)

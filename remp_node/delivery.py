@@ -333,11 +333,6 @@ def _first_status_id(data: bytes) -> bytes | None:
         return None
 
 
-def _is_first_status(data: bytes) -> bool:
-    """True iff `data` (a boxed tonNode.rempSignedReceipt) carries tonNode.rempNew."""
-    return _first_status_id(data) is not None
-
-
 class ReceiptSender:
     """Validator side of receipt delivery (see module doc).
 

@@ -118,6 +118,24 @@ def freeze_heap() -> int:
     return gc.get_freeze_count()
 
 
+def use_event_loop(kind: str) -> str:
+    """Install the event loop policy for `kind` ("auto" | "uvloop" | "asyncio") before
+    asyncio.run (run_daemon); returns the one in use. "uvloop" without uvloop installed exits
+    2. The daemons' `--event-loop` flag (rmb-peer, rmb-relay, remp-node; default auto =
+    uvloop when installed: libuv's loop runs the per-datagram and per-timer callbacks
+    without the standard loop's Python-level select and handle scheduling)."""
+    if kind in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise SystemExit("--event-loop uvloop: uvloop is not installed")
+            return "asyncio"
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        return "uvloop"
+    return "asyncio"
+
+
 def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
     """Runs main(stop) under asyncio; SIGTERM and SIGINT set `stop` (a second signal
     cancels main). Returns 0 after main returns, 1 if it raised (the error is printed).

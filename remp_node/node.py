@@ -39,7 +39,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from daemon_runtime.config import add_common_args, load_args
 from daemon_runtime.eventlog import EventLog
-from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, run_daemon
+from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, run_daemon, use_event_loop
 
 from .delivery import DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
 from .endpoint import open_endpoint, parse_faults
@@ -72,6 +72,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="TEST ONLY: inject faults at the datagram adapter, e.g. loss=0.2,dup=0.1,reorder=0.1"
                         "[,delay=0.05][,seed=N]")
     p.add_argument("--grace", type=float, default=2.0, metavar="S", help="seconds to drain on SIGTERM (default 2)")
+    p.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                   help="asyncio event loop implementation: uvloop (libuv: less CPU per datagram and "
+                        "timer), the standard asyncio loop, or auto = uvloop when installed (default: auto)")
     add_common_args(p)
 
 
@@ -166,6 +169,7 @@ class _Daemon:
         self._metric_children: dict[tuple[str, str], tuple] = {}
         self._children: dict[tuple, object] = {}
         self.stopping = False
+        self.event_loop = "asyncio"        # run_role: what use_event_loop installed
         self.epoch: int | None = None      # this run's transport epoch (the role's store sets it)
         self.peers = {n.key_id: (n.public_key, parse_hostport(n.address)) for n in self.net.nodes
                       if n.key_id != self.key.key_id}
@@ -335,6 +339,7 @@ class ValidatorDaemon(_Daemon):
         shard_signed = {f"{s.shard & 0xFFFFFFFFFFFFFFFF:016x}/{n}": s.consensus.signed_height
                         for (_, n), s in c.shard_sessions.items()}
         return {"ok": not self.stopping, "role": "validator", "label": self.label, "session": c.session,
+                "event_loop": self.event_loop,
                 "master_height": c.master.height if c.master else 0, "restored_master_blocks": self.restored_blocks,
                 "restored_receipts": self.restored_receipts, "epoch": self.epoch,
                 "master_signed_height": c.master.signed_height if c.master else 0,
@@ -434,7 +439,7 @@ class FullnodeDaemon(_Daemon):
         self.log.emit("remp.node.error", None, "error", reason=text[:2000])
 
     def health(self) -> dict:
-        return {"ok": not self.stopping, "role": "fullnode", "label": self.label,
+        return {"ok": not self.stopping, "role": "fullnode", "label": self.label, "event_loop": self.event_loop,
                 "followed_master_height": self.follower.master.height, "pending": len(self.client.pending()),
                 "resubmitted": self.resubmitted, "epoch": self.epoch,
                 "client": dict(self.client.stats), "follower": dict(self.follower.stats),
@@ -614,4 +619,5 @@ def run_role(role: str, argv: list[str]) -> int:
             await daemon.close_io()
             daemon.close_logs()
 
+    daemon.event_loop = use_event_loop(getattr(args, "event_loop", "auto"))
     return run_daemon(run)

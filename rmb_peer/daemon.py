@@ -58,6 +58,7 @@ from redis.exceptions import RedisError
 from yarl import URL
 
 from daemon_runtime.eventlog import EventLog
+from daemon_runtime.lifecycle import use_event_loop  # this module's main and rmb_relay.daemon
 from daemon_runtime.redis_server import reconnecting_redis
 from rmb_peer.core import (
     LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, LookupBacklog, LookupTwin, PeerCore,
@@ -832,21 +833,6 @@ class PeerDaemon:
                 self.core.receive_service_reply(raw, now)
         except Exception as exc:  # the queue item's guard: a bug drops only this item
             self._guard("local message", LOCAL_QUEUE if local else REPLY_QUEUE, exc)
-
-
-def use_event_loop(kind: str) -> str:
-    """Install the event loop policy for `kind` ("auto" | "uvloop" | "asyncio") before
-    asyncio.run; returns the one in use. "uvloop" without uvloop installed exits 2."""
-    if kind in ("auto", "uvloop"):
-        try:
-            import uvloop
-        except ImportError:
-            if kind == "uvloop":
-                raise SystemExit("--event-loop uvloop: uvloop is not installed")
-            return "asyncio"
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-        return "uvloop"
-    return "asyncio"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,10 @@ written by spark/compact.py, local paths or any Hadoop-compatible URI. Without `
 runs as a short job: C1-only JIT and the serial collector for the driver JVM when the
 report starts it (SHORT_JOB_JVM_OPTS, plus the class-data-sharing archive of spark/cds.py
 when one was built), interpreted expressions, 2 shuffle partitions, AQE off
-(SMALL_INPUT_CONF); the page's charts are drawn in a thread while Spark writes; any other input gets LARGE_INPUT_CONF; settings given to
-spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
+(SMALL_INPUT_CONF); the page's charts are drawn in a thread while Spark writes. Any other
+input gets LARGE_INPUT_CONF (AQE off) and, when the report starts the JVM, the parallel
+collector (LARGE_JOB_JVM_OPTS; with spark-submit pass `--driver-java-options
+-XX:+UseParallelGC` for large logs). Settings given to spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
 and the per-branch table) and 4 writes; stages.parquet is written first and read back for
 the latency table and the slowest traces; the OTLP output is built from the hops
 DataFrame again, a sort aggregate over the order of its window (no shuffle; see _report)
@@ -156,8 +158,9 @@ LARGE_INPUT_CONF: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 def build_session(master: str | None = None, shuffle_partitions: int | None = None,
                   ui: bool = False, small_input: bool = False):
     """SparkSession with the settings that matter on small machines (DESIGN.md section 6):
-    UTC, AQE on, shuffle partitions 2x cores, UI and console progress off; with
-    `small_input` also SMALL_INPUT_CONF, else LARGE_INPUT_CONF. Settings given to
+    UTC, shuffle partitions 2x cores, UI and console progress off; with `small_input`
+    also SMALL_INPUT_CONF, else LARGE_INPUT_CONF (both turn AQE off; it stays on only when
+    spark-submit says so). Settings given to
     spark-submit (`--conf`, `--master`) win over these defaults; `master` and
     `shuffle_partitions` given here win over both. Driver memory must come from spark-submit `--driver-memory` (a builder
     setting is too late once the JVM runs)."""

@@ -402,7 +402,10 @@ def main(argv=None) -> int:
     py = sys.executable
     env = {**os.environ, "PYSPARK_PYTHON": py, "PYTHONPATH": str(REPO)}
     spark_submit = str(Path(py).parent / "spark-submit")
+    from spark.report import LARGE_JOB_JVM_OPTS
+    # the JVM options the console script gives large input (spark/report.py)
     submit = [spark_submit, "--master", "local[2]", "--driver-memory", args.driver_memory,
+              "--driver-java-options", LARGE_JOB_JVM_OPTS,
               "--conf", f"spark.sql.shuffle.partitions={args.partitions}",
               "--conf", "spark.ui.enabled=false", str(REPO / "spark" / "report.py")]
     results = {}

@@ -13,8 +13,10 @@ written by spark/compact.py, local paths or any Hadoop-compatible URI. Without `
 runs as a short job: C1-only JIT and the serial collector for the driver JVM when the
 report starts it (SHORT_JOB_JVM_OPTS, plus the class-data-sharing archive of spark/cds.py
 when one was built), interpreted expressions, 2 shuffle partitions, AQE off
-(SMALL_INPUT_CONF); the page's charts are drawn in a thread while Spark writes; any other input gets LARGE_INPUT_CONF; settings given to
-spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
+(SMALL_INPUT_CONF); the page's charts are drawn in a thread while Spark writes. Any other
+input gets LARGE_INPUT_CONF (AQE off) and, when the report starts the JVM, the parallel
+collector (LARGE_JOB_JVM_OPTS; with spark-submit pass `--driver-java-options
+-XX:+UseParallelGC` for large logs). Settings given to spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
 and the per-branch table) and 4 writes; stages.parquet is written first and read back for
 the latency table and the slowest traces; the OTLP output is built from the hops
 DataFrame again, a sort aggregate over the order of its window (no shuffle; see _report)
@@ -140,19 +142,25 @@ SMALL_INPUT_CONF = {
 
 
 #: SQL settings for large input (every input that is not small; settings given to
-#: spark-submit win): Spark's defaults (codegen and AQE on). Tried and not kept (issue #10
-#: item 4, docs/report-performance.md): object-hash aggregates falling back to a sort at
-#: 200k groups per task instead of 128, and an uncompressed cache: at 5M events the OTLP
-#: collect_list held every span of a task's traces in the hash map and the driver (3 GB)
-#: ran out of heap.
-LARGE_INPUT_CONF: dict[str, str] = {}
+#: spark-submit win): whole-stage codegen on, adaptive execution off. AQE re-plans (and
+#: compiles again) every query stage, and has nothing to gain here: the one large shuffle
+#: is by trace_id into `spark.sql.shuffle.partitions` even partitions, and the two joins
+#: are explicit broadcasts (issue #10 item 4; with LARGE_JOB_JVM_OPTS, in process at 1M
+#: events: JVM CPU 172.7 -> 135.7 s, docs/report-performance.md). Tried and not kept:
+#: object-hash aggregates falling back to a sort at 200k groups per task instead of 128,
+#: and an uncompressed cache (at 5M events the OTLP collect_list then held every span of a
+#: task's traces in the hash map and the driver (3 GB) ran out of heap);
+#: `spark.sql.codegen.hugeMethodLimit=8000` (first collect -4 s executor CPU, the JVM's
+#: total unchanged); whole-stage codegen off (JVM CPU +30 s).
+LARGE_INPUT_CONF: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 
 
 def build_session(master: str | None = None, shuffle_partitions: int | None = None,
                   ui: bool = False, small_input: bool = False):
     """SparkSession with the settings that matter on small machines (DESIGN.md section 6):
-    UTC, AQE on, shuffle partitions 2x cores, UI and console progress off; with
-    `small_input` also SMALL_INPUT_CONF, else LARGE_INPUT_CONF. Settings given to
+    UTC, shuffle partitions 2x cores, UI and console progress off; with `small_input`
+    also SMALL_INPUT_CONF, else LARGE_INPUT_CONF (both turn AQE off; it stays on only when
+    spark-submit says so). Settings given to
     spark-submit (`--conf`, `--master`) win over these defaults; `master` and
     `shuffle_partitions` given here win over both. Driver memory must come from spark-submit `--driver-memory` (a builder
     setting is too late once the JVM runs)."""
@@ -538,8 +546,7 @@ def run(inputs: list[str], out: str, master: str | None = None, sla_path: str | 
     own = spark is None
     _preload_page()
     if own:
-        if _small_input(inputs):
-            short_job_jvm()
+        short_job_jvm(small=_small_input(inputs))
         spark = build_session(master, small_input=_small_input(inputs, SMALL_INPUT_MAX_BYTES))
     timings["session_s"] = round(time.time() - t_start, 3)
     sla = load_sla(sla_path)
@@ -1059,6 +1066,12 @@ LOG4J2 = Path(__file__).with_name("log4j2.properties")
 # large input, where C2-compiled code and a parallel collector pay off.
 SHORT_JOB_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
+#: JVM options for large input (issue #10 item 4): the throughput collector instead of G1
+#: (no concurrent marking threads on 2 cores; a batch job has no pause target). The console
+#: script and run() add them when they start the JVM for input that is not small; with
+#: spark-submit give them as `--driver-java-options` (README, bench_spark_report.py).
+LARGE_JOB_JVM_OPTS = "-XX:+UseParallelGC"
+
 
 def _short_job_opts() -> str:
     """SHORT_JOB_JVM_OPTS plus the class-data-sharing archive when one was built for this
@@ -1101,20 +1114,21 @@ def _small_input(inputs: list[str], limit: int = SHORT_JOB_MAX_BYTES) -> bool:
     return size is not None and size <= limit
 
 
-def short_job_jvm() -> None:
-    """Give the driver JVM SHORT_JOB_JVM_OPTS, when it is not running yet and its launch
-    arguments are ours: PYSPARK_SUBMIT_ARGS unset or as quiet_jvm set it (run() calls this
-    for small input, so the launcher's report gets them too)."""
+def short_job_jvm(small: bool = True) -> None:
+    """Give the driver JVM SHORT_JOB_JVM_OPTS (small input) or LARGE_JOB_JVM_OPTS (small =
+    False), when it is not running yet and its launch arguments are ours: PYSPARK_SUBMIT_ARGS
+    unset or as quiet_jvm set it (run() calls this, so the launcher's report gets them too)."""
     from pyspark import SparkContext
     if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
         return
+    opts = _short_job_opts() if small else LARGE_JOB_JVM_OPTS
     args = os.environ.get("PYSPARK_SUBMIT_ARGS")
     if args is None:
-        os.environ["PYSPARK_SUBMIT_ARGS"] = (
-            f'--driver-java-options "{_short_job_opts()}" pyspark-shell')
-    elif args == _QUIET_ARGS.get("set") and SHORT_JOB_JVM_OPTS not in args:
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f'--driver-java-options "{opts}" pyspark-shell'
+    elif (args == _QUIET_ARGS.get("set") and SHORT_JOB_JVM_OPTS not in args
+          and LARGE_JOB_JVM_OPTS not in args):
         os.environ["PYSPARK_SUBMIT_ARGS"] = _QUIET_ARGS["set"] = args.replace(
-            '" pyspark-shell', f' {_short_job_opts()}" pyspark-shell', 1)
+            '" pyspark-shell', f' {opts}" pyspark-shell', 1)
 
 
 #: the PYSPARK_SUBMIT_ARGS quiet_jvm set (short_job_jvm adds to them only)
@@ -1126,13 +1140,14 @@ def quiet_jvm(level: str | None = None, inputs: list[str] | None = None) -> None
     spark/log4j2.properties (ERROR only) unless PYSPARK_SUBMIT_ARGS is already set by the
     user. level: a log4j level to use instead of the file (e.g. "INFO"). inputs: the
     report's inputs; when they are local and at most SHORT_JOB_MAX_BYTES in all, the JVM
-    also gets SHORT_JOB_JVM_OPTS (a short job: JIT and GC threads cost more than they save)."""
+    also gets SHORT_JOB_JVM_OPTS (a short job: JIT and GC threads cost more than they save),
+    else LARGE_JOB_JVM_OPTS."""
     if os.environ.get("PYSPARK_GATEWAY_PORT") or os.environ.get("PYSPARK_SUBMIT_ARGS"):
         return
     opt = (f"-Dlog4j2.level={level}" if level else
            f"-Dlog4j2.configurationFile=file:{LOG4J2}")
-    if inputs and _small_input(inputs):
-        opt += " " + _short_job_opts()
+    if inputs:
+        opt += " " + (_short_job_opts() if _small_input(inputs) else LARGE_JOB_JVM_OPTS)
     os.environ["PYSPARK_SUBMIT_ARGS"] = _QUIET_ARGS["set"] = \
         f'--driver-java-options "{opt}" pyspark-shell'
 

@@ -441,14 +441,15 @@ class ReliableMessageQueue:
         return out
 
     def get_timer(self) -> float | None:
-        ts = []
+        # called for every RMQ twice per daemon step: no temporary list
         t = self.catchain.get_timer()
-        if t is not None:
-            ts.append(t)
-        if self._outbox and not self.closed:
-            ts.append(self._now)
-        ts.extend(f.next_at for f in self._fetches.values())
-        return min(ts) if ts else None
+        if self._outbox and not self.closed and (t is None or self._now < t):
+            t = self._now
+        if self._fetches:
+            f = min(f.next_at for f in self._fetches.values())
+            if t is None or f < t:
+                t = f
+        return t
 
     def handle_timer(self, now: float) -> None:
         self._now = now

@@ -499,6 +499,9 @@ class ValidatorCore:
         self.cache = MessageCache()
         self.bodies: dict[bytes, bytes] = {}
         self._parsed: dict[bytes, object] = {}
+        # the same entries by BOC bytes (kept with _parsed): a message the full node sent here
+        # came back in the RMQ's record check (_check_body) and was parsed a second time
+        self._parsed_boc: dict[bytes, object] = {}
         self.ann: dict[bytes, _Ann] = {}
         #: ids of messages a full node sent to this validator itself (tonNode.rempMessage on
         #: the client channel), newest last, at most MAX_DIRECT: received_directly()
@@ -686,20 +689,22 @@ class ValidatorCore:
         return out
 
     def get_timer(self) -> float | None:
-        ts = [session_start(self.cfg, self.session + 1) if self.session >= 0 else self._now]
+        # scanned twice per daemon step (before: is anything due; after: the next wake-up):
+        # a running minimum, no temporary list
+        m = session_start(self.cfg, self.session + 1) if self.session >= 0 else self._now
         for q in self.rmqs.values():
             t = q.get_timer()
-            if t is not None:
-                ts.append(t)
+            if t is not None and t < m:
+                m = t
         for s in self.shard_sessions.values():
             t = s.consensus.get_timer()
-            if t is not None:
-                ts.append(t)
+            if t is not None and t < m:
+                m = t
         if self.master is not None:
             t = self.master.get_timer()
-            if t is not None:
-                ts.append(t)
-        return min(ts)
+            if t is not None and t < m:
+                m = t
+        return m
 
     def handle_timer(self, now: float) -> None:
         self._advance(now)
@@ -818,7 +823,9 @@ class ValidatorCore:
                 and entry.status not in (CacheStatus.FINALIZED, CacheStatus.DUPLICATE)):
             self._send_receipt(entry.message_id, Timeout(), a.shard, final=True)
         self.ann.pop(entry.message_id, None)
-        self._parsed.pop(entry.message_id, None)
+        p = self._parsed.pop(entry.message_id, None)
+        if p is not None:
+            self._parsed_boc.pop(p.boc, None)
         self.bodies.pop(entry.message_id, None)
 
     def _open_block_messages(self) -> set[bytes]:
@@ -889,8 +896,13 @@ class ValidatorCore:
         return None
 
     def _parse(self, boc: bytes):
+        if type(boc) is bytes:
+            p = self._parsed_boc.get(boc)
+            if p is not None:
+                return p
         p = parse_external_message(boc, (self.workchain, MASTERCHAIN_WORKCHAIN))
-        self._parsed.setdefault(p.id, p)
+        if self._parsed.setdefault(p.id, p) is p:
+            self._parsed_boc[p.boc] = p
         return p
 
     def _parsed_of(self, m: BlockMessage):

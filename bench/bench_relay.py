@@ -278,7 +278,7 @@ def main() -> None:
                    help="run only one side (for profiling, e.g. py-spy on the printed relay pid)")
     p.add_argument("--baseline-server", action="store_true", help=argparse.SUPPRESS)
     opts = p.parse_args()
-    from rmb_peer.daemon import use_event_loop
+    from daemon_runtime.lifecycle import use_event_loop
     opts.loop_used = use_event_loop(opts.loop)
     if opts.baseline_server:
         asyncio.run(baseline_server())

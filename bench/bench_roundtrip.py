@@ -54,7 +54,7 @@ import redis.asyncio as aioredis  # noqa: E402
 
 from daemon_runtime.redis_server import EmbeddedRedis  # noqa: E402
 from rmb_peer.client import RmbClient  # noqa: E402
-from rmb_peer.daemon import use_event_loop  # noqa: E402
+from daemon_runtime.lifecycle import use_event_loop  # noqa: E402
 from rmb_peer.redisq import RedisWriter  # noqa: E402
 from tests.rmb_harness import RmbCluster  # noqa: E402
 

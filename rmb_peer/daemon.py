@@ -58,7 +58,7 @@ from redis.exceptions import RedisError
 from yarl import URL
 
 from daemon_runtime.eventlog import EventLog
-from daemon_runtime.lifecycle import use_event_loop  # this module's main and rmb_relay.daemon
+from daemon_runtime.lifecycle import use_event_loop
 from daemon_runtime.redis_server import reconnecting_redis
 from rmb_peer.core import (
     LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, LookupBacklog, LookupTwin, PeerCore,

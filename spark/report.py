@@ -175,8 +175,6 @@ def build_session(master: str | None = None, shuffle_partitions: int | None = No
         builder = builder.master("local[*]")
     defaults = {
         "spark.sql.session.timeZone": "UTC",
-        "spark.sql.adaptive.enabled": "true",
-        "spark.sql.adaptive.coalescePartitions.enabled": "true",
         "spark.sql.shuffle.partitions": str(2 * (os.cpu_count() or 2)),
         "spark.ui.enabled": "true" if ui else "false",
     }
@@ -546,7 +544,7 @@ def run(inputs: list[str], out: str, master: str | None = None, sla_path: str | 
     own = spark is None
     _preload_page()
     if own:
-        short_job_jvm(small=_small_input(inputs))
+        job_jvm(small=_small_input(inputs))
         spark = build_session(master, small_input=_small_input(inputs, SMALL_INPUT_MAX_BYTES))
     timings["session_s"] = round(time.time() - t_start, 3)
     sla = load_sla(sla_path)
@@ -1114,7 +1112,7 @@ def _small_input(inputs: list[str], limit: int = SHORT_JOB_MAX_BYTES) -> bool:
     return size is not None and size <= limit
 
 
-def short_job_jvm(small: bool = True) -> None:
+def job_jvm(small: bool = True) -> None:
     """Give the driver JVM SHORT_JOB_JVM_OPTS (small input) or LARGE_JOB_JVM_OPTS (small =
     False), when it is not running yet and its launch arguments are ours: PYSPARK_SUBMIT_ARGS
     unset or as quiet_jvm set it (run() calls this, so the launcher's report gets them too)."""
@@ -1131,7 +1129,7 @@ def short_job_jvm(small: bool = True) -> None:
             '" pyspark-shell', f' {opts}" pyspark-shell', 1)
 
 
-#: the PYSPARK_SUBMIT_ARGS quiet_jvm set (short_job_jvm adds to them only)
+#: the PYSPARK_SUBMIT_ARGS quiet_jvm set (job_jvm adds to them only)
 _QUIET_ARGS: dict[str, str] = {}
 
 

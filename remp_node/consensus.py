@@ -766,8 +766,7 @@ class BlockConsensus:
         if not self.is_member:
             return self._next_poll
         t = min(self._deadline, self._next_resend)
-        # leader(height, round), inlined: scanned twice per daemon step for every session
-        if self.member_ids[(self.height + self.round) % self.n] == self.me and "proposal" not in self._my:
+        if self.leader(self.height, self.round) == self.me and "proposal" not in self._my:
             t = min(t, max(self._propose_at, self._next_collate))
         return t
 

@@ -323,3 +323,28 @@ def test_session_switch_forwards_pending_and_times_out_obsolete():
     assert sim.run_until(lambda: all(sim.finals.get(m) for m in late), 3 * life)
     assert all(sim.finals[m][0].outcome == "finalized" for m in late)
     verify_all(sim)
+
+
+def test_received_directly_names_only_the_validators_the_full_node_sent_to():
+    """ValidatorCore.received_directly (the daemon's urgent first status): true at the
+    validators the full node sent a message to, false at the group members that learned it
+    only from their RMQ, and false for a message never seen."""
+    w = WalletSet(6, "sim-direct")
+    sim = Simulation(SimConfig(seed=5, mc_catchain_lifetime=60.0), wallets=w.genesis())
+    t0 = int(sim.now)
+    mids = [sim.submit(w.transfer(i, 3, t0 + 3600)) for i in range(6)]
+    sent = {m: set(sim.client.sent_to(m)) for m in mids}
+    sim.run(0.2)                         # in the group's RMQs
+    learned_from_rmq = 0
+    for mid in mids:
+        sent_to = sent[mid] | set(sim.client.sent_to(mid))
+        assert sent_to
+        for v in sim.validators:
+            if v.key.key_id in sent_to:
+                assert v.received_directly(mid)
+            else:
+                assert not v.received_directly(mid)
+                learned_from_rmq += any(mid in q.queue for q in v.rmqs.values())
+    assert learned_from_rmq > 0          # some group members had it only through the RMQ
+    assert not any(v.received_directly(bytes(32)) for v in sim.validators)
+    assert sim.run_until(lambda: all(sim.finals.get(m) for m in mids), 40.0)

@@ -254,11 +254,23 @@ class _Daemon:
         except Exception as exc:
             self._bug("step", exc)
             out = []
+        by_dst: dict[bytes, list[bytes]] = {}
         for dst, data in out:
             n, b = self._metric("out", _kind(data))
             n.inc()
             b.inc(len(data))
-            self.endpoint.send(dst, data)
+            q = by_dst.get(dst)
+            if q is None:
+                by_dst[dst] = [data]
+            else:
+                q.append(data)
+        # one step's payloads per peer, in order: small ones share datagrams (transport.py,
+        # "Bundles"; ~1.5 per destination per step at 100 msg/s)
+        for dst, datas in by_dst.items():
+            if len(datas) == 1:
+                self.endpoint.send(dst, datas[0])
+            else:
+                self.endpoint.send_many(dst, datas)
         try:
             t = self.next_timer()
         except Exception as exc:

@@ -71,6 +71,21 @@ async def scrape(s: aiohttp.ClientSession, ln: LocalNet) -> tuple[Counter, Count
     return n, b, int(dg)
 
 
+async def delivery_stats(s: aiohttp.ClientSession, ln: LocalNet) -> Counter:
+    """Summed over the validators: their ReceiptSender stats (/health "delivery": added =
+    receipts, packets = receipt packets sent once, resends)."""
+    out = Counter()
+    for label in ln.daemons:
+        if label.startswith("fullnode"):
+            continue
+        try:
+            async with s.get(ln.http(label) + "/health") as r:
+                out.update((await r.json()).get("delivery") or {})
+        except (aiohttp.ClientError, ValueError, asyncio.TimeoutError):
+            pass
+    return out
+
+
 CLK = os.sysconf("SC_CLK_TCK")
 
 
@@ -103,6 +118,7 @@ def transfers(net, count: int, nonce0: int) -> list[bytes]:
 async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: int) -> dict:
     bocs = transfers(net, int(rate * duration), nonce0)
     n0, b0, d0 = await scrape(s, ln)
+    ds0 = await delivery_stats(s, ln)
     c0 = cpu_s(ln)
     ids: list[str] = []
     errors = Counter()
@@ -139,6 +155,7 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
     done_s = time.monotonic() - t0
     c2 = cpu_s(ln)
     n1, b1, d1 = await scrape(s, ln)
+    ds1 = await delivery_stats(s, ln)
     ev = ln.events("fullnode1")
     received = {e["trace_id"]: ts(e) for e in ev if e["event"] == "remp.fullnode.received"}
     first, fin = {}, {}
@@ -162,6 +179,7 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
             "fin_p50": pct(lat_fin, 0.5), "fin_p99": pct(lat_fin, 0.99), "n_fin": len(lat_fin),
             "outcomes": dict(outcomes), "lost": lost, "payloads": dn, "bytes": db,
             "datagrams": (d1 - d0) / per, "done_s": done_s,
+            "delivery": {k: (ds1[k] - ds0.get(k, 0)) / per for k in ("added", "packets", "resends")},
             "cpu_send": cpu_delta(c0, c1), "cpu_all": cpu_delta(c0, c2)}
 
 
@@ -243,6 +261,9 @@ def report(r: dict, args) -> None:
     print(f"  client + catchain payloads per message {cc:.1f} (target <= 2N + 3 = {2 * n + 3}: "
           f"{'met' if cc <= 2 * n + 3 else 'MISSED'}); transport datagrams per message (all kinds) "
           f"{r['datagrams']:.1f}")
+    dl = r["delivery"]
+    print(f"  receipts per message {dl['added']:.1f} in {dl['packets']:.1f} receipt packets sent once + "
+          f"{dl['resends']:.1f} resent (validators' ReceiptSender stats)")
     per = max(1, r["accepted"])
     cs, ca = r["cpu_send"], r["cpu_all"]
     net_all = sum(ca.values()) - args.idle_rate * r["done_s"]

@@ -207,11 +207,17 @@ async def amain(args) -> None:
                         break
                 await asyncio.sleep(1)
             # idle cost: CPU of the whole network carrying no messages (empty rounds, syncs)
+            ni0, _, di0 = await scrape(s, ln)
             ci0, ti0 = cpu_s(ln), time.monotonic()
             await asyncio.sleep(args.idle)
-            idle = sum(cpu_delta(ci0, cpu_s(ln)).values()) / (time.monotonic() - ti0)
+            idle_s = time.monotonic() - ti0
+            idle = sum(cpu_delta(ci0, cpu_s(ln)).values()) / idle_s
+            ni1, _, di1 = await scrape(s, ln)
+            kinds = sorted(ni1, key=lambda k: -(ni1[k] - ni0.get(k, 0)))
             print(f"idle: {idle:.3f} CPU s per s summed over {len(ln.daemons)} processes "
-                  f"(load average {open('/proc/loadavg').read().split()[0]})", flush=True)
+                  f"(load average {open('/proc/loadavg').read().split()[0]}); payloads per s: "
+                  + ", ".join(f"{k} {(ni1[k] - ni0.get(k, 0)) / idle_s:.0f}" for k in kinds)
+                  + f"; datagrams per s {(di1 - di0) / idle_s:.0f}", flush=True)
             args.idle_rate = idle
             nonce = 0
             for rate in args.rates:

@@ -187,6 +187,7 @@ async def amain(args) -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-remp-"))
     ln = LocalNet(work, shards=args.shards, validators_per_shard=args.validators_per_shard,
                   mc_catchain_lifetime=args.mc_catchain_lifetime, block_interval=args.block_interval,
+                  masterchain_validators=args.masterchain_validators,
                   master_block_interval=args.master_block_interval, start_timeout=180.0, log_level="info")
     net = await ln.init()
     print(f"{len(net.validators())} validators ({args.shards} shards x {args.validators_per_shard}), "
@@ -291,6 +292,8 @@ def main() -> None:
     ap.add_argument("--validators-per-shard", type=int, default=7)
     ap.add_argument("--block-interval", type=float, default=0.25)
     ap.add_argument("--master-block-interval", type=float, default=0.4)
+    ap.add_argument("--masterchain-validators", type=int, default=None, metavar="N",
+                    help="the first N validators also validate the masterchain (default: all)")
     ap.add_argument("--mc-catchain-lifetime", type=float, default=60.0)
     ap.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU measurement before the rates")
     ap.add_argument("--workdir", default=None, help="keep the network, data and logs here")

@@ -54,7 +54,7 @@ from .wire import WireError
 
 #: seconds between a received datagram and the step that flushes its consequences (module
 #: doc of _Daemon._on_payload); added once per hop
-STEP_COALESCE = 0.005
+STEP_COALESCE = 0.002
 
 __all__ = ["run_role", "build_validator_parser", "build_fullnode_parser", "ValidatorDaemon", "FullnodeDaemon"]
 

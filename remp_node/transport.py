@@ -272,7 +272,8 @@ class TransportCore:
     talks to (more with add_peer). limits: TransportLimits. epoch: see module doc (must grow
     across restarts; default microseconds since the Unix epoch, read once here).
 
-    Use: send(dst key id, payload, now); receive_datagram(data, addr, now); then
+    Use: send(dst key id, payload, now) or send_many(dst, [payload, ...], now) (small ones
+    share bundle datagrams); receive_datagram(data, addr, now); then
     datagrams_to_send(now) -> [(datagram, addr)], next_event() until None, and call
     handle_timer(now) at get_timer(). `counters` (dict[str, int]): sent_datagrams,
     sent_bytes, sent_payloads, received_datagrams, received_bytes, received_payloads and

@@ -71,6 +71,21 @@ async def scrape(s: aiohttp.ClientSession, ln: LocalNet) -> tuple[Counter, Count
     return n, b, int(dg)
 
 
+async def delivery_stats(s: aiohttp.ClientSession, ln: LocalNet) -> Counter:
+    """Summed over the validators: their ReceiptSender stats (/health "delivery": added =
+    receipts, packets = receipt packets sent once, resends)."""
+    out = Counter()
+    for label in ln.daemons:
+        if label.startswith("fullnode"):
+            continue
+        try:
+            async with s.get(ln.http(label) + "/health") as r:
+                out.update((await r.json()).get("delivery") or {})
+        except (aiohttp.ClientError, ValueError, asyncio.TimeoutError):
+            pass
+    return out
+
+
 CLK = os.sysconf("SC_CLK_TCK")
 
 
@@ -103,6 +118,7 @@ def transfers(net, count: int, nonce0: int) -> list[bytes]:
 async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: int) -> dict:
     bocs = transfers(net, int(rate * duration), nonce0)
     n0, b0, d0 = await scrape(s, ln)
+    ds0 = await delivery_stats(s, ln)
     c0 = cpu_s(ln)
     ids: list[str] = []
     errors = Counter()
@@ -139,6 +155,7 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
     done_s = time.monotonic() - t0
     c2 = cpu_s(ln)
     n1, b1, d1 = await scrape(s, ln)
+    ds1 = await delivery_stats(s, ln)
     ev = ln.events("fullnode1")
     received = {e["trace_id"]: ts(e) for e in ev if e["event"] == "remp.fullnode.received"}
     first, fin = {}, {}
@@ -162,6 +179,7 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
             "fin_p50": pct(lat_fin, 0.5), "fin_p99": pct(lat_fin, 0.99), "n_fin": len(lat_fin),
             "outcomes": dict(outcomes), "lost": lost, "payloads": dn, "bytes": db,
             "datagrams": (d1 - d0) / per, "done_s": done_s,
+            "delivery": {k: (ds1[k] - ds0.get(k, 0)) / per for k in ("added", "packets", "resends")},
             "cpu_send": cpu_delta(c0, c1), "cpu_all": cpu_delta(c0, c2)}
 
 
@@ -169,6 +187,7 @@ async def amain(args) -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-remp-"))
     ln = LocalNet(work, shards=args.shards, validators_per_shard=args.validators_per_shard,
                   mc_catchain_lifetime=args.mc_catchain_lifetime, block_interval=args.block_interval,
+                  masterchain_validators=args.masterchain_validators,
                   master_block_interval=args.master_block_interval, start_timeout=180.0, log_level="info")
     net = await ln.init()
     print(f"{len(net.validators())} validators ({args.shards} shards x {args.validators_per_shard}), "
@@ -189,11 +208,17 @@ async def amain(args) -> None:
                         break
                 await asyncio.sleep(1)
             # idle cost: CPU of the whole network carrying no messages (empty rounds, syncs)
+            ni0, _, di0 = await scrape(s, ln)
             ci0, ti0 = cpu_s(ln), time.monotonic()
             await asyncio.sleep(args.idle)
-            idle = sum(cpu_delta(ci0, cpu_s(ln)).values()) / (time.monotonic() - ti0)
+            idle_s = time.monotonic() - ti0
+            idle = sum(cpu_delta(ci0, cpu_s(ln)).values()) / idle_s
+            ni1, _, di1 = await scrape(s, ln)
+            kinds = sorted(ni1, key=lambda k: -(ni1[k] - ni0.get(k, 0)))
             print(f"idle: {idle:.3f} CPU s per s summed over {len(ln.daemons)} processes "
-                  f"(load average {open('/proc/loadavg').read().split()[0]})", flush=True)
+                  f"(load average {open('/proc/loadavg').read().split()[0]}); payloads per s: "
+                  + ", ".join(f"{k} {(ni1[k] - ni0.get(k, 0)) / idle_s:.0f}" for k in kinds)
+                  + f"; datagrams per s {(di1 - di0) / idle_s:.0f}", flush=True)
             args.idle_rate = idle
             nonce = 0
             for rate in args.rates:
@@ -243,6 +268,9 @@ def report(r: dict, args) -> None:
     print(f"  client + catchain payloads per message {cc:.1f} (target <= 2N + 3 = {2 * n + 3}: "
           f"{'met' if cc <= 2 * n + 3 else 'MISSED'}); transport datagrams per message (all kinds) "
           f"{r['datagrams']:.1f}")
+    dl = r["delivery"]
+    print(f"  receipts per message {dl['added']:.1f} in {dl['packets']:.1f} receipt packets sent once + "
+          f"{dl['resends']:.1f} resent (validators' ReceiptSender stats)")
     per = max(1, r["accepted"])
     cs, ca = r["cpu_send"], r["cpu_all"]
     net_all = sum(ca.values()) - args.idle_rate * r["done_s"]
@@ -264,6 +292,8 @@ def main() -> None:
     ap.add_argument("--validators-per-shard", type=int, default=7)
     ap.add_argument("--block-interval", type=float, default=0.25)
     ap.add_argument("--master-block-interval", type=float, default=0.4)
+    ap.add_argument("--masterchain-validators", type=int, default=None, metavar="N",
+                    help="the first N validators also validate the masterchain (default: all)")
     ap.add_argument("--mc-catchain-lifetime", type=float, default=60.0)
     ap.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU measurement before the rates")
     ap.add_argument("--workdir", default=None, help="keep the network, data and logs here")

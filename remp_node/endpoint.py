@@ -2,7 +2,8 @@
 remp_node/transport.py driven by remp_node/udp.py.
 
     ep = await open_endpoint(key, peers, bind, on_payload, faults=None)
-    ep.send(dst_key_id, payload); ep.address; ep.counters; ep.close()
+    ep.send(dst_key_id, payload); ep.send_many(dst_key_id, [payload, ...]); ep.address;
+    ep.counters; ep.close()
 
 peers: key id -> (public key, (host, port)); on_payload(src_key_id, payload, now) where now
 is loop.time(). faults: Faults(loss, duplicate, reorder, reorder_delay, seed) or None
@@ -79,6 +80,17 @@ class AuthEndpoint:
         except TransportError as exc:   # unknown peer / oversized payload: a local bug, counted
             self.local_counters["send_refused"] += 1
             self.local_counters["send_refused_" + ("size" if "payload" in str(exc) else "other")] += 1
+
+    def send_many(self, dst: bytes, payloads: list[bytes]) -> None:
+        """Several payloads for one peer, in order; small ones share datagrams (transport.py,
+        "Bundles"). A refused batch (unknown peer, a payload over max_payload) is counted as
+        send() counts it and then sent one by one, so the others still leave."""
+        from .transport import TransportError
+        try:
+            self.ep.send_many(dst, payloads)
+        except TransportError:
+            for x in payloads:
+                self.send(dst, x)
 
     def close(self) -> None:
         self.ep.close()

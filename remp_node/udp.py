@@ -4,6 +4,7 @@ one timer; the aioquic `asyncio/protocol.py` pattern of DESIGN.md section 2).
     core = TransportCore(key, {peer_public_key: ("127.0.0.1", port), ...})
     ep = await UdpEndpoint.create(core, ("127.0.0.1", 0), on_payload)
     ep.send(peer_key_id, payload)          # core.send + flush
+    ep.send_many(peer_key_id, [p1, p2])    # core.send_many (bundles) + flush
     ...
     ep.close()
 
@@ -157,6 +158,13 @@ class UdpEndpoint(asyncio.DatagramProtocol):
         unknown dst or an oversized payload (local misuse)."""
         now = self.loop.time()
         self.core.send(dst, payload, now)
+        self._flush(now)
+
+    def send_many(self, dst: bytes, payloads: list[bytes]) -> None:
+        """core.send_many(dst, payloads, now) (small ones share datagrams) and flush; same
+        errors as send."""
+        now = self.loop.time()
+        self.core.send_many(dst, payloads, now)
         self._flush(now)
 
     def _process(self, now: float) -> None:

@@ -383,7 +383,9 @@ def _step_table(spark, inputs: list[str], peers: bool = True):
     # the trace's branches (sorted), for attributing root and `?` steps; per_step comes out
     # sorted by trace_id, so this window needs no further shuffle or sort
     w = Window.partitionBy("trace_id")
-    cols = {"branches": F.array_sort(F.collect_set(
+    # sort_array, not array_sort: the same ascending order here (a set has no nulls), and
+    # compiled code instead of a comparator lambda interpreted per row
+    cols = {"branches": F.sort_array(F.collect_set(
         F.when(~F.col("branch").isin("", "?"), F.col("branch"))).over(w))}
     if peers:
         # every peer any step of the trace named (spark/plan.py: a planned fault's target)

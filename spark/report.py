@@ -42,7 +42,10 @@ Pipeline (one shuffle of the events: everything is keyed by trace_id):
    the same attrs logged more than once by one process), detail; cached. Per (trace,
    branch): a map step -> record holding the root steps, the branch's own steps and the
    unattributed (`?`) steps of single-branch traces; stage edges and outcome flags are read
-   from it (cached too). No Python UDFs and no SQL lambdas on the per-event path: executors
+   from it (cached too). The nodes a trace's steps were sent to or came from (attrs.peer, for
+   the plan's faults) are a column of the step table for small input only; other input gets
+   them from a second pass over the input when, and only when, the plan has faults
+   (PEERS_IN_STEP_TABLE_MAX_BYTES, _trace_peers). No Python UDFs and no SQL lambdas on the per-event path: executors
    need no Python, and everything is compiled by whole-stage codegen.
 4. clock alignment (spark/clock.py): stage edges marked `clock` between two nodes give the
    minimum delta per ordered node pair; a node's timestamps are corrected only when a pair

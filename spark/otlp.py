@@ -56,9 +56,11 @@ def otlp_lines(hops, labels: dict[str, str]):
                 attr("relay_suite.node", node),
                 attr("relay_suite.branch", F.col("branch")),
                 int_attr("relay_suite.count", F.col("n"))).alias("attributes"))
+    # in seq order (seq is unique in a trace: the span is never compared); sort_array is
+    # compiled, array_sort's default comparator is a lambda Spark interprets
     per_trace = (hops.select("trace_id", "seq", span.alias("span"))
                  .groupBy("trace_id")
-                 .agg(F.array_sort(F.collect_list(F.struct("seq", "span"))).alias("s")))
+                 .agg(F.sort_array(F.collect_list(F.struct("seq", "span"))).alias("s")))
     resource = F.struct(F.array(attr("service.name", F.lit("relay-suite"))).alias("attributes"))
     scope = F.struct(F.lit("relay-trace-report").alias("name"))
     doc = F.struct(F.array(F.struct(

@@ -42,7 +42,10 @@ Pipeline (one shuffle of the events: everything is keyed by trace_id):
    the same attrs logged more than once by one process), detail; cached. Per (trace,
    branch): a map step -> record holding the root steps, the branch's own steps and the
    unattributed (`?`) steps of single-branch traces; stage edges and outcome flags are read
-   from it (cached too). No Python UDFs and no SQL lambdas on the per-event path: executors
+   from it (cached too). The nodes a trace's steps were sent to or came from (attrs.peer, for
+   the plan's faults) are a column of the step table for small input only; other input gets
+   them from a second pass over the input when, and only when, the plan has faults
+   (PEERS_IN_STEP_TABLE_MAX_BYTES, _trace_peers). No Python UDFs and no SQL lambdas on the per-event path: executors
    need no Python, and everything is compiled by whole-stage codegen.
 4. clock alignment (spark/clock.py): stage edges marked `clock` between two nodes give the
    minimum delta per ordered node pair; a node's timestamps are corrected only when a pair
@@ -280,12 +283,12 @@ def _by_protocol(exprs: dict[str, str]) -> str:
 
 # ----------------------------------------------------------------------------- pipeline
 
-def _step_table(spark, inputs: list[str]):
-    """One row per (trace, protocol, step, branch): first ts (us, raw clock), its node, count
-    n, duplicates dup, detail, hop flag, and the trace's sorted `branches`. Ingest problems
-    are rows of protocol `_meta` (step `meta:<class>[:event]`, branch = file for corrupt
-    lines)."""
-    from pyspark.sql import Window, functions as F
+def _step_rows(spark, inputs: list[str]):
+    """The step rows before the shuffle: per event row (zero or more) step records with
+    trace_id, protocol, node, service, ts_us, fact (hash of event and attrs), peer
+    (attrs.peer), step, branch, detail, hop. Ingest problems are rows of protocol `_meta`
+    (step `meta:<class>[:event]`, branch = file for corrupt lines)."""
+    from pyspark.sql import functions as F
     df = read_events(spark, inputs)
     known = sorted(known_events())
     cls = F.expr(
@@ -335,16 +338,40 @@ def _step_table(spark, inputs: list[str]):
                    # a message sent to a node the plan had killed was hit by that fault
                    F.col("attrs.peer").alias("peer"),
                    F.explode_outer("st").alias("s")).filter("s IS NOT NULL")
-    st = st.select("trace_id", "protocol", "node", "service", "ts_us", "fact", "peer",
-                   F.col("s.step").alias("step"), F.col("s.branch").alias("branch"),
-                   F.col("s.detail").alias("detail"), F.col("s.hop").alias("hop"))
+    return st.select("trace_id", "protocol", "node", "service", "ts_us", "fact", "peer",
+                     F.col("s.step").alias("step"), F.col("s.branch").alias("branch"),
+                     F.col("s.detail").alias("detail"), F.col("s.hop").alias("hop"))
+
+
+def _trace_peers(spark, inputs: list[str]):
+    """Per trace (trace_id, peers): every distinct non-null `peer` any step of the trace
+    named (spark/plan.py: a planned fault's target). Traces without one have no row. The
+    step table's own `peers` column when it has one (_step_table peers=True), else computed
+    here from the inputs again: only when the plan has faults."""
+    from pyspark.sql import functions as F
+    return (_step_rows(spark, inputs).filter("protocol <> '_meta' AND peer IS NOT NULL")
+            .groupBy("trace_id").agg(F.collect_set("peer").alias("peers")))
+
+
+def _step_table(spark, inputs: list[str], peers: bool = True):
+    """One row per (trace, protocol, step, branch): first ts (us, raw clock), its node, count
+    n, duplicates dup, detail, hop flag, the trace's sorted `branches` and, with `peers`,
+    the trace's `peers` (array of the distinct attrs.peer its steps named, any order; only
+    the plan's faults need it: without `peers` the report computes it, when the plan has
+    faults, with _trace_peers). Ingest problems are rows of protocol `_meta` (step
+    `meta:<class>[:event]`, branch = file for corrupt lines)."""
+    from pyspark.sql import Window, functions as F
+    st = _step_rows(spark, inputs)
+    if not peers:
+        st = st.drop("peer")
     # THE shuffle of the job: narrow step rows (rules applied before it), by trace; every
     # aggregation and window below is keyed by trace_id and needs no other
     st = st.repartition("trace_id")
     # detail and hop follow from (event, attrs): as grouping keys they keep this a hash
     # aggregation (string aggregation buffers would force a sort-based one)
+    # (peer is part of attrs, so of fact: as a key it splits no group)
     per_proc = st.groupBy("trace_id", "protocol", "step", "branch", "node", "service",
-                          "fact", "detail", "hop", "peer").agg(
+                          "fact", "detail", "hop", *(["peer"] if peers else [])).agg(
         F.min("ts_us").alias("ts"), F.count(F.lit(1)).alias("n"))
     per_step = per_proc.groupBy("trace_id", "protocol", "step", "branch").agg(
         # node and detail of the first occurrence; ties on ts go to the smallest node, so
@@ -355,15 +382,18 @@ def _step_table(spark, inputs: list[str]):
         # (alias steps, hop = false, are second names of a hop's event: not counted again)
         F.sum(F.expr("CASE WHEN branch = '?' OR NOT hop THEN 0 ELSE n - 1 END")).alias("dup"),
         F.expr("min_by(detail, struct(ts, node))").alias("detail"), F.max("hop").alias("hop"),
-        F.collect_set("peer").alias("peers"))
+        *([F.collect_set("peer").alias("peers")] if peers else []))
     # the trace's branches (sorted), for attributing root and `?` steps; per_step comes out
     # sorted by trace_id, so this window needs no further shuffle or sort
     w = Window.partitionBy("trace_id")
-    return per_step.withColumns({
-        "branches": F.array_sort(F.collect_set(
-            F.when(~F.col("branch").isin("", "?"), F.col("branch"))).over(w)),
+    # sort_array, not array_sort: the same ascending order here (a set has no nulls), and
+    # compiled code instead of a comparator lambda interpreted per row
+    cols = {"branches": F.sort_array(F.collect_set(
+        F.when(~F.col("branch").isin("", "?"), F.col("branch"))).over(w))}
+    if peers:
         # every peer any step of the trace named (spark/plan.py: a planned fault's target)
-        "peers": F.array_distinct(F.flatten(F.collect_list("peers").over(w)))})
+        cols["peers"] = F.array_distinct(F.flatten(F.collect_list("peers").over(w)))
+    return per_step.withColumns(cols)
 
 
 def _with_corr(spark, df, corrections: dict[str, float], cols: dict[str, str]):
@@ -557,11 +587,14 @@ def run(inputs: list[str], out: str, master: str | None = None, sla_path: str | 
             inputs = [parquet_cache.rstrip("/") + "/events.parquet"]
             timings["compact_s"] = round(time.time() - t_start, 3)
         spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
-        tr = _step_table(spark, inputs).persist(StorageLevel.MEMORY_AND_DISK)
+        # the per-trace peers only matter when the plan has faults; small input (the demo)
+        # keeps them in the step table, other input computes them apart when needed
+        peers = _small_input(inputs, PEERS_IN_STEP_TABLE_MAX_BYTES)
+        tr = _step_table(spark, inputs, peers=peers).persist(StorageLevel.MEMORY_AND_DISK)
         cached = [tr]
         try:
             return _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict,
-                           timings, t_start)
+                           timings, t_start, peers)
         finally:
             for df in cached:
                 df.unpersist()
@@ -570,7 +603,8 @@ def run(inputs: list[str], out: str, master: str | None = None, sla_path: str | 
             spark.stop()
 
 
-def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timings, t_start):
+def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timings, t_start,
+            peers=True):
     from pyspark import StorageLevel
     from pyspark.sql import Window, functions as F
 
@@ -634,8 +668,14 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
               F.map_from_entries(F.collect_list(F.struct(
                   "step", F.struct("ts", "node", "n", "detail")))).alias("mb"),
               F.first("branches").alias("branches"), F.min("ts").alias("t0"),
-              F.array_union(F.collect_set("node"), F.first("peers")).alias("nodes"))
+              (F.array_union(F.collect_set("node"), F.first("peers")) if peers
+               else F.collect_set("node")).alias("nodes"))
           .withColumnRenamed("tbranch", "branch"))
+    if not peers and plan.faults:
+        # the step table has no peers (input not small): only a plan with faults reads them
+        tb = (tb.join(_trace_peers(spark, inputs), "trace_id", "left")
+              .withColumn("nodes", F.array_union("nodes", F.coalesce(
+                  "peers", F.expr("CAST(array() AS array<string>)")))).drop("peers"))
     cols = {"sa": _by_protocol({n: _stages_array(p) for n, p in PROTOCOLS.items()})}
     for key in ("sent", "delivered", "outcome", "late", "start_us", "deadline_us", "end_us", "ttl_s",
                 "error_code"):
@@ -1079,6 +1119,12 @@ def _short_job_opts() -> str:
 
 
 SHORT_JOB_MAX_BYTES = 64 * 1024 * 1024
+#: the step table carries each trace's `peers` (for the plan's faults) only for local input
+#: up to this many bytes (the demo's logs: its plan has faults, and a second pass over the
+#: input would cost more than the column); any other input gets them from a second pass
+#: over the input (_trace_peers) when, and only when, the plan has faults. Measured at 1M
+#: events (bench_spark_report.py, no faults): see README / docs/report-performance.md
+PEERS_IN_STEP_TABLE_MAX_BYTES = 16 * 1024 * 1024
 #: SMALL_INPUT_CONF (interpreted expressions) only up to this: the demo's logs are ~3 MB
 SMALL_INPUT_MAX_BYTES = 16 * 1024 * 1024
 

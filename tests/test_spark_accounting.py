@@ -115,3 +115,17 @@ def test_otlp_output_parses_as_traces_data_one_trace_per_message(report):
             assert sum(1 for sp in spans if not sp.parent_span_id) == 1
     assert got == want
     assert got["R-ok"] == 7   # requested, sent, relay received + delivered, delivered, answered, replied
+
+
+def test_peers_from_a_second_pass_give_the_same_report(spark, report, tmp_path, monkeypatch):
+    """Large input computes the traces' peers (the plan's fault targets) apart, only when
+    the plan has faults (spark/report.py PEERS_IN_STEP_TABLE_MAX_BYTES, _trace_peers): the
+    delivery table, planned flags included, and the failures are those of the step-table
+    way (small input)."""
+    from spark import report as rep
+    summary, out = report
+    monkeypatch.setattr(rep, "PEERS_IN_STEP_TABLE_MAX_BYTES", -1)
+    other = rep.run(LOGS, str(tmp_path / "out"), spark=spark, strict=True)
+    assert other["plan"]["faults"], "the scenario must have faults to read the peers"
+    assert outcomes(tmp_path / "out") == outcomes(out)
+    assert other["failures"] == summary["failures"] and other["delivery"] == summary["delivery"]

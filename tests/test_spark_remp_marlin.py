@@ -93,14 +93,21 @@ def test_trace_lookup_prints_hops(report):
         trace_lookup(str(out), "no-such-trace")
 
 
-def test_a_block_sent_to_the_killed_member_is_planned(spark, tmp_path):
+@pytest.mark.parametrize("peers_in_step_table", [True, False])
+def test_a_block_sent_to_the_killed_member_is_planned(spark, tmp_path, monkeypatch,
+                                                      peers_in_step_table):
     """spark/plan.py: a step's `peer` counts as touching that node. Block K1 had a chunk sent
     to member m9 while the plan had m9 killed: planned, so the rebuild SLA does not judge it;
     block K2, sent to m1 only, is judged. Block K0 also went to m9, but was rebuilt before
     the kill: its life ended before the window although its 30 s TTL did not, so it is judged
-    (with [start, deadline] it was planned: in the demo every REMP message could be)."""
+    (with [start, deadline] it was planned: in the demo every REMP message could be).
+    Both ways of getting the trace's peers: in the step table (small input) and the second
+    pass over the input (spark/report.py _trace_peers, large input)."""
     import json
+    from spark import report
     from spark.report import run
+    if not peers_in_step_table:
+        monkeypatch.setattr(report, "PEERS_IN_STEP_TABLE_MAX_BYTES", -1)
 
     def line(ts, service, node, event, trace, **attrs):
         return json.dumps({"ts": f"2026-11-22T12:00:{ts:09.6f}Z", "level": "info", "service": service,

@@ -5,7 +5,9 @@
   that is not a BOC (no message id exists: counted as remp_api_refused{reason="undecodable"});
   413 when the body is larger than --max-body; 422 ``{"message_id", "kind":
   "RejectedByFullnode", "reason"}`` when the full node's checks refuse it (size, depth, not
-  an inbound external message, wrong workchain, unknown account, failed pre-execution).
+  an inbound external message, wrong workchain, unknown account, failed pre-execution);
+  503 ``{"error"}`` when the full node's store cannot record it (disk full, read-only):
+  not accepted and not sent, the user may retry (remp_api_refused{reason="store_unavailable"}).
 - ``GET /messages/{id}``: ``{"message_id", "receipts": [seed JSON, in arrival order],
   "outcome": {"final": bool, "outcome": "finalized"|"rejected"|"timeout"|"pending", "kind",
   "reason"}}``; final only when the client core says so (Finalized, RejectedByFullnode, or
@@ -38,6 +40,7 @@ from aiohttp import WSMsgType, web
 from prometheus_client import Counter as PCounter, Gauge
 
 from .messages import MessageRejected, message_id_of, parse_external_message
+from .store import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .node import FullnodeDaemon
@@ -186,7 +189,12 @@ class StatusHub:
                 reason = exc.reason
             self.m_refused.labels("undecodable").inc()
             return 400, {"error": reason}
-        mid = self.daemon.submit(boc, parsed) if parsed is not None else self.daemon.submit(boc)
+        try:
+            mid = self.daemon.submit(boc, parsed) if parsed is not None else self.daemon.submit(boc)
+        except StoreError as exc:
+            # not recorded, so not sent either (FullnodeDaemon.submit): the user may retry
+            self.m_refused.labels("store_unavailable").inc()
+            return 503, {"error": f"the full node cannot store the message now, it was not accepted: {exc}"}
         f = self.finals.get(mid)
         if f is not None and f["kind"] == "RejectedByFullnode":
             self.m_refused.labels("rejected_by_fullnode").inc()

@@ -44,6 +44,11 @@ REMP_EVENTS = Catalogue("remp", [
     E("remp.node.error", "a REMP daemon caught an unexpected exception (a bug) at its boundary "
       "and keeps running (reason = where, exception and the last frames; logged once per kind)",
       {"reason": "string"}),
+    E("remp.node.store_failed", "the daemon's SQLite store refused a write (disk full, read-only "
+      "file, I/O; reason = SQLite's error): the rows stay queued in memory and what depends on "
+      "them waits (the full node holds back that step's receipt acks, the validators resend); "
+      "count = failures so far; logged at most once per 10 s, remp_errors_total{where=\"store\"} "
+      "counts every one", {"reason": "string", "count": "long"}),
     E("remp.shardchain.accepted", "a shard block was accepted by its group (count = messages "
       "in it)", {"shard": "string", "block_seqno": "long", "session": "long", "count": "long"}),
 ])

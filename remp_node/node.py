@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import time
 import traceback
 from collections import Counter
@@ -46,8 +47,10 @@ from .endpoint import open_endpoint, parse_faults
 from .eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records, emit_records,
                        fullnode_dropped_record, peer_label, validator_records)
 from .events import REMP_EVENTS
+from .messages import message_id_of
 from .netfiles import NetFilesError, load_key, load_network
 from .receipts import ReceiptError
+from .store import StoreError
 from .validator import (CH_CLIENT, CH_MASTER, CHANNEL_NAMES, Dropped, MasterBlockAccepted, ReceiptSent,
                         ShardBlockAccepted, ValidatorCore, ZERO32, mux)
 from .wire import WireError
@@ -55,6 +58,8 @@ from .wire import WireError
 #: seconds between a received datagram and the step that flushes its consequences (module
 #: doc of _Daemon._on_payload); added once per hop
 STEP_COALESCE = 0.002
+#: seconds between two log lines about store write failures (the metric counts every one)
+STORE_ERROR_LOG_INTERVAL = 10.0
 
 __all__ = ["run_role", "build_validator_parser", "build_fullnode_parser", "ValidatorDaemon", "FullnodeDaemon"]
 
@@ -457,6 +462,8 @@ class FullnodeDaemon(_Daemon):
         self.store = FullnodeStore(args.data_dir)
         self.epoch = self.store.run_epoch(time.time_ns() // 1000)
         self.resubmitted = 0
+        self.store_failures = 0                 # store writes refused (_store_failed)
+        self._store_logged = float("-inf")
         tm = self.net.timing
         self.follower = ChainFollower(self.key, self.net.config, self.net.zerostate(),
                                       round_timeout=min(1.0, tm["master_round_timeout"]))
@@ -486,7 +493,7 @@ class FullnodeDaemon(_Daemon):
                 "client": dict(self.client.stats), "follower": dict(self.follower.stats),
                 "delivery": dict(self.receiver.stats),
                 "redis": self.hub.redis_state(),
-                "errors": sum(self.errors.values())}
+                "errors": sum(self.errors.values()), "store_failures": self.store_failures}
 
     def receive(self, src: bytes, payload: bytes, now: float) -> None:
         if not payload:
@@ -526,11 +533,19 @@ class FullnodeDaemon(_Daemon):
         emit_records(self.log, [fullnode_dropped_record(src, reason, size)])
 
     def submit(self, boc: bytes, parsed=None) -> bytes:
-        """Hand a BOC to the client core now (the API calls this; parsed: its
-        messages.parse_external_message result when the caller has it); flushes at once."""
+        """Record a BOC in the store, then hand it to the client core (the API calls this;
+        parsed: its messages.parse_external_message result when the caller has it); flushes
+        at once. Returns the 32-byte message id. Raises store.StoreError when the store
+        cannot record it: then nothing was handed to the client core or sent (the API
+        answers 503; a message the full node could not resubmit after a crash is never
+        accepted)."""
         now = self.now()
-        mid = self.client.submit(boc, now, parsed)
+        mid = parsed.id if parsed is not None else (message_id_of(boc) or hashlib.sha256(bytes(boc)).digest())
         self.store.add_message(mid, boc, time.time())
+        got = self.client.submit(boc, now, parsed)
+        if got != mid:          # the client core names it by the same rule; kept safe anyway
+            self.store.add_message(got, boc, time.time())
+            mid = got
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._step)
         self._drain_client()
@@ -577,14 +592,33 @@ class FullnodeDaemon(_Daemon):
             self._drain_receiver(now)
         out = [(dst, mux(CH_CLIENT, ZERO32, d)) for dst, d in self.client.datagrams_to_send(now)]
         out += self.follower.datagrams_to_send(now)
-        out += self.receiver.packets_to_send(now)
+        acks = self.receiver.packets_to_send(now)
         self._drain_client()
         while self.follower.next_event() is not None:
             pass
         # the step's statuses and outcomes (and those drained by submit() since the last step)
         # in one transaction, before this step's datagrams (the receipt acks) leave
-        self.store.commit()
-        return out
+        try:
+            self.store.commit()
+        except StoreError as exc:
+            # not a bug: a local failure (disk full, I/O). The rows stay queued for the next
+            # commit; this step's receipt acks are held back (the validators resend those
+            # receipts until acknowledged, delivery.py), the rest still leaves.
+            self._store_failed(exc)
+            return out
+        return out + acks
+
+    def _store_failed(self, exc: Exception) -> None:
+        """Count a store write failure (remp_errors{where="store"}) and log it as
+        remp.node.store_failed at most once per STORE_ERROR_LOG_INTERVAL seconds, with how
+        many failed so far."""
+        self.m_errors.labels("store").inc()
+        self.store_failures += 1
+        t = time.monotonic()
+        if t - self._store_logged >= STORE_ERROR_LOG_INTERVAL:
+            self._store_logged = t
+            self.log.emit("remp.node.store_failed", None, "error", count=self.store_failures,
+                          reason=f"{exc} (statuses kept in memory, receipt acks held back until it can write)"[:2000])
 
     def _drain_client(self) -> None:
         from .client import FinalStatus, ReceiptEvent

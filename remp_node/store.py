@@ -215,8 +215,13 @@ class FullnodeStore:
         return epoch
 
     def add_message(self, mid: bytes, boc: bytes, submitted: float) -> None:
-        """Committed at once (the API answers 202 after it: resubmitted after a crash)."""
-        self.db.execute("INSERT OR IGNORE INTO messages (id, boc, submitted) VALUES (?, ?, ?)", (mid, boc, submitted))
+        """Committed at once (the API answers 202 after it: resubmitted after a crash).
+        Raises StoreError when SQLite refuses the write (disk full, read-only file, I/O)."""
+        try:
+            self.db.execute("INSERT OR IGNORE INTO messages (id, boc, submitted) VALUES (?, ?, ?)",
+                            (mid, boc, submitted))
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from None
 
     def add_statuses(self, rows: list[tuple[bytes, dict]]) -> None:
         """Queue statuses (message id, seed JSON dict) for the next commit()."""

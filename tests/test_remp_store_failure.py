@@ -1,0 +1,118 @@
+"""The full node when its SQLite store refuses writes (disk full, read-only file): a POSTed
+message it cannot record is refused with 503 and not sent (a message it could not resubmit
+after a crash is never accepted); statuses it cannot commit stay queued, the receipt acks of
+that step are held back so the validators resend, and the failure is counted and logged as
+a store failure, not as a bug. The failure is real: SQLite's `PRAGMA query_only` makes every
+write fail with "attempt to write a readonly database"."""
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from remp_node.api import add_api_routes
+from remp_node.delivery import ReceiptSender, classify
+from remp_node.keys import NodeKey
+from remp_node.netfiles import load_key, load_network
+from remp_node.node import FullnodeDaemon, parse_role_args
+from remp_node.receipts import New, make_signed_receipt
+from remp_node.state import make_wallet_message
+
+
+@pytest.fixture
+def net(tmp_path):
+    d = tmp_path / "net"
+    r = subprocess.run([sys.executable, "-m", "remp_node.daemon", "init", "--dir", str(d), "--shards", "1",
+                        "--validators-per-shard", "2", "--fullnodes", "1"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def fullnode(tmp_path, d) -> FullnodeDaemon:
+    _, args = parse_role_args("fullnode", [
+        "--network", str(d), "--key", str(d / "keys" / "fullnode1.key"), "--data-dir", str(tmp_path / "fn"),
+        "--log", str(tmp_path / "fn.jsonl"), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+    return FullnodeDaemon(args)
+
+
+def wallet_message(d, amount: int) -> bytes:
+    w = [w for w in load_network(d).wallets() if w["workchain"] == 0][0]
+    k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
+    return make_wallet_message(k, w["address"], w["address"], amount, int(time.time()) + 3600, nonce=amount)
+
+
+def logged(tmp_path, event: str) -> list[dict]:
+    lines = [json.loads(x) for x in (tmp_path / "fn.jsonl").read_text().splitlines() if x.strip()]
+    return [e for e in lines if e.get("event") == event]
+
+
+async def test_a_message_the_store_cannot_record_is_refused_with_503_and_not_sent(tmp_path, net):
+    fn = fullnode(tmp_path, net)
+    app = web.Application()
+    add_api_routes(app, fn)
+    info = await fn.start_io(app)
+    try:
+        api = f"http://127.0.0.1:{info['port']}"
+        boc = wallet_message(net, 1)
+        fn.store.db.execute("PRAGMA query_only = ON")
+        async with aiohttp.ClientSession() as s:
+            async with s.post(api + "/messages", data=base64.b64encode(boc)) as r:
+                assert r.status == 503, await r.text()
+                body = await r.json()
+            assert "not accepted" in body["error"] and "readonly" in body["error"]
+            assert fn.client.stats["submitted"] == 0 and not fn.client.pending()   # nothing sent
+            async with s.get(api + "/metrics") as r:
+                assert 'remp_api_refused_total{reason="store_unavailable"} 1.0' in await r.text()
+            # the store writable again: the same message is accepted and recorded
+            fn.store.db.execute("PRAGMA query_only = OFF")
+            async with s.post(api + "/messages", data=base64.b64encode(boc)) as r:
+                assert r.status == 202
+                mid = bytes.fromhex((await r.json())["message_id"])
+            assert fn.store.message(mid) is not None and len(fn.client.pending()) == 1
+    finally:
+        await fn.close_io()
+        fn.close_logs()
+
+
+def test_statuses_that_cannot_be_committed_stay_queued_and_their_acks_are_held_back(tmp_path, net):
+    fn = fullnode(tmp_path, net)
+    v1 = load_key(net / "keys" / "v1.key")
+    boc = wallet_message(net, 2)
+    now = time.time()
+    mid = fn.client.submit(boc, now)        # tracked by the client core (no I/O started)
+    fn.store.add_message(mid, boc, now)
+    fn.step(now)
+    sender = ReceiptSender(v1, stream=1, max_delay=0.0)
+    sender.add(fn.key.key_id, make_signed_receipt(v1, mid, New(), int(now)), now)
+    sender.handle_timer(now)
+    packets = [p for _, p in sender.packets_to_send(now)]
+    assert len(packets) == 1
+
+    fn.store.db.execute("PRAGMA query_only = ON")
+    fn.receive(v1.key_id, packets[0], now)
+    out = fn.step(now + 1.0)
+    assert not [p for dst, p in out if dst == v1.key_id and classify(p) == "receipt_ack"]   # held back
+    assert fn.store_failures == 1 and fn.health()["store_failures"] == 1
+    assert sum(fn.errors.values()) == 0                   # not counted as a bug
+    fn.step(now + 1.5)                                     # still failing: counted, logged once
+    assert fn.store_failures == 2
+
+    # writable again; the validator resends the unacknowledged packet: acked, statuses stored
+    fn.store.db.execute("PRAGMA query_only = OFF")
+    fn.receive(v1.key_id, packets[0], now + 2.0)
+    out = fn.step(now + 3.0)
+    assert [p for dst, p in out if dst == v1.key_id and classify(p) == "receipt_ack"]
+    kinds = [s.get("kind") for s in fn.store.statuses(mid)]
+    assert kinds == ["SentToValidators", "PutIntoQueue"], kinds     # New = PutIntoQueue, once
+    fn.close_logs()                                        # flushes the event log
+    failed = logged(tmp_path, "remp.node.store_failed")
+    assert len(failed) == 1 and failed[0]["level"] == "error", failed
+    assert "readonly" in json.dumps(failed[0]) and '"count": 1' in json.dumps(failed[0])
+    assert logged(tmp_path, "remp.node.error") == []

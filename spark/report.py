@@ -18,8 +18,9 @@ input gets LARGE_INPUT_CONF (AQE off) and, when the report starts the JVM, the p
 collector (LARGE_JOB_JVM_OPTS; with spark-submit pass `--driver-java-options
 -XX:+UseParallelGC` for large logs). Settings given to spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
 and the per-branch table) and 4 writes; stages.parquet is written first and read back for
-the latency table and the slowest traces; the OTLP output is built from the hops
-DataFrame again, a sort aggregate over the order of its window (no shuffle; see _report)
+the latency table and the slowest traces; the hops are cached by their write and the OTLP
+output is built from that cache, a sort aggregate over the order of its window (no shuffle,
+no second window; see _report)
 (docs/report-performance.md has the measurements).
 
 Python API: `run(inputs, out, master=None, sla_path=None, spark=None, strict=False,
@@ -865,14 +866,18 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
         "seq": F.row_number().over(wo),
         "spent_ms": (F.lead("ts_us").over(wo) - F.col("ts_us")) / 1000.0,
         "ts": F.expr("timestamp_micros(ts_us)")}).drop("ts_us")
+    # cached: the window runs once, for hops.parquet (which fills the cache) and the OTLP
+    # output below (the cached scan keeps the window's partitioning and order)
+    hops = hops.persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(hops)
 
     for name, df in (("hops", hops), ("delivery", dl.filter("sent").drop("first"))):
         path = _join(out, f"{name}.parquet")
         df.write.mode("overwrite").parquet(path)
         outputs[name] = path
     # the traces as OTLP JSON (spark/otlp.py): DIR/traces.otlp/part-*.txt, one TracesData a
-    # line; from the hops computed again from the step table's cache (partitioned by trace_id,
-    # and the window sorts each partition by trace_id): with the object-hash aggregate off
+    # line; from the hops' cache (partitioned by trace_id, and the window sorted each
+    # partition by trace_id): with the object-hash aggregate off
     # for this one query, collect_list per trace is a streaming sort aggregate over that
     # order, with no shuffle and no sort (reading hops.parquet back shuffled every span)
     from spark.otlp import otlp_lines

@@ -46,7 +46,9 @@ REMP_EVENTS = Catalogue("remp", [
       {"reason": "string"}),
     E("remp.node.store_failed", "the daemon's SQLite store refused a write (disk full, read-only "
       "file, I/O; reason = SQLite's error): the rows stay queued in memory and what depends on "
-      "them waits (the full node holds back that step's receipt acks, the validators resend); "
+      "them waits (the full node holds back that step's receipt acks, the validators resend; a "
+      "validator holds the step's datagrams until its journal is written, the oldest beyond "
+      "4,096 dropped and counted); "
       "count = failures so far; logged at most once per 10 s, remp_errors_total{where=\"store\"} "
       "counts every one", {"reason": "string", "count": "long"}),
     E("remp.shardchain.accepted", "a shard block was accepted by its group (count = messages "

@@ -60,6 +60,8 @@ from .wire import WireError
 STEP_COALESCE = 0.002
 #: seconds between two log lines about store write failures (the metric counts every one)
 STORE_ERROR_LOG_INTERVAL = 10.0
+#: most datagrams a validator holds while its journal cannot be written (oldest dropped)
+MAX_HELD = 4096
 
 __all__ = ["run_role", "build_validator_parser", "build_fullnode_parser", "ValidatorDaemon", "FullnodeDaemon"]
 
@@ -205,6 +207,8 @@ class _Daemon:
         self.registry.register(_Traffic(self))
         self._children: dict[tuple, object] = {}
         self.stopping = False
+        self.store_failures = 0                 # store writes refused (_store_failed)
+        self._store_logged = float("-inf")
         self.event_loop = "asyncio"        # run_role: what use_event_loop installed
         self.epoch: int | None = None      # this run's transport epoch (the role's store sets it)
         self.peers = {n.key_id: (n.public_key, parse_hostport(n.address)) for n in self.net.nodes
@@ -242,6 +246,18 @@ class _Daemon:
 
     def log_error(self, text: str) -> None:
         raise NotImplementedError
+
+    def _store_failed(self, exc: Exception, waiting: str) -> None:
+        """Count a store write failure (remp_errors{where="store"}, /health store_failures)
+        and log it as remp.node.store_failed at most once per STORE_ERROR_LOG_INTERVAL
+        seconds, with how many failed so far and what waits for the store (`waiting`)."""
+        self.m_errors.labels("store").inc()
+        self.store_failures += 1
+        t = time.monotonic()
+        if t - self._store_logged >= STORE_ERROR_LOG_INTERVAL:
+            self._store_logged = t
+            self.log.emit("remp.node.store_failed", None, "error", count=self.store_failures,
+                          reason=f"{exc} ({waiting})"[:2000])
 
     # -- loop ------------------------------------------------------------------------------
     async def start_io(self, http_app: web.Application) -> dict:
@@ -342,6 +358,11 @@ class ValidatorDaemon(_Daemon):
         self.epoch = self.store.run_epoch(time.time_ns() // 1000)
         journal = self.store.load()
         self.restored_blocks = len(journal.master_commits)
+        # while the store refuses writes (step): journal entries not yet written, the
+        # datagrams that wait for them, and how many of those were dropped over MAX_HELD
+        self._unwritten: list = []
+        self._held: list = []
+        self.held_dropped = 0
         tm = self.net.timing
 
         def catchain_factory(session_id, members, local, block_interval=0.05):
@@ -396,7 +417,9 @@ class ValidatorDaemon(_Daemon):
                 "shard_signed_heights": shard_signed,
                 "muted_catchains": sum(1 for q in c.rmqs.values() if getattr(q.catchain, "muted", False)),
                 "delivery": dict(self.sender.stats), "unacked": self.sender.unacked(),
-                "stats": dict(c.stats), "errors": sum(self.errors.values())}
+                "stats": dict(c.stats), "errors": sum(self.errors.values()),
+                "store_failures": self.store_failures, "journal_unwritten": len(self._unwritten),
+                "held_datagrams": len(self._held), "held_dropped": self.held_dropped}
 
     def receive(self, src: bytes, payload: bytes, now: float) -> None:
         if src in self.fullnode_ids and classify(payload) == "receipt_ack":
@@ -424,10 +447,27 @@ class ValidatorDaemon(_Daemon):
         if t is not None and t <= now:
             self.sender.handle_timer(now)
         out += self.sender.packets_to_send(now)
-        entries = c.journal_updates() + self.sender.journal_updates()
+        entries = self._unwritten + c.journal_updates() + self.sender.journal_updates()
         if entries:
-            self.store.write(entries)        # fsynced before the datagrams that depend on it
-            self.m_journal.inc(len(entries))
+            try:
+                self.store.write(entries)    # fsynced before the datagrams that depend on it
+            except StoreError as exc:
+                # nothing that depends on them may leave: the entries are written first at
+                # the next step and this step's datagrams wait behind them, in order (the
+                # oldest beyond MAX_HELD are dropped and counted: the protocols resend)
+                self._unwritten = entries
+                held = self._held + out
+                if len(held) > MAX_HELD:
+                    self.held_dropped += len(held) - MAX_HELD
+                    held = held[-MAX_HELD:]
+                self._held, out = held, []
+                self._store_failed(exc, f"{len(entries)} journal entries and {len(held)} datagrams "
+                                        f"wait for it, {self.held_dropped} datagrams dropped so far")
+            else:
+                self.m_journal.inc(len(entries))
+                self._unwritten = []
+                if self._held:
+                    out, self._held = self._held + out, []
         while (ev := c.next_event()) is not None:
             try:
                 recs = validator_records(ev)
@@ -462,8 +502,6 @@ class FullnodeDaemon(_Daemon):
         self.store = FullnodeStore(args.data_dir)
         self.epoch = self.store.run_epoch(time.time_ns() // 1000)
         self.resubmitted = 0
-        self.store_failures = 0                 # store writes refused (_store_failed)
-        self._store_logged = float("-inf")
         tm = self.net.timing
         self.follower = ChainFollower(self.key, self.net.config, self.net.zerostate(),
                                       round_timeout=min(1.0, tm["master_round_timeout"]))
@@ -604,21 +642,9 @@ class FullnodeDaemon(_Daemon):
             # not a bug: a local failure (disk full, I/O). The rows stay queued for the next
             # commit; this step's receipt acks are held back (the validators resend those
             # receipts until acknowledged, delivery.py), the rest still leaves.
-            self._store_failed(exc)
+            self._store_failed(exc, "statuses kept in memory, receipt acks held back until it can write")
             return out
         return out + acks
-
-    def _store_failed(self, exc: Exception) -> None:
-        """Count a store write failure (remp_errors{where="store"}) and log it as
-        remp.node.store_failed at most once per STORE_ERROR_LOG_INTERVAL seconds, with how
-        many failed so far."""
-        self.m_errors.labels("store").inc()
-        self.store_failures += 1
-        t = time.monotonic()
-        if t - self._store_logged >= STORE_ERROR_LOG_INTERVAL:
-            self._store_logged = t
-            self.log.emit("remp.node.store_failed", None, "error", count=self.store_failures,
-                          reason=f"{exc} (statuses kept in memory, receipt acks held back until it can write)"[:2000])
 
     def _drain_client(self) -> None:
         from .client import FinalStatus, ReceiptEvent

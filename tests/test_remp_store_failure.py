@@ -2,7 +2,8 @@
 message it cannot record is refused with 503 and not sent (a message it could not resubmit
 after a crash is never accepted); statuses it cannot commit stay queued, the receipt acks of
 that step are held back so the validators resend, and the failure is counted and logged as
-a store failure, not as a bug. The failure is real: SQLite's `PRAGMA query_only` makes every
+a store failure, not as a bug; a validator holds every datagram of a step until that step's
+journal entries are written. The failure is real: SQLite's `PRAGMA query_only` makes every
 write fail with "attempt to write a readonly database"."""
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from remp_node.api import add_api_routes
 from remp_node.delivery import ReceiptSender, classify
 from remp_node.keys import NodeKey
 from remp_node.netfiles import load_key, load_network
-from remp_node.node import FullnodeDaemon, parse_role_args
+from remp_node.node import FullnodeDaemon, ValidatorDaemon, parse_role_args
 from remp_node.receipts import New, make_signed_receipt
 from remp_node.state import make_wallet_message
 
@@ -48,8 +49,8 @@ def wallet_message(d, amount: int) -> bytes:
     return make_wallet_message(k, w["address"], w["address"], amount, int(time.time()) + 3600, nonce=amount)
 
 
-def logged(tmp_path, event: str) -> list[dict]:
-    lines = [json.loads(x) for x in (tmp_path / "fn.jsonl").read_text().splitlines() if x.strip()]
+def logged(path, event: str) -> list[dict]:
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     return [e for e in lines if e.get("event") == event]
 
 
@@ -112,7 +113,56 @@ def test_statuses_that_cannot_be_committed_stay_queued_and_their_acks_are_held_b
     kinds = [s.get("kind") for s in fn.store.statuses(mid)]
     assert kinds == ["SentToValidators", "PutIntoQueue"], kinds     # New = PutIntoQueue, once
     fn.close_logs()                                        # flushes the event log
-    failed = logged(tmp_path, "remp.node.store_failed")
+    failed = logged(tmp_path / "fn.jsonl", "remp.node.store_failed")
     assert len(failed) == 1 and failed[0]["level"] == "error", failed
     assert "readonly" in json.dumps(failed[0]) and '"count": 1' in json.dumps(failed[0])
-    assert logged(tmp_path, "remp.node.error") == []
+    assert logged(tmp_path / "fn.jsonl", "remp.node.error") == []
+
+
+def test_a_validator_holds_its_datagrams_until_its_journal_is_written(tmp_path, net):
+    """Validators v1, v2 (1 shard, both on the masterchain) stepped in memory, datagrams handed
+    across directly. From v1's first failed journal write on, nothing v1 produces leaves (its
+    votes depend on journal entries; a step with none still waits behind the unwritten ones) and the network does not move past master height 1; once the
+    store takes writes again the held entries are written, the held datagrams leave and both
+    reach height 2, as a healthy pair does."""
+    def validator(label):
+        _, args = parse_role_args("validator", [
+            "--network", str(net), "--key", str(net / "keys" / f"{label}.key"),
+            "--data-dir", str(tmp_path / label), "--log", str(tmp_path / f"{label}.jsonl")])
+        return ValidatorDaemon(args)
+    v1, v2 = validator("v1"), validator("v2")
+    by_id = {v1.key.key_id: v1, v2.key.key_id: v2}
+    t = v1.net.config.genesis_time + 0.01
+    sent_by_v1 = 0
+
+    def run(steps: int):
+        nonlocal t, sent_by_v1
+        for _ in range(steps):
+            for v in (v1, v2):
+                out = v.step(t)
+                if v is v1 and v1.store_failures:     # from its first failed journal write on
+                    sent_by_v1 += len(out)
+                for dst, data in out:
+                    if dst in by_id:
+                        by_id[dst].receive(v.key.key_id, data, t)
+            t += 0.05
+
+    v1.store.db.execute("PRAGMA query_only = ON")
+    run(100)
+    assert sent_by_v1 == 0 and v1.store_failures > 0
+    h = v1.health()
+    assert h["journal_unwritten"] > 0 and h["held_datagrams"] > 0 and h["held_dropped"] == 0
+    assert v1.core.master.height == 1 and v2.core.master.height == 1
+    assert v1.store.writes == 0
+
+    v1.store.db.execute("PRAGMA query_only = OFF")
+    run(60)
+    h = v1.health()
+    assert h["journal_unwritten"] == 0 and h["held_datagrams"] == 0 and sent_by_v1 > 0
+    assert v1.core.master.height == 2 and v2.core.master.height == 2
+    assert v1.store.db.execute("SELECT count(*) FROM signed_heights").fetchone()[0] > 0
+    v1.close_logs()
+    v2.close_logs()
+    failed = logged(tmp_path / "v1.jsonl", "remp.node.store_failed")
+    assert len(failed) == 1 and "journal entries" in json.dumps(failed[0]), failed
+    assert logged(tmp_path / "v1.jsonl", "remp.node.error") == []

@@ -41,8 +41,9 @@ REMP_EVENTS = Catalogue("remp", [
     E("remp.validator.session", "the validator entered master session `session` (count = shards "
       "whose RMQ it serves; roles = shard:current|previous, comma separated)",
       {"session": "long", "count": "long", "roles": "string"}),
-    E("remp.node.error", "a REMP daemon caught an unexpected exception (a bug) at its boundary "
-      "and keeps running (reason = where, exception and the last frames; logged once per kind)",
+    E("remp.node.error", "a REMP daemon keeps running after an error: an unexpected exception "
+      "caught at its boundary (a bug; reason = where, exception and the last frames; logged once "
+      "per kind) or the full node's Redis unreachable (reason names the URL and the --redis flag)",
       {"reason": "string"}),
     E("remp.node.store_failed", "the daemon's SQLite store refused a write (disk full, read-only "
       "file, I/O; reason = SQLite's error): the rows stay queued in memory and what depends on "

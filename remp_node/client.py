@@ -280,7 +280,7 @@ class RempClient:
             else:
                 msg = parse_external_message(boc, wcs)
         except MessageRejected as exc:
-            mid = message_id_of(boc) or hashlib.sha256(bytes(boc)).digest()
+            mid = submitted_message_id(boc, parsed)
             self._events.append(MessageReceived(mid, len(boc), 0))
             self._reject_locally(mid, exc.reason, 0, now)
             return mid
@@ -627,6 +627,15 @@ class RempClient:
             if late[0] > now:
                 break
             del self._late[mid]
+
+
+def submitted_message_id(boc: bytes, parsed: ExternalMessage | None = None) -> bytes:
+    """The 32-byte id RempClient.submit gives `boc`: its root cell hash (`parsed.id` when the
+    caller parsed it, messages.message_id_of otherwise), or the sha256 of the bytes when the
+    BOC does not decode (a RejectedByFullnode receipt still names it)."""
+    if parsed is not None and parsed.boc == boc:
+        return parsed.id
+    return message_id_of(boc) or hashlib.sha256(bytes(boc)).digest()
 
 
 def _order_key(receipt: Receipt) -> tuple[int, int, int]:

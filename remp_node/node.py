@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import time
 import traceback
 from collections import Counter
@@ -47,7 +46,6 @@ from .endpoint import open_endpoint, parse_faults
 from .eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records, emit_records,
                        fullnode_dropped_record, peer_label, validator_records)
 from .events import REMP_EVENTS
-from .messages import message_id_of
 from .netfiles import NetFilesError, load_key, load_network
 from .receipts import ReceiptError
 from .store import StoreError
@@ -577,13 +575,11 @@ class FullnodeDaemon(_Daemon):
         cannot record it: then nothing was handed to the client core or sent (the API
         answers 503; a message the full node could not resubmit after a crash is never
         accepted)."""
+        from .client import submitted_message_id
         now = self.now()
-        mid = parsed.id if parsed is not None else (message_id_of(boc) or hashlib.sha256(bytes(boc)).digest())
+        mid = submitted_message_id(boc, parsed)
         self.store.add_message(mid, boc, time.time())
-        got = self.client.submit(boc, now, parsed)
-        if got != mid:          # the client core names it by the same rule; kept safe anyway
-            self.store.add_message(got, boc, time.time())
-            mid = got
+        self.client.submit(boc, now, parsed)
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._step)
         self._drain_client()

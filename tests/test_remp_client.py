@@ -514,3 +514,20 @@ def test_submit_takes_the_callers_parse(monkeypatch):
     other = wallet_msg(nonce=6)
     c.submit(other, T0, parsed)            # a parse of another BOC is not taken
     assert calls == [1] and len(c.pending()) == 2
+
+
+def test_submitted_message_id_is_the_id_submit_gives():
+    """client.submitted_message_id (the full node records a message under it before the
+    client core sends it) names a BOC as submit() does: the root hash, parsed or not, for
+    an accepted message, one the pre-checks refuse and a masterchain one refused as an
+    unknown account; sha256 of the bytes for garbage."""
+    from remp_node.client import submitted_message_id
+    from remp_node.messages import message_id_of
+    ok, broke, garbage = wallet_msg(), wallet_msg(amount=5000, nonce=2), b"\x01\x02not a boc"
+    mc = make_wallet_message(ALICE, "-1:" + A.split(":")[1], B, 1, int(T0 + 600), 3)
+    for boc in (ok, broke, mc):
+        parsed = parse_external_message(boc, (0, -1))
+        assert submitted_message_id(boc) == submitted_message_id(boc, parsed) == message_id_of(boc)
+        assert client().submit(boc, T0) == submitted_message_id(boc)
+        assert client().submit(boc, T0, parsed) == submitted_message_id(boc, parsed)
+    assert client().submit(garbage, T0) == submitted_message_id(garbage) != message_id_of(garbage)

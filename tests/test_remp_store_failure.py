@@ -16,6 +16,7 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client import generate_latest
 
 from remp_node.api import add_api_routes
 from remp_node.delivery import ReceiptSender, classify
@@ -160,6 +161,10 @@ def test_a_validator_holds_its_datagrams_until_its_journal_is_written(tmp_path, 
     h = v1.health()
     assert h["journal_unwritten"] == 0 and h["held_datagrams"] == 0 and sent_by_v1 > 0
     assert v1.core.master.height == 2 and v2.core.master.height == 2
+    # /metrics reads the height at scrape time, and counts the store failures
+    metrics = generate_latest(v1.registry).decode()
+    assert "\nremp_master_height 2.0\n" in metrics and "\nremp_session 0.0\n" in metrics
+    assert f'remp_errors_total{{where="store"}} {float(v1.store_failures)}' in metrics
     assert v1.store.db.execute("SELECT count(*) FROM signed_heights").fetchone()[0] > 0
     v1.close_logs()
     v2.close_logs()

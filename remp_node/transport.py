@@ -354,21 +354,25 @@ class TransportCore:
         lim = self.limits
         if n > lim.max_payload:
             raise TransportError(f"payload of {n} bytes exceeds max_payload {lim.max_payload}")
-        if p.send_aead is None:
-            p.send_aead = self._aead(p, self.key_id, p.kid, self.epoch)
         chunk = lim.chunk_size
         count = max(1, -(-n // chunk))
         p.send_msg = (p.send_msg + 1) & 0xFFFFFFFF
-        aead = p.send_aead
         for i in range(count):
-            p.send_seq += 1
-            head = _HEADER.pack(VERSION, KIND_FRAME, self.key_id, self.epoch, p.send_seq)
-            body = _PART.pack(p.send_msg, i, count, n) + payload[i * chunk:(i + 1) * chunk]
-            dg = head + aead.encrypt(b"\x00\x00\x00\x00" + p.send_seq.to_bytes(8, "little"), body, head)
-            self._out.append((dg, p.addr))
-            self.counters["sent_datagrams"] += 1
-            self.counters["sent_bytes"] += len(dg)
+            self._seal(p, KIND_FRAME, _PART.pack(p.send_msg, i, count, n) + payload[i * chunk:(i + 1) * chunk])
         self.counters["sent_payloads"] += 1
+
+    def _seal(self, p: _Peer, kind: int, body: bytes) -> None:
+        """Queue one datagram of `kind` to peer p: the clear header (the next send seq, also
+        the AES-GCM nonce) authenticated as AAD, then `body` sealed (module doc)."""
+        if p.send_aead is None:
+            p.send_aead = self._aead(p, self.key_id, p.kid, self.epoch)
+        p.send_seq += 1
+        head = _HEADER.pack(VERSION, kind, self.key_id, self.epoch, p.send_seq)
+        dg = head + p.send_aead.encrypt(b"\x00\x00\x00\x00" + p.send_seq.to_bytes(8, "little"), body, head)
+        self._out.append((dg, p.addr))
+        c = self.counters
+        c["sent_datagrams"] += 1
+        c["sent_bytes"] += len(dg)
 
     def send_many(self, dst: bytes, payloads: Iterable[bytes], now: float) -> None:
         """Queue several payloads for peer `dst`, in order: consecutive ones that fit one
@@ -388,7 +392,7 @@ class TransportCore:
         size = 0
         for x in items:
             need = 2 + len(x)
-            if x and need <= room and len(x) <= 0xFFFF:
+            if x and need <= room:          # part_size <= MAX_PART_SIZE: the u16 length fits
                 if size + need > room:
                     self._send_group(p, group, now)
                     group, size = [], 0
@@ -406,17 +410,8 @@ class TransportCore:
         if len(group) == 1:
             self.send(p.kid, group[0], now)
             return
-        if p.send_aead is None:
-            p.send_aead = self._aead(p, self.key_id, p.kid, self.epoch)
-        p.send_seq += 1
-        head = _HEADER.pack(VERSION, KIND_BUNDLE, self.key_id, self.epoch, p.send_seq)
-        body = b"".join(_ENTRY.pack(len(x)) + x for x in group)
-        dg = head + p.send_aead.encrypt(b"\x00\x00\x00\x00" + p.send_seq.to_bytes(8, "little"), body, head)
-        self._out.append((dg, p.addr))
-        c = self.counters
-        c["sent_datagrams"] += 1
-        c["sent_bytes"] += len(dg)
-        c["sent_payloads"] += len(group)
+        self._seal(p, KIND_BUNDLE, b"".join(_ENTRY.pack(len(x)) + x for x in group))
+        self.counters["sent_payloads"] += len(group)
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, Hashable]]:
         """Drain the outbox: [(datagram bytes, address)] in send order."""

@@ -325,12 +325,10 @@ def test_a_tampered_or_malformed_bundle_is_dropped_whole():
     m.inject(B.key_id, bytes(bad), addr=A.key_id)
     assert b.counters["dropped_forged"] == 1 and not m.got[B.key_id]
     # an authenticated bundle whose entry lengths do not fill the body exactly (a peer's bug)
-    from remp_node import transport as tr
-    p = a._peers[B.key_id]
+    from remp_node.transport import KIND_BUNDLE
     for body in (b"\x09\x00abcdef", b"\x00\x00" + b"x" * 8, b"\x04\x00abcd\x01"):
-        p.send_seq += 1
-        head = tr._HEADER.pack(tr.VERSION, tr.KIND_BUNDLE, A.key_id, a.epoch, p.send_seq)
-        sealed = head + p.send_aead.encrypt(b"\x00" * 4 + p.send_seq.to_bytes(8, "little"), body, head)
+        a._seal(a._peers[B.key_id], KIND_BUNDLE, body)       # sealed as A's own datagrams are
+        [(sealed, _)] = a.datagrams_to_send(m.now)
         m.inject(B.key_id, sealed, addr=A.key_id)
     assert b.counters["dropped_malformed"] == 3 and not m.got[B.key_id]
     m.inject(B.key_id, dg, addr=A.key_id)            # the untampered original still arrives

@@ -1370,8 +1370,7 @@ def _flatten(values) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Console script `rmb-relay` (see --help). Exit 0 after SIGTERM/SIGINT."""
     from daemon_runtime.config import load_args
-    from daemon_runtime.lifecycle import Ready, parse_hostport, run_daemon
-    from daemon_runtime.lifecycle import use_event_loop
+    from daemon_runtime.lifecycle import Ready, parse_hostport, run_daemon, use_event_loop
 
     parser = build_parser()
     args = load_args(parser, argv, env_prefix="RMB_RELAY_")

@@ -346,9 +346,9 @@ def _step_rows(spark, inputs: list[str]):
 
 def _trace_peers(spark, inputs: list[str]):
     """Per trace (trace_id, peers): every distinct non-null `peer` any step of the trace
-    named (spark/plan.py: a planned fault's target). Traces without one have no row. The
-    step table's own `peers` column when it has one (_step_table peers=True), else computed
-    here from the inputs again: only when the plan has faults."""
+    named (spark/plan.py: a planned fault's target), from a second pass over the inputs.
+    Traces without one have no row. The report calls it only when the step table was built
+    without its `peers` column (_step_table peers=False) and the plan has faults."""
     from pyspark.sql import functions as F
     return (_step_rows(spark, inputs).filter("protocol <> '_meta' AND peer IS NOT NULL")
             .groupBy("trace_id").agg(F.collect_set("peer").alias("peers")))

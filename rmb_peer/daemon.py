@@ -68,7 +68,7 @@ from rmb_peer.envelope import MAX_ENVELOPE_SIZE
 from rmb_peer.errors import RmbRemoteError
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.identity import E2EKey, Identity
-from rmb_peer.redisq import QueueReader, RedisWriter
+from rmb_peer.redisq import MAX_PENDING, QueueReader, RedisWriter
 from rmb_peer.token import make_token
 from rmb_peer.twins import DirectoryError, Twin, TwinDirectory, UnknownTwin
 from rmb_peer.twinstore import TwinStore
@@ -151,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--status-listen", metavar="HOST:PORT", default=None,
                      help="serve /metrics and /health here (port 0 = any free port, announced "
                           "in the READY line); default: not served")
+    net.add_argument("--redis-stall-after", type=float, default=5.0, metavar="SECONDS",
+                     help="a Redis write waiting this long is a stall: logged once "
+                          "(rmb.peer.redis_stalled), /health not ok, metric "
+                          "rmb_peer_redis_write_wait_seconds (default: 5)")
+    net.add_argument("--redis-max-pending", type=int, default=MAX_PENDING, metavar="N",
+                     help="Redis operations waiting to be written at which the peer stops "
+                          f"reading relays and local queues until Redis catches up; nothing "
+                          f"is dropped (default: {MAX_PENDING})")
     net.add_argument("--twin-cache-ttl", type=float, default=60.0, metavar="SECONDS",
                      help="how long a looked-up twin record is reused; it is refreshed in "
                           "the background after half of it (default: 60)")
@@ -198,6 +206,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.e2e_key = E2EKey.from_seed(args.seed)
     except ValueError as exc:
         parser.error(str(exc))
+    if not args.redis_stall_after > 0:
+        parser.error("--redis-stall-after must be > 0 seconds")
+    if args.redis_max_pending < 1:
+        parser.error("--redis-max-pending must be >= 1")
     if args.status_listen is not None:
         from daemon_runtime.lifecycle import parse_hostport
         try:
@@ -223,14 +235,23 @@ class _StatsCollector:
         c = CounterMetricFamily("rmb_peer_events", "rmb-peer counters by kind", labels=["kind"])
         g = GaugeMetricFamily("rmb_peer_relays_connected", "relay connections open")
         p = GaugeMetricFamily("rmb_peer_pending_requests", "requests waiting for replies")
+        w = GaugeMetricFamily("rmb_peer_redis_pending_ops",
+                              "Redis operations queued or in flight (not yet written)")
+        ww = GaugeMetricFamily("rmb_peer_redis_write_wait_seconds",
+                               "seconds the Redis write in flight has waited (0: none)")
+        rp = GaugeMetricFamily("rmb_peer_reads_paused",
+                               "1 while reading relays and local queues is paused for Redis")
         if core is not None:
             for kind, value in sorted(core.stats.items()):
                 c.add_metric([kind], value)
             g.add_metric([], len(core.live_relays()))
             p.add_metric([], core.pending_count)
-        yield c
-        yield g
-        yield p
+        writer = self.daemon.writer
+        if writer is not None:
+            w.add_metric([], writer.pending)
+            ww.add_metric([], writer.write_wait(self.daemon._loop.time()))
+            rp.add_metric([], int(writer.full))
+        yield from (c, g, p, w, ww, rp)
 
 
 class _PassLog:
@@ -420,8 +441,10 @@ class PeerDaemon:
             await self.redis.aclose()
             raise RuntimeError(f"cannot reach Redis at {self.args.redis} (set it with "
                                f"--redis): {exc}") from None
-        self.writer = RedisWriter(self.redis, on_error=self._redis_failed)
+        self.writer = RedisWriter(self.redis, on_error=self._redis_failed,
+                                  max_pending=self.args.redis_max_pending)
         self.writer.start()
+        self._spawn(self._redis_watch())
         status_runner = None
         if self.args.status_listen is not None:
             from daemon_runtime.lifecycle import start_status_server
@@ -477,11 +500,43 @@ class PeerDaemon:
             self.log.close()
 
     def health(self) -> dict:
+        """/health: ok = a relay is up, Redis is not stalled, not stopping; `redis`: pending
+        operations, seconds the write in flight has waited, whether reads are paused."""
         core = self.core
         live = core.live_relays() if core else []
-        return {"ok": bool(live) and not self._stopping, "service": "rmb-peer",
+        writer = self.writer
+        wait = writer.write_wait(self._loop.time()) if writer is not None else 0.0
+        stalled = wait >= self.args.redis_stall_after
+        return {"ok": bool(live) and not stalled and not self._stopping, "service": "rmb-peer",
                 "twin": self.twin_id, "relays": {n: r.state for n, r in core.relays.items()} if core else {},
-                "pending": core.pending_count if core else 0}
+                "pending": core.pending_count if core else 0,
+                "redis": {"url": self.args.redis, "stalled": stalled,
+                          "pending_ops": writer.pending if writer is not None else 0,
+                          "write_wait_s": round(wait, 3),
+                          "reads_paused": bool(writer is not None and writer.full)}}
+
+    async def _redis_watch(self) -> None:
+        """Logs a Redis stall once (rmb.peer.redis_stalled, when the write in flight has
+        waited --redis-stall-after s) and its end (rmb.peer.redis_recovered, stalled_s from
+        that write's start until this check saw it done: up to a check period late);
+        checks four times per stall period, at least once a second."""
+        after = self.args.redis_stall_after
+        writer = self.writer
+        stalled: float | None = None      # in_flight_since of the write logged as stalled
+        loop = self._loop
+        while True:
+            await asyncio.sleep(min(1.0, after / 4))
+            now = loop.time()
+            since = writer.in_flight_since
+            if stalled is not None and since != stalled:
+                self.log.emit("rmb.peer.redis_recovered", None, "warning", redis=self.args.redis,
+                              stalled_s=round(now - stalled, 3), pending=writer.pending)
+                stalled = None
+            if stalled is None and since is not None and now - since >= after:
+                stalled = since
+                self.log.emit("rmb.peer.redis_stalled", None, "error", redis=self.args.redis,
+                              waited_s=round(now - since, 3), pending=writer.pending,
+                              paused=writer.full)
 
     def _redis_failed(self, exc: Exception, n: int) -> None:
         if self.log is not None:
@@ -735,8 +790,11 @@ class PeerDaemon:
         handled = 0
         receive = ws.receive
         BINARY = WSMsgType.BINARY
+        writer = self.writer
         try:
             while True:
+                if writer.full:       # Redis is behind: let TCP hold the relay's traffic
+                    await writer.room()
                 msg = await receive()
                 kind = msg.type
                 if kind is BINARY:
@@ -789,8 +847,11 @@ class PeerDaemon:
         events are executed after each slice."""
         reader = QueueReader(self.redis, [LOCAL_QUEUE, REPLY_QUEUE], DRAIN_COUNT, timeout=1)
         local_b = LOCAL_QUEUE.encode()
+        writer = self.writer
         try:
             while not self._stopping:
+                if writer.full:       # Redis is behind: the queues keep the requests
+                    await writer.room()
                 try:
                     items = await reader.read()
                 except (RedisError, OSError) as exc:

@@ -40,6 +40,13 @@ RMB_EVENTS = Catalogue("rmb", [
       "seconds since the first failure", {"twin": "long", "stale_s": "double"}),
     E("rmb.peer.started_offline", "the registry was unreachable at start: the peer runs on "
       "the last known twin records of its --data-dir", {"twin": "long", "reason": "string"}),
+    E("rmb.peer.redis_stalled", "a Redis write has waited --redis-stall-after s without an "
+      "answer (the server hangs); nothing is dropped: writes wait, and reading from relays "
+      "and local queues pauses once --redis-max-pending operations wait; logged once per "
+      "stall", {"redis": "string", "waited_s": "double", "pending": "long", "paused": "boolean"}),
+    E("rmb.peer.redis_recovered", "Redis answered again after a logged stall; stalled_s: "
+      "seconds the write waited in all", {"redis": "string", "stalled_s": "double",
+                                          "pending": "long"}),
     E("rmb.peer.connected", "a relay connection opened", {"relay": "string"}),
     E("rmb.peer.disconnected", "a relay connection closed or went silent",
       {"relay": "string", "reason": "string"}),

@@ -27,6 +27,18 @@ keys within one pipeline may be regrouped; they are sent together anyway).
     writer.set("msgbus.backlog.<uid>", record, ttl=60)
     await writer.flush()                        # everything queued so far is written
     await writer.close()
+
+A Redis that accepts the connection but does not answer (SIGSTOPped, swapping, a full
+disk behind appendfsync always) is waited for, not given up on: nothing queued is dropped
+by a timeout. What the writer offers instead is visibility and a bound: `pending` (queued
+plus in-flight operations), `write_wait(now)` (seconds the oldest unfinished pipeline has
+waited) for the daemon's health, metrics and stall log line, and `full` / `room()`: at
+`max_pending` queued operations the producers stop taking input (rmb-peer stops reading
+its relay connections and local queues, so TCP flow control holds the traffic upstream,
+where the relay's bounded queues report what they refuse) until the backlog is below
+max_pending again. A Redis that refuses or drops the connection is a failure: retried,
+then the pipeline's operations are dropped and reported through on_error (as is a backlog
+that close() could not write in its time).
 """
 from __future__ import annotations
 
@@ -41,12 +53,14 @@ try:        # hiredis (a dependency, pyproject.toml) packs RESP commands in C
 except ImportError:             # pragma: no cover - redis-py's own packer then
     _pack_command = None
 
-__all__ = ["RedisWriter", "QueueReader", "RedisLink", "QUEUE_MAX_LEN", "REPLY_OFF", "REPLY_ON"]
+__all__ = ["RedisWriter", "QueueReader", "RedisLink", "QUEUE_MAX_LEN", "MAX_PENDING", "REPLY_OFF", "REPLY_ON"]
 
 #: Queues are trimmed to this many entries (LTRIM 0 QUEUE_MAX_LEN-1).
 QUEUE_MAX_LEN = 10000
 #: Operations per pipeline, at most.
 BATCH = 512
+#: Pending operations (queued + in flight) at which RedisWriter.full turns True.
+MAX_PENDING = 65536
 #: Commands between these two are executed by Redis without a reply (RedisLink.run
 #: reads none for them and returns None in their place; CLIENT REPLY ON is answered OK).
 REPLY_OFF = ("CLIENT", "REPLY", "OFF")
@@ -56,21 +70,58 @@ REPLY_ON = ("CLIENT", "REPLY", "ON")
 class RedisWriter:
     """Pipelines LPUSH+LTRIM / SET EX / DEL from one task. `on_error(exc, n_ops)` is called
     when a pipeline fails after `retries` attempts (the operations are then dropped: the
-    caller logs it once); a daemon never stops on a Redis error."""
+    caller logs it once); a daemon never stops on a Redis error. max_pending: operations
+    (queued + in flight) at which `full` turns True and room() waits (a soft bound: the
+    producers check it between slices of input; see the module docstring)."""
 
     def __init__(self, client: aioredis.Redis, max_len: int = QUEUE_MAX_LEN,
-                 on_error: Callable[[Exception, int], None] | None = None, retries: int = 3):
+                 on_error: Callable[[Exception, int], None] | None = None, retries: int = 3,
+                 max_pending: int = MAX_PENDING):
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, not {max_pending}")
         self.client = client
         self.max_len = max_len
         self.on_error = on_error
         self.retries = retries
+        self.max_pending = max_pending
         self._ops: list[tuple] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._room = asyncio.Event()
+        self._room.set()
+        #: True while `pending` >= max_pending (producers should await room())
+        self.full = False
+        self._in_flight = 0
+        #: loop time (s) the pipeline in flight was taken (None: nothing in flight)
+        self.in_flight_since: float | None = None
         self._task: asyncio.Task | None = None
         self._link = RedisLink(client)
         self.written = 0
+
+    @property
+    def pending(self) -> int:
+        """Operations queued or in flight (not yet written nor dropped)."""
+        return len(self._ops) + self._in_flight
+
+    def write_wait(self, now: float) -> float:
+        """Seconds (loop time `now`) the pipeline in flight has waited for Redis; 0.0 when
+        none is in flight."""
+        since = self.in_flight_since
+        return 0.0 if since is None else max(0.0, now - since)
+
+    async def room(self) -> None:
+        """Return once fewer than max_pending operations are pending."""
+        await self._room.wait()
+
+    def _check_room(self) -> None:
+        full = self.pending >= self.max_pending
+        if full != self.full:
+            self.full = full
+            if full:
+                self._room.clear()
+            else:
+                self._room.set()
 
     def start(self) -> None:
         if self._task is None:
@@ -93,6 +144,8 @@ class RedisWriter:
     def _kick(self) -> None:
         self._idle.clear()
         self._wake.set()
+        if not self.full and len(self._ops) + self._in_flight >= self.max_pending:
+            self._check_room()
 
     async def flush(self) -> None:
         """Wait until every operation queued so far was written (or dropped on error)."""
@@ -109,7 +162,14 @@ class RedisWriter:
             self._wake.clear()
             while self._ops:
                 ops, self._ops = self._ops[:BATCH], self._ops[BATCH:]
-                await self._write(ops)
+                self._in_flight = len(ops)
+                self.in_flight_since = asyncio.get_running_loop().time()
+                try:
+                    await self._write(ops)
+                finally:
+                    self._in_flight = 0
+                    self.in_flight_since = None
+                    self._check_room()
             if not self._ops:
                 self._idle.set()
 
@@ -188,12 +248,15 @@ class RedisWriter:
                 self.on_error(errors[0], len(errors))
             return
 
-    async def close(self) -> None:
-        """Flush, then stop the background task."""
+    async def close(self, timeout: float = 5.0) -> None:
+        """Flush for at most `timeout` s, then stop the background task; what could not be
+        written by then is reported through on_error (TimeoutError, n operations)."""
         try:
-            await asyncio.wait_for(self.flush(), timeout=5.0)
+            await asyncio.wait_for(self.flush(), timeout=timeout)
         except asyncio.TimeoutError:
-            pass
+            if self.on_error is not None and self.pending:
+                self.on_error(TimeoutError(f"Redis did not take the last writes within "
+                                           f"{timeout:g} s of shutdown"), self.pending)
         if self._task is not None:
             self._task.cancel()
             try:

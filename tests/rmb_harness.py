@@ -186,16 +186,18 @@ class RmbCluster:
     async def start_peer(self, twin: TwinInfo, relays: list[RelayHandle], *, db: int | None = None,
                          update: bool = False, subprocess_mode: bool = False,
                          extra: list[str] = (), log_name: str | None = None,
-                         clock=None, by_account: bool = False) -> PeerHandle:
+                         clock=None, by_account: bool = False,
+                         redis_url: str | None = None) -> PeerHandle:
         """Start rmb-peer for `twin` on its own Redis database (db: reuse one, e.g. to
         restart a peer). In-process by default; subprocess_mode runs `python -m
         rmb_peer.daemon`. clock: the in-process peer's unix-seconds source (e.g. a skewed
-        one); by_account: omit --twin (the peer looks its twin up by account key).
+        one); by_account: omit --twin (the peer looks its twin up by account key);
+        redis_url: another Redis server for this peer (default: the cluster's).
         Returns when the peer announced READY."""
         if db is None:
             db = self._next_db
             self._next_db += 1
-        url = redis_db(self.redis_url, db)
+        url = redis_db(redis_url or self.redis_url, db)
         sink = self._log_sink(log_name or f"peer-{twin.id}-{len(self.peers)}")
         args = self.peer_args(twin, relays, url, update, extra, by_account)
         if subprocess_mode:

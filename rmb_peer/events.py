@@ -82,8 +82,12 @@ RMB_EVENTS = Catalogue("rmb", [
       {"status": "long", "reason": "string"}),
     E("rmb.relay.answered", "the relay answered an envelope itself (Pong to a Ping)",
       {"kind": "string", "dst": "string"}),
-    E("rmb.relay.queue_error", "the offline queue (Redis) failed; the envelope was not queued or replay stopped",
+    E("rmb.relay.queue_error", "the offline queue (Redis) failed or did not answer within "
+      "--redis-timeout; the envelope was not queued (the sender got an error) or replay stopped",
       {"dst": "string", "reason": "string"}),
+    E("rmb.relay.redis_recovered", "Redis answered the relay's probe again after not answering "
+      "within --redis-timeout; down_s: seconds since it first did not",
+      {"redis": "string", "down_s": "double"}),
     # rmb-registry
     E("rmb.registry.twin_created", "a twin was registered", {"twin": "long"}),
     E("rmb.registry.twin_updated", "a twin's relays or pk changed", {"twin": "long"}),

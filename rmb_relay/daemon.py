@@ -306,6 +306,10 @@ class _Metrics:
                                  registry=r)
         self.fed_jobs = Gauge("rmb_relay_federation_jobs", "envelopes waiting for federation",
                               registry=r)
+        self.queue_failed = Counter("rmb_relay_queue_failed",
+                                    "envelopes for offline twins not queued because Redis "
+                                    "failed or did not answer (the sender got an error)",
+                                    ["reason"], registry=r)
         self.queue_full = Counter("rmb_relay_queue_full",
                                   "envelopes refused because the destination's offline queue "
                                   "was full (the sender got an error)", ["via"], registry=r)
@@ -359,7 +363,8 @@ class RelayServer:
                  heartbeat: float = HEARTBEAT, max_frame: int | None = None,
                  fd_reserve: int = 64,
                  federation_limit: tuple[int, int] | None = DEFAULT_FEDERATION_LIMIT,
-                 verify_federation: bool = True, twin_max_stale: float = 3600.0):
+                 verify_federation: bool = True, twin_max_stale: float = 3600.0,
+                 redis_timeout: float = 5.0):
         self.domains = list(domains)
         self.host, self.port = host, port
         self.events = events
@@ -386,6 +391,11 @@ class RelayServer:
         self.redis_url = redis_url
         #: reconnects and retries after a Redis restart (the queues survive it: AOF)
         self.redis = reconnecting_redis(redis_url)
+        #: s an offline-queue command may wait for Redis (--redis-timeout)
+        self.redis_timeout = redis_timeout
+        #: loop time Redis first did not answer within redis_timeout (None: answering);
+        #: meanwhile envelopes for offline twins fail at once and a probe PINGs it
+        self._redis_down: float | None = None
         self.directory = directory or TwinDirectory(registry_url, negative_ttl=10.0,
                                                     on_stale=self._on_stale)
         self._own_directory = directory is None
@@ -566,8 +576,51 @@ class RelayServer:
             self.metrics.suppressed.labels(_reason_label(key)).inc()
 
     def health(self) -> dict:
-        return {"ok": not self._closing, "service": "rmb-relay", "domains": self.domains,
-                "connections": len(self.table), "federation_jobs": len(self.federation)}
+        """/health: ok = not closing and Redis answering; `redis.down_s`: seconds since it
+        first did not answer within --redis-timeout (0 while it answers)."""
+        down = self._redis_down
+        down_s = 0.0 if down is None else asyncio.get_running_loop().time() - down
+        return {"ok": not self._closing and down is None, "service": "rmb-relay",
+                "domains": self.domains, "connections": len(self.table),
+                "federation_jobs": len(self.federation),
+                "redis": {"url": self.redis_url, "answering": down is None,
+                          "down_s": round(down_s, 3)}}
+
+    async def _redis_call(self, awaitable):
+        """Await an offline-queue Redis command for at most --redis-timeout s. Raises
+        TimeoutError (builtin) when Redis did not answer: Redis is then marked down (every
+        queue command fails at once, no waiting) until a probe's PING is answered, logged
+        as rmb.relay.redis_recovered. Redis's own errors (RedisError, OSError) pass through."""
+        if self._redis_down is not None:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            raise TimeoutError(f"Redis at {self.redis_url} has not answered for "
+                               f"{asyncio.get_running_loop().time() - self._redis_down:.0f} s")
+        try:
+            async with asyncio.timeout(self.redis_timeout):
+                return await awaitable
+        except TimeoutError:
+            if self._redis_down is None:
+                self._redis_down = asyncio.get_running_loop().time()
+                self._spawn(self._redis_probe(), "Redis probe")
+            raise TimeoutError(f"Redis at {self.redis_url} did not answer within "
+                               f"{self.redis_timeout:g} s (--redis-timeout)") from None
+
+    async def _redis_probe(self) -> None:
+        """PING Redis once a second (each bounded by --redis-timeout) until it answers."""
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            await asyncio.sleep(1.0)
+            try:
+                async with asyncio.timeout(self.redis_timeout):
+                    await self.redis.ping()
+            except (TimeoutError, aioredis.RedisError, OSError):
+                continue
+            down_s = loop.time() - self._redis_down
+            self._redis_down = None
+            self.events.emit("rmb.relay.redis_recovered", None, level="warning",
+                             redis=self.redis_url, down_s=round(down_s, 3))
+            return
 
     async def close(self, grace: float = 5.0) -> None:
         """Graceful shutdown, a drain bounded by `grace` s (--grace; DESIGN.md section 2):
@@ -1075,11 +1128,17 @@ class RelayServer:
             peer.queued_seq += 1
         now = self.clock()
         try:
-            length = await self._enqueue_script(
+            length = await self._redis_call(self._enqueue_script(
                 keys=[self._qkey(cmd.session), self._qkey(cmd.session) + ":src"],
                 args=[self.queue_maxlen, cmd.data, repr(cmd.until), repr(now),
-                      int(self.queue_ttl) + 1, cmd.src.split(":")[0], self.queue_per_source])
+                      int(self.queue_ttl) + 1, cmd.src.split(":")[0], self.queue_per_source]))
+        except TimeoutError as exc:
+            self.metrics.queue_failed.labels("timeout").inc()
+            self._warn("queue error: Redis not answering", "rmb.relay.queue_error", cmd.uid,
+                       level="error", dst=session_str(cmd.session), reason=str(exc)[:200])
+            return FAILED
         except (aioredis.RedisError, OSError) as exc:
+            self.metrics.queue_failed.labels("error").inc()
             self._warn("queue error", "rmb.relay.queue_error", cmd.uid, level="error",
                        dst=session_str(cmd.session), reason=repr(exc)[:200])
             return FAILED
@@ -1111,7 +1170,7 @@ class RelayServer:
         try:
             while not peer.ws.closed:
                 seq = peer.queued_seq
-                entries = await self.redis.xrange(key, "-", "+", count=256)
+                entries = await self._redis_call(self.redis.xrange(key, "-", "+", count=256))
                 if not entries:
                     if peer.queue_writes == 0 and seq == peer.queued_seq:
                         peer.replaying = False
@@ -1161,10 +1220,10 @@ class RelayServer:
                         pipe.xdel(key, *done)
                         for sender, count in senders.items():
                             pipe.hincrby(key + ":src", sender, -count)
-                        await pipe.execute()
+                        await self._redis_call(pipe.execute())
                 if broken:
                     return
-        except (aioredis.RedisError, OSError) as exc:
+        except (TimeoutError, aioredis.RedisError, OSError) as exc:
             peer.replaying = False  # live traffic must not wait on a broken queue
             self.core.queue_replayed(peer, self.clock())
             self.events.emit("rmb.relay.queue_error", None, level="error", dst=peer.name,
@@ -1330,6 +1389,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "federation retry plan runs (default: 3600)")
     p.add_argument("--queue-maxlen", metavar="N", type=int, default=10000,
                    help="bound on queued envelopes per offline (twin, session); a full queue refuses new envelopes with an error to the sender, nothing is evicted (default: 10000)")
+    p.add_argument("--redis-timeout", metavar="SECONDS", type=float, default=5.0,
+                   help="longest wait for Redis on an offline-queue command; past it the "
+                        "envelope is refused with an error to the sender, Redis is reported "
+                        "down (/health, rmb.relay.queue_error) and queue commands fail at once "
+                        "until it answers a PING again (default: 5)")
     p.add_argument("--queue-per-source", metavar="N", type=int, default=0,
                    help="entries one sender twin may hold in one twin's offline queue, so a "
                         "sender cannot crowd others out (default: half of --queue-maxlen)")
@@ -1399,6 +1463,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--twin-max-stale must be >= 0")
     if args.grace < 0:
         parser.error("--grace must be >= 0")
+    if not args.redis_timeout > 0:
+        parser.error("--redis-timeout must be > 0 seconds")
     use_event_loop(args.event_loop)
     raise_fd_limit()
 
@@ -1412,6 +1478,7 @@ def main(argv: list[str] | None = None) -> int:
                             queue_per_source=args.queue_per_source or None,
                             federation_limit=_limit_pair(list(args.federation_limit)),
                             twin_max_stale=args.twin_max_stale, heartbeat=args.heartbeat,
+                            redis_timeout=args.redis_timeout,
                             directory=TwinDirectory(args.registry, cache_ttl=args.twin_cache_ttl,
                                                     max_stale=args.twin_max_stale,
                                                     negative_ttl=10.0))

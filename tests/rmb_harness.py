@@ -117,22 +117,25 @@ class RmbCluster:
         return io.StringIO()
 
     # ------------------------------------------------------------------ relays
-    async def start_relay(self, subprocess_mode: bool = False, capture: bool = True, **kw) -> RelayHandle:
+    async def start_relay(self, subprocess_mode: bool = False, capture: bool = True,
+                          redis_url: str | None = None, **kw) -> RelayHandle:
         """A relay on a free port whose domain is 127.0.0.1:<port>. In-process relays
-        record every frame they receive from peers in `seen` (capture=True)."""
+        record every frame they receive from peers in `seen` (capture=True). redis_url:
+        another Redis server for the relay (default: the cluster's)."""
+        redis_url = redis_url or self.redis_url
         port = free_port()
         domain = f"127.0.0.1:{port}"
         sink = self._log_sink(f"relay-{port}")
         handle = RelayHandle(port, domain, log=sink)
         if subprocess_mode:
             args = [sys.executable, "-m", "rmb_relay.daemon", "--domain", domain, "--listen", domain,
-                    "--redis", self.redis_url, "--registry", self.registry_url,
+                    "--redis", redis_url, "--registry", self.registry_url,
                     "--log", str(sink) if isinstance(sink, Path) else os.devnull]
             handle.proc, _ = await _spawn_ready(args)
         else:
             from rmb_relay.daemon import RelayServer
             server = RelayServer(domains=[domain], host="127.0.0.1", port=port,
-                                 redis_url=self.redis_url, registry_url=self.registry_url,
+                                 redis_url=redis_url, registry_url=self.registry_url,
                                  events=EventLog("rmb-relay", domain, [RMB_EVENTS, RELAY_EVENTS],
                                                  sink=str(sink) if isinstance(sink, Path) else sink),
                                  directory=TwinDirectory(self.registry_url, cache_ttl=1.0), **kw)

@@ -107,6 +107,21 @@ def waterfall(trace: dict, labels: dict[str, str] | None = None) -> str:
     return _svg(fig)
 
 
+#: What the columns of the per-protocol tables count (spark/report.py, protocol_summary).
+_PROTO_NOTES = {
+    "remp": "outcomes: the final outcome per message; receipts_produced: distinct (message, "
+            "validator, status) receipts the validators logged; receipts_delivered: those the "
+            "full node logged from that validator; duplicates: statuses logged twice by one "
+            "process.",
+    "marlin": "rebuilt: (block, consumer) pairs with a rebuilt block; chunks_sent / "
+              "chunks_received / acks: counts of those events (a chunk relayed to several "
+              "consumers is received several times, so received can exceed sent); "
+              "chunks_lost: chunks a consumer "
+              "that neither rebuilt nor disputed the block never received; missing_acks: "
+              "chunks sent without an acknowledgement.",
+}
+
+
 def _table(rows: list[dict], cols: list[str] | None = None, left=(), raw=()) -> str:
     """HTML table; `left`: left-aligned columns (text); `raw`: columns already HTML."""
     if not rows:
@@ -237,7 +252,8 @@ def render(summary: dict, slow_traces: list[dict], charts: dict[str, str] | None
     extra = []
     for proto in ("remp", "marlin"):
         if proto in summary:
-            extra += [f"<h3>{proto.upper()}</h3>", _table([summary[proto]])]
+            extra += [f"<h3>{proto.upper()}</h3>", _table([summary[proto]]),
+                      f"<p class='note'>{_PROTO_NOTES[proto]}</p>"]
     faults = [{"fault": f["fault"], "target": f["target"], "from": f["start"], "to": f["end"]}
               for f in summary.get("plan", {}).get("faults", [])]
     parts = [

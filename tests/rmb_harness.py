@@ -41,6 +41,16 @@ def redis_db(url: str, db: int) -> str:
     return f"{base}/{db}"
 
 
+async def until(pred, timeout: float, what: str) -> None:
+    """Wait until pred() is true, polling every 50 ms; AssertionError naming `what` after
+    `timeout` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        assert loop.time() < deadline, f"not within {timeout} s: {what}"
+        await asyncio.sleep(0.05)
+
+
 def events_of(buf: io.StringIO | str | Path) -> list[dict]:
     """Parsed JSON lines of an event log (a StringIO sink or a file path)."""
     text = buf.getvalue() if isinstance(buf, io.StringIO) else Path(buf).read_text()

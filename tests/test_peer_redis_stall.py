@@ -15,17 +15,9 @@ import redis.asyncio as aioredis
 
 from daemon_runtime.redis_server import EmbeddedRedis
 from rmb_peer.redisq import RedisWriter
-from tests.rmb_harness import RmbCluster, events_of
+from tests.rmb_harness import RmbCluster, events_of, until
 
 TTL = 60
-
-
-async def _until(pred, timeout: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.05)
 
 
 async def test_writer_holds_everything_while_redis_hangs_and_reports_what_is_pending():
@@ -90,9 +82,9 @@ async def test_peer_reports_a_hung_redis_pauses_and_answers_every_call_after(red
             os.kill(hung.proc.pid, signal.SIGSTOP)
             calls = [asyncio.ensure_future(client.call(b.id, "stall.echo", f"c{i}".encode(), ttl=TTL))
                      for i in range(20)]
-            await _until(lambda: daemon.health()["redis"]["reads_paused"], 20,
+            await until(lambda: daemon.health()["redis"]["reads_paused"], 20,
                          "the peer paused reading for its hung Redis")
-            await _until(lambda: any(e["event"] == "rmb.peer.redis_stalled" for e in events_of(pb.log)),
+            await until(lambda: any(e["event"] == "rmb.peer.redis_stalled" for e in events_of(pb.log)),
                          20, "rmb.peer.redis_stalled logged")
             health = daemon.health()
             assert not health["ok"] and health["redis"]["stalled"], health
@@ -105,7 +97,7 @@ async def test_peer_reports_a_hung_redis_pauses_and_answers_every_call_after(red
             replies = await asyncio.wait_for(asyncio.gather(*calls), TTL + 10)
             assert sorted(r.data for [r] in replies) == sorted(f"c{i}".encode() for i in range(20)), \
                 [(r.data, r.code, r.message) for [r] in replies]
-            await _until(lambda: any(e["event"] == "rmb.peer.redis_recovered" for e in events_of(pb.log)),
+            await until(lambda: any(e["event"] == "rmb.peer.redis_recovered" for e in events_of(pb.log)),
                          10, "rmb.peer.redis_recovered logged")
             events = events_of(pb.log)
             stalled = [e for e in events if e["event"] == "rmb.peer.redis_stalled"]

@@ -13,15 +13,7 @@ import os
 import signal
 
 from daemon_runtime.redis_server import EmbeddedRedis
-from tests.rmb_harness import RmbCluster, events_of
-
-
-async def _until(pred, timeout: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.05)
+from tests.rmb_harness import RmbCluster, events_of, until
 
 
 async def test_hung_relay_redis_refuses_offline_envelopes_and_keeps_other_traffic(redis_url, tmp_path):
@@ -62,7 +54,7 @@ async def test_hung_relay_redis_refuses_offline_envelopes_and_keeps_other_traffi
             assert errors and "did not answer within 1 s" in errors[0]["attrs"]["reason"], errors
 
             os.kill(hung.proc.pid, signal.SIGCONT)
-            await _until(lambda: server.health()["ok"], 15, "Redis answering again")
+            await until(lambda: server.health()["ok"], 15, "Redis answering again")
             recovered = [e for e in events_of(relay.log) if e["event"] == "rmb.relay.redis_recovered"]
             assert len(recovered) == 1 and recovered[0]["attrs"]["down_s"] > 0, recovered
             [r3] = await client.call(c.id, "hang.echo", b"queued again", ttl=1)

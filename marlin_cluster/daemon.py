@@ -396,11 +396,16 @@ def _make_core(role: str, net, key, name: str):
 
 
 class Outputs:
-    """A consumer's delivery of rebuilt blocks: a directory and/or a Redis stream."""
+    """A consumer's delivery of rebuilt blocks: a directory and/or a Redis stream. An XADD
+    waits at most `redis_timeout` s (a Redis that hangs, e.g. SIGSTOPped, would otherwise
+    hold every later block's task and its bytes without a word): past it the block counts as
+    not delivered to Redis, like a refused XADD (delivery_errors{output="redis"}, one
+    stderr line per 5 s)."""
 
     def __init__(self, out_dir: str | None, redis_url: str | None, stream: str, maxlen: int, metrics: Metrics,
-                 bug: Callable, store: Store | None = None):
+                 bug: Callable, store: Store | None = None, redis_timeout: float = 5.0):
         self.store = store
+        self.redis_timeout = redis_timeout
         self.dir = Path(out_dir) if out_dir else None
         if self.dir:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -457,9 +462,13 @@ class Outputs:
 
     async def _xadd(self, tid: str, ch: str, block: bytes) -> None:
         try:
-            await self.redis.xadd(self.stream, {"trace_id": tid, "channel": ch, "block": block},
-                                  maxlen=self.maxlen, approximate=True)
+            async with asyncio.timeout(self.redis_timeout):
+                await self.redis.xadd(self.stream, {"trace_id": tid, "channel": ch, "block": block},
+                                      maxlen=self.maxlen, approximate=True)
             self.metrics.inc("blocks_delivered")
+        except TimeoutError:                       # Redis hangs: counted like an outage
+            self._failed("redis", f"{self.redis_url} (--redis)",
+                         TimeoutError(f"no answer within {self.redis_timeout:g} s"))
         except (OSError, redis_errors()) as exc:   # Redis down: counted, one line, keeps rebuilding
             self._failed("redis", f"{self.redis_url} (--redis)", exc)
         except Exception as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import stat
 import struct
 import time
@@ -590,6 +591,24 @@ async def test_consumer_outputs_outage_is_counted_not_a_bug(tmp_path, capsys):
     finally:
         await out.close()
         srv.stop()
+    # a Redis that hangs (SIGSTOP: connected, never answering) is an outage too, after
+    # redis_timeout, not a task per block waiting for ever
+    hung = EmbeddedRedis().start()
+    metrics = Metrics()
+    out = Outputs(None, hung.url, "marlin:hung", 100, metrics, bugs.append, redis_timeout=0.5)
+    try:
+        await out.start()
+        os.kill(hung.proc.pid, signal.SIGSTOP)
+        out.deliver(BlockRebuilt(4, b"\x01" * 20, 0, b"block four", 8, 1.0))
+        await asyncio.wait_for(asyncio.gather(*out.pending), 10)
+        assert metrics.get("delivery_errors", "redis") == 1 and metrics.get("blocks_delivered") == 0
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "no answer within 0.5 s" in err[0] and "(--redis)" in err[0], err
+        assert bugs == []
+    finally:
+        os.kill(hung.proc.pid, signal.SIGCONT)
+        await out.close()
+        hung.stop()
     dead = Outputs(None, "redis://127.0.0.1:1/0", "s", 10, Metrics(), bugs.append)
     with pytest.raises(RuntimeError, match=r"cannot reach Redis at redis://127.0.0.1:1/0 \(--redis\)"):
         await dead.start()

@@ -50,17 +50,23 @@ class StoreError(Exception):
 
 
 class RedisTwinStore:
-    """Twin records in Redis (see module doc). Durable only with AOF enabled."""
+    """Twin records in Redis (see module doc). Durable only with AOF enabled. Each command
+    waits at most `timeout` s: a Redis that hangs (connected, not answering) is a StoreError
+    (the registry answers 503) instead of a request held open for ever."""
 
-    def __init__(self, redis):
+    def __init__(self, redis, timeout: float = 5.0):
         self.redis = redis
+        self.timeout = timeout
         self._create = redis.register_script(_CREATE_LUA)
         self._update = redis.register_script(_UPDATE_LUA)
 
     async def _call(self, coro):
         import redis.asyncio as aioredis
         try:
-            return await coro
+            async with asyncio.timeout(self.timeout):
+                return await coro
+        except TimeoutError:
+            raise StoreError(f"redis: no answer within {self.timeout:g} s") from None
         except (aioredis.RedisError, OSError) as exc:
             raise StoreError(f"redis: {type(exc).__name__}") from None
 

@@ -241,3 +241,40 @@ async def test_storage_down_is_503_and_unhealthy_and_oversize_is_413():
         events.close()
     statuses = [json.loads(x)["attrs"]["status"] for x in sink.getvalue().splitlines()]
     assert statuses == [503, 413]  # each refusal logged exactly once
+
+
+async def test_hung_redis_is_503_after_the_store_timeout_not_a_request_held_open():
+    """A Redis that hangs (SIGSTOP: connected, never answering): the lookup waits the
+    store's timeout (5 s), then 503 like a Redis that is down, the reason logged."""
+    import os
+    import signal
+
+    import redis.asyncio as aioredis
+    from aiohttp import web
+    from daemon_runtime.redis_server import EmbeddedRedis
+    from rmb_relay.registry import create_app
+
+    hung = EmbeddedRedis().start()
+    sink = io.StringIO()
+    events = EventLog("rmb-registry", "test", [RMB_EVENTS], sink=sink)
+    client = aioredis.Redis.from_url(hung.url)
+    runner = web.AppRunner(create_app(client, events), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/twins/1") as r:
+                assert r.status == 404                    # answering: no such twin
+            os.kill(hung.proc.pid, signal.SIGSTOP)
+            async with s.get(url + "/twins/1", timeout=aiohttp.ClientTimeout(total=30)) as r:
+                assert r.status == 503 and (await r.json())["error"] == "registry storage unavailable"
+    finally:
+        os.kill(hung.proc.pid, signal.SIGCONT)
+        await runner.cleanup()
+        await client.aclose()
+        events.close()
+        hung.stop()
+    refused = [json.loads(x)["attrs"] for x in sink.getvalue().splitlines()]
+    assert any("no answer within 5 s" in a.get("reason", "") for a in refused), refused

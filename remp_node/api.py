@@ -115,7 +115,10 @@ class StatusHub:
         self.g_subs = Gauge("remp_api_subscribers", "open status subscriptions", registry=r)
 
     # -- statuses ---------------------------------------------------------------------------
-    def status(self, mid: bytes, d: dict) -> None:
+    def status(self, mid: bytes, d: dict, text: str) -> None:
+        """One status of message `mid` (32 bytes): `d` the seed's JSON object, `text` the
+        same as compact JSON text (encoded once by the caller, also for the store): kept in
+        memory, handed to the message's subscribers and queued for the Redis stream."""
         lst = self.memory.get(mid)
         if lst is None:
             lst = self.memory[mid] = []
@@ -129,7 +132,7 @@ class StatusHub:
             if self._backlog is None or self._backlog.qsize() >= MAX_REDIS_BACKLOG:
                 self.m_not_appended.inc()
             else:
-                self._backlog.put_nowait((mid.hex(), json.dumps(d, separators=(",", ":"))))
+                self._backlog.put_nowait((mid.hex(), text))
 
     def final(self, mid: bytes, ev) -> None:
         self.finals[mid] = {"final": True, "outcome": ev.outcome, "kind": ev.kind, "reason": ev.reason}

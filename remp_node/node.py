@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 import traceback
 from collections import Counter
@@ -639,8 +640,9 @@ class FullnodeDaemon(_Daemon):
                 if isinstance(ev, ReceiptEvent):
                     self._child(self.m_statuses, ev.kind, ev.origin).inc()
                     d = ev.to_json()
-                    rows.append((ev.message_id, d))
-                    self.hub.status(ev.message_id, d)
+                    text = json.dumps(d, separators=(",", ":"))     # once: store and Redis stream
+                    rows.append((ev.message_id, text))
+                    self.hub.status(ev.message_id, d, text)
                 elif isinstance(ev, FinalStatus):
                     self._child(self.m_final, ev.outcome).inc()
                     self.store.set_outcome(ev.message_id, ev.outcome, ev.kind, ev.reason)

@@ -19,7 +19,8 @@
   is installed: mutation ``postRequests(requests: [Request])`` and subscription
   ``rempReceipts(messageId)`` over graphql-transport-ws.
 - Every status is appended to a Redis stream (the reference's Kafka topic keyed by message
-  id): ``XADD <stream> MAXLEN ~ <n> * key <message id hex> value <status JSON>``; consumer
+  id): ``XADD <stream> MAXLEN ~ <n> * key <message id hex> value <status JSON>`` (run by
+  XADD_SCRIPT, one EVAL per batch of statuses); consumer
   groups work as usual (XGROUP CREATE / XREADGROUP). When Redis is unreachable the full node
   keeps serving HTTP, logs which URL and flag once per outage, and counts every status not
   appended (remp_redis_not_appended).
@@ -52,6 +53,16 @@ MID_RE = re.compile(r"^[0-9a-fA-F]{64}$")
 MAX_MEMORY_MESSAGES = 100_000
 #: statuses waiting for Redis at most (beyond: counted as not appended)
 MAX_REDIS_BACKLOG = 200_000
+#: appends a batch of statuses to the stream, one entry each, in order: KEYS[1] the stream,
+#: ARGV[1] MAXLEN (approximate), then (message id hex, status JSON) pairs. Returns {n}, or
+#: {n, error text} when the (n+1)-th XADD was refused (the rest of the batch is not tried).
+XADD_SCRIPT = """local n = 0
+for i = 2, #ARGV - 1, 2 do
+  local r = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'key', ARGV[i], 'value', ARGV[i + 1])
+  if type(r) == 'table' and r.err then return {n, r.err} end
+  n = n + 1
+end
+return {n}"""
 
 
 class ApiError(ValueError):
@@ -232,26 +243,29 @@ class StatusHub:
             while not self._backlog.empty() and len(batch) < 512:
                 batch.append(self._backlog.get_nowait())
             try:
-                # one round trip through RedisLink (commands packed by hiredis, replies read
-                # without redis-py's Pipeline object: that was ~1/6 of the full node's CPU per
-                # status, bench/bench_remp_fullnode.py)
+                # one EVAL of XADD_SCRIPT per batch through RedisLink (hiredis-packed, one
+                # reply): an XADD command per status through redis-py's Pipeline object was
+                # ~1/6 of the full node's CPU per status, one reply read per status another
+                # ~6 us (bench/bench_remp_fullnode.py)
                 try:
-                    replies = await self._link.run([("XADD", self.stream, "MAXLEN", "~", self.maxlen, "*",
-                                                     "key", key, "value", value) for key, value in batch])
-                    refused = [r for r in replies if isinstance(r, rexc.ResponseError)]
+                    (reply,) = await self._link.run([("EVAL", XADD_SCRIPT, 1, self.stream, self.maxlen,
+                                                      *[x for kv in batch for x in kv])])
+                    if isinstance(reply, rexc.ResponseError):
+                        raise reply
+                    appended = int(reply[0])
+                    error = reply[1].decode(errors="replace") if len(reply) > 1 else None
                 except (rexc.RedisError, OSError) as exc:
-                    refused = [exc] * len(batch)
-                self.m_appended.inc(len(batch) - len(refused))
-                self._redis_ok = not refused
-                if not refused:
+                    appended, error = 0, f"{type(exc).__name__}: {exc}"
+                self.m_appended.inc(appended)
+                self._redis_ok = error is None
+                if error is None:
                     warned = False
                     continue
-                self.m_not_appended.inc(len(refused))
+                self.m_not_appended.inc(len(batch) - appended)
                 if not warned:
                     warned = True
-                    exc = refused[0]
                     self.daemon.log_error(f"Redis at {self.redis_url} (flag --redis) is unreachable: "
-                                          f"{type(exc).__name__}: {exc}; statuses are counted in "
+                                          f"{error}; statuses are counted in "
                                           "remp_redis_not_appended and HTTP keeps serving")
                 await asyncio.sleep(1.0)
             except asyncio.CancelledError:

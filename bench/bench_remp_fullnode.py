@@ -233,7 +233,7 @@ async def amain(args) -> None:
                   f"{base['log_line_us']:.1f} us (status = {us / base['log_line_us']:.1f} log lines)",
                   flush=True)
             if prof is not None:
-                pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+                pstats.Stats(prof).sort_stats(args.sort).print_stats(args.profile)
     us = [r["cpu"] / r["statuses"] * 1e6 for r in rows]
     ratio = [r["cpu"] / r["statuses"] * 1e6 / r["log_line_us"] for r in rows]
     per_msg = [r["cpu"] / r["messages"] * 1e3 for r in rows]
@@ -249,6 +249,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="measured rounds (each a fresh daemon and store)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="one more round under cProfile (CPU clock): print the top N functions")
+    ap.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"),
+                    help="--profile's order: own time (default) or with callees")
     args = ap.parse_args()
     use_event_loop("auto")       # as remp-node's default --event-loop
     asyncio.run(amain(args))

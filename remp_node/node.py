@@ -57,6 +57,8 @@ from .wire import WireError
 #: seconds between a received datagram and the step that flushes its consequences (module
 #: doc of _Daemon._on_payload); added once per hop
 STEP_COALESCE = 0.002
+#: dict -> compact JSON text; one encoder (json.dumps with separators builds one per call)
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
 #: seconds between two log lines about store write failures (the metric counts every one)
 STORE_ERROR_LOG_INTERVAL = 10.0
 #: most datagrams a validator holds while its journal cannot be written (oldest dropped)
@@ -640,7 +642,7 @@ class FullnodeDaemon(_Daemon):
                 if isinstance(ev, ReceiptEvent):
                     self._child(self.m_statuses, ev.kind, ev.origin).inc()
                     d = ev.to_json()
-                    text = json.dumps(d, separators=(",", ":"))     # once: store and Redis stream
+                    text = _compact_json(d)         # once: for the store and the Redis stream
                     rows.append((ev.message_id, text))
                     self.hub.status(ev.message_id, d, text)
                 elif isinstance(ev, FinalStatus):

@@ -245,7 +245,7 @@ class StatusHub:
             try:
                 # one EVAL of XADD_SCRIPT per batch through RedisLink (hiredis-packed, one
                 # reply): an XADD command per status through redis-py's Pipeline object was
-                # ~1/6 of the full node's CPU per status, one reply read per status another
+                # ~1/5 of the full node's CPU per status, one reply read per status another
                 # ~6 us (bench/bench_remp_fullnode.py)
                 try:
                     (reply,) = await self._link.run([("EVAL", XADD_SCRIPT, 1, self.stream, self.maxlen,

@@ -3,7 +3,7 @@
 wallet messages POSTed at fixed rates.
 
     .venv/bin/python bench/bench_remp_daemon.py [--rates 100,300] [--duration 60]
-        [--shards 2] [--validators-per-shard 7] [--block-interval 0.25] [--drain 60]
+        [--shards 2] [--validators-per-shard 7] [--block-interval 0.25] [--drain 60] [--redis]
 
 Per rate: first receipt (the first PutIntoQueue the full node gets, after submit) p50/p99,
 Finalized (the full node's own Finalized status) p50/p99, messages lost (no final outcome
@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp  # noqa: E402
 
+from daemon_runtime.redis_server import EmbeddedRedis  # noqa: E402
 from remp_node.keys import NodeKey  # noqa: E402
 from remp_node.localnet import LocalNet  # noqa: E402
 from remp_node.state import make_wallet_message  # noqa: E402
@@ -188,10 +189,12 @@ async def amain(args) -> None:
     ln = LocalNet(work, shards=args.shards, validators_per_shard=args.validators_per_shard,
                   mc_catchain_lifetime=args.mc_catchain_lifetime, block_interval=args.block_interval,
                   masterchain_validators=args.masterchain_validators,
-                  master_block_interval=args.master_block_interval, start_timeout=180.0, log_level="info")
+                  master_block_interval=args.master_block_interval, start_timeout=180.0, log_level="info",
+                  redis_url=args.redis_url)
     net = await ln.init()
     print(f"{len(net.validators())} validators ({args.shards} shards x {args.validators_per_shard}), "
-          f"block interval {args.block_interval} s, {os.cpu_count()} CPUs; work dir {work}", flush=True)
+          f"block interval {args.block_interval} s, {os.cpu_count()} CPUs, full node's Redis stream "
+          f"{'on (redis-server CPU not counted)' if args.redis_url else 'off'}; work dir {work}", flush=True)
     await ln.start()
     results = []
     try:
@@ -310,9 +313,18 @@ def main() -> None:
     ap.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU measurement before the rates")
     ap.add_argument("--workdir", default=None, help="keep the network, data and logs here")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--redis", action="store_true",
+                    help="start a redis-server (EmbeddedRedis) and give the full node its status stream "
+                         "(--redis), as deployed; default: no stream")
     args = ap.parse_args()
     args.rates = [int(x) for x in args.rates.split(",")]
-    results = asyncio.run(amain(args))
+    args.redis_url = None
+    if args.redis:
+        with EmbeddedRedis() as srv:
+            args.redis_url = srv.url
+            results = asyncio.run(amain(args))
+    else:
+        results = asyncio.run(amain(args))
     if not args.skip_baseline:
         baseline(results)
 

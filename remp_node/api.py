@@ -19,7 +19,8 @@
   is installed: mutation ``postRequests(requests: [Request])`` and subscription
   ``rempReceipts(messageId)`` over graphql-transport-ws.
 - Every status is appended to a Redis stream (the reference's Kafka topic keyed by message
-  id): ``XADD <stream> MAXLEN ~ <n> * key <message id hex> value <status JSON>``; consumer
+  id): ``XADD <stream> MAXLEN ~ <n> * key <message id hex> value <status JSON>`` (run by
+  XADD_SCRIPT, one EVAL per batch of statuses); consumer
   groups work as usual (XGROUP CREATE / XREADGROUP). When Redis is unreachable the full node
   keeps serving HTTP, logs which URL and flag once per outage, and counts every status not
   appended (remp_redis_not_appended).
@@ -52,6 +53,16 @@ MID_RE = re.compile(r"^[0-9a-fA-F]{64}$")
 MAX_MEMORY_MESSAGES = 100_000
 #: statuses waiting for Redis at most (beyond: counted as not appended)
 MAX_REDIS_BACKLOG = 200_000
+#: appends a batch of statuses to the stream, one entry each, in order: KEYS[1] the stream,
+#: ARGV[1] MAXLEN (approximate), then (message id hex, status JSON) pairs. Returns {n}, or
+#: {n, error text} when the (n+1)-th XADD was refused (the rest of the batch is not tried).
+XADD_SCRIPT = """local n = 0
+for i = 2, #ARGV - 1, 2 do
+  local r = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'key', ARGV[i], 'value', ARGV[i + 1])
+  if type(r) == 'table' and r.err then return {n, r.err} end
+  n = n + 1
+end
+return {n}"""
 
 
 class ApiError(ValueError):
@@ -102,6 +113,7 @@ class StatusHub:
         self._backlog: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
         self._redis = None
+        self._link = None
         self._redis_ok = False
         r = daemon.registry
         self.m_appended = PCounter("remp_redis_appended", "statuses appended to the Redis stream", registry=r)
@@ -114,7 +126,10 @@ class StatusHub:
         self.g_subs = Gauge("remp_api_subscribers", "open status subscriptions", registry=r)
 
     # -- statuses ---------------------------------------------------------------------------
-    def status(self, mid: bytes, d: dict) -> None:
+    def status(self, mid: bytes, d: dict, text: str) -> None:
+        """One status of message `mid` (32 bytes): `d` the seed's JSON object, `text` the
+        same as compact JSON text (encoded once by the caller, also for the store): kept in
+        memory, handed to the message's subscribers and queued for the Redis stream."""
         lst = self.memory.get(mid)
         if lst is None:
             lst = self.memory[mid] = []
@@ -128,7 +143,7 @@ class StatusHub:
             if self._backlog is None or self._backlog.qsize() >= MAX_REDIS_BACKLOG:
                 self.m_not_appended.inc()
             else:
-                self._backlog.put_nowait((mid.hex(), json.dumps(d, separators=(",", ":"))))
+                self._backlog.put_nowait((mid.hex(), text))
 
     def final(self, mid: bytes, ev) -> None:
         self.finals[mid] = {"final": True, "outcome": ev.outcome, "kind": ev.kind, "reason": ev.reason}
@@ -213,7 +228,9 @@ class StatusHub:
         if not self.redis_url:
             return
         import redis.asyncio as aioredis
+        from rmb_peer.redisq import RedisLink
         self._redis = aioredis.from_url(self.redis_url, socket_connect_timeout=2, socket_timeout=5)
+        self._link = RedisLink(self._redis)
         self._backlog = asyncio.Queue()
         self._task = asyncio.create_task(self._writer())
 
@@ -226,20 +243,29 @@ class StatusHub:
             while not self._backlog.empty() and len(batch) < 512:
                 batch.append(self._backlog.get_nowait())
             try:
-                pipe = self._redis.pipeline(transaction=False)
-                for key, value in batch:
-                    pipe.xadd(self.stream, {"key": key, "value": value}, maxlen=self.maxlen, approximate=True)
-                await pipe.execute()
-                self.m_appended.inc(len(batch))
-                self._redis_ok = True
-                warned = False
-            except (rexc.RedisError, OSError) as exc:
-                self._redis_ok = False
-                self.m_not_appended.inc(len(batch))
+                # one EVAL of XADD_SCRIPT per batch through RedisLink (hiredis-packed, one
+                # reply): an XADD command per status through redis-py's Pipeline object was
+                # ~1/5 of the full node's CPU per status, one reply read per status another
+                # ~6 us (bench/bench_remp_fullnode.py)
+                try:
+                    (reply,) = await self._link.run([("EVAL", XADD_SCRIPT, 1, self.stream, self.maxlen,
+                                                      *[x for kv in batch for x in kv])])
+                    if isinstance(reply, rexc.ResponseError):
+                        raise reply
+                    appended = int(reply[0])
+                    error = reply[1].decode(errors="replace") if len(reply) > 1 else None
+                except (rexc.RedisError, OSError) as exc:
+                    appended, error = 0, f"{type(exc).__name__}: {exc}"
+                self.m_appended.inc(appended)
+                self._redis_ok = error is None
+                if error is None:
+                    warned = False
+                    continue
+                self.m_not_appended.inc(len(batch) - appended)
                 if not warned:
                     warned = True
                     self.daemon.log_error(f"Redis at {self.redis_url} (flag --redis) is unreachable: "
-                                          f"{type(exc).__name__}: {exc}; statuses are counted in "
+                                          f"{error}; statuses are counted in "
                                           "remp_redis_not_appended and HTTP keeps serving")
                 await asyncio.sleep(1.0)
             except asyncio.CancelledError:
@@ -263,6 +289,7 @@ class StatusHub:
                 except (asyncio.CancelledError, Exception):
                     pass
         if self._redis is not None:
+            await self._link.close()
             await self._redis.aclose()
 
 

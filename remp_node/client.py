@@ -187,7 +187,7 @@ class _Tracked:
     ended: dict[bytes, str] = field(default_factory=dict)         # key id -> source-final kind
     latest: dict[bytes, tuple[int, int, int]] = field(default_factory=dict)  # key id -> _order_key
     errors: dict[bytes, str] = field(default_factory=dict)
-    seen: set[bytes] = field(default_factory=set)                 # sha256 of signed receipts
+    seen: set[bytes] = field(default_factory=set)                 # sha256(receipt bytes + signature)
     datagrams: int = 0
     reported_sent: int = 0
     early: bool = False            # its one early wave (silent_after) is used up
@@ -331,7 +331,7 @@ class RempClient:
         if t is None:
             self._late_receipt(dg, receipt, now, authenticated)
             return
-        digest = hashlib.sha256(dg.serialize()).digest()
+        digest = hashlib.sha256(dg.receipt + dg.signature).digest()
         if digest in t.seen:
             self.stats["receipts_dropped"] += 1
             return
@@ -389,7 +389,7 @@ class RempClient:
             self.stats["receipts_dropped"] += 1
             return
         _, keys, seen, shard = late
-        digest = hashlib.sha256(dg.serialize()).digest()
+        digest = hashlib.sha256(dg.receipt + dg.signature).digest()
         if digest in seen:
             self.stats["receipts_dropped"] += 1
             return

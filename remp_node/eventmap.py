@@ -2,9 +2,9 @@
 
 Pure functions: no I/O, no clock. `validator_records(ev)` maps one validator core event
 (validator.py), `client_records(ev, local_key_id)` one RempClient event (client.py) to a
-list of `LogRecord`s; `emit_records(log, records)` writes them with EventLog.emit_attrs
-(the REMP `level` attribute, the status level 0..4, collides with emit()'s log-level
-parameter). Sources: DESIGN.md section 6 ("every REMP status and where it was produced";
+list of `LogRecord`s; `emit_records(log, records)` writes them with EventLog.emit_many
+(attributes as a dict: the REMP `level` attribute, the status level 0..4, collides with
+emit()'s log-level parameter). Sources: DESIGN.md section 6 ("every REMP status and where it was produced";
 trace_id = REMP message id as 64 hex digits; node = validator key id hex prefix) and
 section 4 (kinds, levels, shard as 16 hex digits).
 
@@ -152,7 +152,7 @@ def fullnode_dropped_record(src_key_id: bytes, reason: str, size: int) -> LogRec
 
 
 def emit_records(log, records: Iterable[LogRecord]) -> None:
-    """Write records to a daemon_runtime.eventlog.EventLog (raises EventLogError for an
-    event or attribute its catalogues do not declare)."""
-    for r in records:
-        log.emit_attrs(r.event, r.trace_id, r.level, r.attrs)
+    """Write records to a daemon_runtime.eventlog.EventLog as events of one moment
+    (EventLog.emit_many: one timestamp, one write, in order). Raises EventLogError for an
+    event or attribute its catalogues do not declare, before any line is written."""
+    log.emit_many([(r.event, r.trace_id, r.level, r.attrs) for r in records])

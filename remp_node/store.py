@@ -205,7 +205,7 @@ class FullnodeStore:
         """)
         # SIGKILL-safe without an fsync per commit (module doc)
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self._rows: list[tuple[bytes, dict]] = []
+        self._rows: list[tuple[bytes, str]] = []
         self._outcomes: list[tuple[str, str, str, bytes]] = []
 
     def run_epoch(self, now_us: int) -> int:
@@ -223,8 +223,9 @@ class FullnodeStore:
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from None
 
-    def add_statuses(self, rows: list[tuple[bytes, dict]]) -> None:
-        """Queue statuses (message id, seed JSON dict) for the next commit()."""
+    def add_statuses(self, rows: list[tuple[bytes, str]]) -> None:
+        """Queue statuses (message id, the seed's status object as JSON text: the daemon
+        encodes each once, for this store and the Redis stream) for the next commit()."""
         self._rows.extend(rows)
 
     def set_outcome(self, mid: bytes, outcome: str, kind: str, reason: str) -> None:
@@ -242,8 +243,7 @@ class FullnodeStore:
         try:
             self.db.execute("BEGIN")
             if rows:
-                self.db.executemany("INSERT INTO statuses (id, json) VALUES (?, ?)",
-                                    [(mid, json.dumps(d, separators=(",", ":"))) for mid, d in rows])
+                self.db.executemany("INSERT INTO statuses (id, json) VALUES (?, ?)", rows)
             if outcomes:
                 self.db.executemany("UPDATE messages SET outcome = ?, kind = ?, reason = ? WHERE id = ?", outcomes)
             self.db.execute("COMMIT")

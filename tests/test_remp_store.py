@@ -50,8 +50,8 @@ def test_fullnode_store_keeps_statuses_in_order(tmp_path):
     s = FullnodeStore(tmp_path)
     mid = b"\x01" * 32
     s.add_message(mid, b"boc", 1.5)
-    s.add_statuses([(mid, {"kind": "SentToValidators"}), (mid, {"kind": "PutIntoQueue"})])
-    s.add_statuses([(mid, {"kind": "Finalized"})])
+    s.add_statuses([(mid, '{\"kind\":\"SentToValidators\"}'), (mid, '{\"kind\":\"PutIntoQueue\"}')])
+    s.add_statuses([(mid, '{\"kind\":\"Finalized\"}')])
     assert s.pending() == [(mid, b"boc")]
     s.set_outcome(mid, "finalized", "Finalized", "")
     s.close()
@@ -125,15 +125,15 @@ def test_fullnode_store_commits_statuses_and_outcomes_together(tmp_path):
     s.add_message(mid, b"boc", 1.0)           # at once: the API answers 202 after it
     other = sqlite3.connect(str(tmp_path / "remp.sqlite3"))
     assert other.execute("SELECT count(*) FROM messages").fetchone()[0] == 1
-    s.add_statuses([(mid, {"kind": "PutIntoQueue"})])
+    s.add_statuses([(mid, '{\"kind\":\"PutIntoQueue\"}')])
     s.set_outcome(mid, "finalized", "Finalized", "")
     assert other.execute("SELECT count(*) FROM statuses").fetchone()[0] == 0
     assert s.commit() == 2 and s.commit() == 0
     assert other.execute("SELECT count(*) FROM statuses").fetchone()[0] == 1
     assert other.execute("SELECT outcome FROM messages").fetchone()[0] == "finalized"
-    s.add_statuses([(mid, {"kind": "Finalized"})])
+    s.add_statuses([(mid, '{\"kind\":\"Finalized\"}')])
     assert [d["kind"] for d in s.statuses(mid)] == ["PutIntoQueue", "Finalized"]
-    s.add_statuses([(mid, {"kind": "late"})])
+    s.add_statuses([(mid, '{\"kind\":\"late\"}')])
     s.close()
     assert other.execute("SELECT count(*) FROM statuses").fetchone()[0] == 3
     other.close()

@@ -228,7 +228,7 @@ class StatusHub:
         if not self.redis_url:
             return
         import redis.asyncio as aioredis
-        from rmb_peer.redisq import RedisLink
+        from daemon_runtime.redislink import RedisLink
         self._redis = aioredis.from_url(self.redis_url, socket_connect_timeout=2, socket_timeout=5)
         self._link = RedisLink(self._redis)
         self._backlog = asyncio.Queue()

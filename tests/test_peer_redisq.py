@@ -125,7 +125,7 @@ async def test_link_reads_no_reply_between_reply_off_and_on(redis_url):
     from redis.asyncio.connection import Connection
     from redis.exceptions import ResponseError
 
-    from rmb_peer.redisq import REPLY_OFF, REPLY_ON, _pack_command
+    from daemon_runtime.redislink import REPLY_OFF, REPLY_ON, _pack_command
     r = aioredis.Redis.from_url(redis_url)
     await r.set("str.key", b"x")
     link = RedisLink(r)

@@ -3,9 +3,11 @@ driven through the TwinDirectory client (rmb_peer/twins.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -212,21 +214,32 @@ def test_console_script_ready_and_sigterm(redis_url, tmp_path):
     assert lines[0]["service"] == "rmb-registry" and lines[0]["event"] == "rmb.registry.twin_created"
 
 
-async def test_storage_down_is_503_and_unhealthy_and_oversize_is_413():
-    import redis.asyncio as aioredis
+@contextlib.asynccontextmanager
+async def _registry_app(redis_client):
+    """create_app(redis_client) served on a free 127.0.0.1 port: yields (base URL, the event
+    log's StringIO sink)."""
     from aiohttp import web
-    from rmb_relay.registry import MAX_BODY, create_app
-
+    from rmb_relay.registry import create_app
     sink = io.StringIO()
     events = EventLog("rmb-registry", "test", [RMB_EVENTS], sink=sink)
-    dead = aioredis.Redis.from_url("redis://127.0.0.1:1", socket_connect_timeout=1)
-    runner = web.AppRunner(create_app(dead, events), access_log=None)
+    runner = web.AppRunner(create_app(redis_client, events), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
     try:
-        async with aiohttp.ClientSession() as s:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", sink
+    finally:
+        await runner.cleanup()
+        events.close()
+
+
+async def test_storage_down_is_503_and_unhealthy_and_oversize_is_413():
+    import redis.asyncio as aioredis
+    from rmb_relay.registry import MAX_BODY
+
+    dead = aioredis.Redis.from_url("redis://127.0.0.1:1", socket_connect_timeout=1)
+    try:
+        async with _registry_app(dead) as (url, sink), aiohttp.ClientSession() as s:
             async with s.get(url + "/health") as r:
                 assert r.status == 200
             async with s.get(url + "/twins/1") as r:
@@ -236,9 +249,7 @@ async def test_storage_down_is_503_and_unhealthy_and_oversize_is_413():
             async with s.post(url + "/twins", data=b"x" * (MAX_BODY + 1)) as r:
                 assert r.status == 413
     finally:
-        await runner.cleanup()
         await dead.aclose()
-        events.close()
     statuses = [json.loads(x)["attrs"]["status"] for x in sink.getvalue().splitlines()]
     assert statuses == [503, 413]  # each refusal logged exactly once
 
@@ -246,25 +257,13 @@ async def test_storage_down_is_503_and_unhealthy_and_oversize_is_413():
 async def test_hung_redis_is_503_after_the_store_timeout_not_a_request_held_open():
     """A Redis that hangs (SIGSTOP: connected, never answering): the lookup waits the
     store's timeout (5 s), then 503 like a Redis that is down, the reason logged."""
-    import os
-    import signal
-
     import redis.asyncio as aioredis
-    from aiohttp import web
     from daemon_runtime.redis_server import EmbeddedRedis
-    from rmb_relay.registry import create_app
 
     hung = EmbeddedRedis().start()
-    sink = io.StringIO()
-    events = EventLog("rmb-registry", "test", [RMB_EVENTS], sink=sink)
     client = aioredis.Redis.from_url(hung.url)
-    runner = web.AppRunner(create_app(client, events), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
     try:
-        async with aiohttp.ClientSession() as s:
+        async with _registry_app(client) as (url, sink), aiohttp.ClientSession() as s:
             async with s.get(url + "/twins/1") as r:
                 assert r.status == 404                    # answering: no such twin
             os.kill(hung.proc.pid, signal.SIGSTOP)
@@ -272,9 +271,7 @@ async def test_hung_redis_is_503_after_the_store_timeout_not_a_request_held_open
                 assert r.status == 503 and (await r.json())["error"] == "registry storage unavailable"
     finally:
         os.kill(hung.proc.pid, signal.SIGCONT)
-        await runner.cleanup()
         await client.aclose()
-        events.close()
         hung.stop()
     refused = [json.loads(x)["attrs"] for x in sink.getvalue().splitlines()]
     assert any("no answer within 5 s" in a.get("reason", "") for a in refused), refused

@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from daemon_runtime.eventlog import EventLogError
+
 from .client import FinalStatus, MessageReceived, MessageSent, ReceiptEvent
 from .receipts import SentToValidators, is_source_final, kind_of
 from .shards import shard_hex
@@ -153,6 +155,17 @@ def fullnode_dropped_record(src_key_id: bytes, reason: str, size: int) -> LogRec
 
 def emit_records(log, records: Iterable[LogRecord]) -> None:
     """Write records to a daemon_runtime.eventlog.EventLog as events of one moment
-    (EventLog.emit_many: one timestamp, one write, in order). Raises EventLogError for an
-    event or attribute its catalogues do not declare, before any line is written."""
-    log.emit_many([(r.event, r.trace_id, r.level, r.attrs) for r in records])
+    (EventLog.emit_many: one timestamp, one write, in order). A record its catalogues do not
+    declare (a bug) does not take the others with it: they are written one by one and the
+    first EventLogError is raised after them."""
+    lines = [(r.event, r.trace_id, r.level, r.attrs) for r in records]
+    try:
+        log.emit_many(lines)
+    except EventLogError:
+        first = None
+        for event, trace_id, level, attrs in lines:
+            try:
+                log.emit_attrs(event, trace_id, level, attrs)
+            except EventLogError as exc:
+                first = first or exc
+        raise first

@@ -190,3 +190,16 @@ def test_statuses_for_two_candidates_of_one_seqno_are_two_lines_not_a_duplicate(
     assert [k for k, n in seen.items() if n > 1 and k[1].endswith(".status")] == []
     for ids in per_seqno.values():
         assert all(re.fullmatch(r"[0-9a-f]{64}", b) for b in ids) and len(set(ids)) == len(ids)
+
+
+def test_emit_records_a_bad_record_does_not_take_the_others_with_it():
+    """emit_records writes a batch in one go; a record the catalogues do not declare (a bug)
+    is raised after the batch's other records were written, one by one, in order."""
+    sink = io.StringIO()
+    log = EventLog("remp-node", "t", [REMP_EVENTS], sink=sink)
+    good = [LogRecord("remp.node.store_failed", None, "error", {"reason": f"r{i}"}) for i in range(2)]
+    with pytest.raises(EventLogError, match="remp.no.such"):
+        emit_records(log, [good[0], LogRecord("remp.no.such", None, "info", {}), good[1]])
+    log.close()
+    lines = [json.loads(x) for x in sink.getvalue().splitlines()]
+    assert [x["attrs"]["reason"] for x in lines] == ["r0", "r1"]

@@ -595,8 +595,9 @@ async def test_consumer_outputs_outage_is_counted_not_a_bug(tmp_path, capsys):
     # redis_timeout, not a task per block waiting for ever
     hung = EmbeddedRedis().start()
     metrics = Metrics()
-    out = Outputs(None, hung.url, "marlin:hung", 100, metrics, bugs.append, redis_timeout=0.5)
+    out = None
     try:
+        out = Outputs(None, hung.url, "marlin:hung", 100, metrics, bugs.append, redis_timeout=0.5)
         await out.start()
         os.kill(hung.proc.pid, signal.SIGSTOP)
         out.deliver(BlockRebuilt(4, b"\x01" * 20, 0, b"block four", 8, 1.0))
@@ -607,7 +608,8 @@ async def test_consumer_outputs_outage_is_counted_not_a_bug(tmp_path, capsys):
         assert bugs == []
     finally:
         os.kill(hung.proc.pid, signal.SIGCONT)
-        await out.close()
+        if out is not None:
+            await out.close()
         hung.stop()
     dead = Outputs(None, "redis://127.0.0.1:1/0", "s", 10, Metrics(), bugs.append)
     with pytest.raises(RuntimeError, match=r"cannot reach Redis at redis://127.0.0.1:1/0 \(--redis\)"):

@@ -54,6 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psutil  # noqa: E402
 from daemon_runtime.eventlog import EventLog  # noqa: E402
 from marlin_cluster.cluster import ClusterMemberCore  # noqa: E402
 from marlin_cluster.consumer import ConsumerCore  # noqa: E402
@@ -347,9 +348,8 @@ def cpu_seconds(pid: int | None = None) -> float:
     """User + system CPU seconds of a process (this one when pid is None)."""
     if pid is None:
         return time.process_time()
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 class _Reports(asyncio.DatagramProtocol):

@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -70,12 +72,12 @@ async def baseline_server() -> None:
 
 # ------------------------------------------------------------------ client side
 def cpu_seconds(pid: int) -> float:
-    """user + system CPU seconds of a process so far (Linux /proc), 0 elsewhere."""
+    """user + system CPU seconds of a process so far (psutil), 0 when it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return t.user + t.system
 
 
 def start_proc(args: list[str], env=None) -> tuple[subprocess.Popen, dict]:

@@ -36,6 +36,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp  # noqa: E402
+import psutil  # noqa: E402
 
 from daemon_runtime.redis_server import EmbeddedRedis  # noqa: E402
 from remp_node.keys import NodeKey  # noqa: E402
@@ -87,19 +88,16 @@ async def delivery_stats(s: aiohttp.ClientSession, ln: LocalNet) -> Counter:
     return out
 
 
-CLK = os.sysconf("SC_CLK_TCK")
-
-
 def cpu_s(ln: LocalNet) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by each daemon process, from /proc."""
+    """CPU seconds (user + system) used so far by each daemon process (psutil)."""
     out = {}
     for label, d in ln.daemons.items():
         if d.proc is None:
             continue
         try:
-            f = Path(f"/proc/{d.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[label] = (int(f[11]) + int(f[12])) / CLK
-        except (OSError, IndexError, ValueError):
+            t = psutil.Process(d.proc.pid).cpu_times()
+            out[label] = t.user + t.system
+        except psutil.Error:
             pass
     return out
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psutil  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from daemon_runtime.eventlog import EventLog  # noqa: E402
@@ -53,7 +54,6 @@ from remp_node.receipts import Accepted, Level, New, make_signed_receipt  # noqa
 from remp_node.state import make_wallet_message  # noqa: E402
 from remp_node.tl import BlockIdExt  # noqa: E402
 
-CLK = os.sysconf("SC_CLK_TCK")
 #: the statuses every validator of the group sends for a finalized message, in order
 STATUSES_PER_VALIDATOR = 5
 RATE = 100          # messages/s of the schedule the receipts follow (fake time)
@@ -61,9 +61,9 @@ TICK = 0.01         # seconds of that schedule per burst fed to the daemon
 
 
 def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of process `pid`, from /proc."""
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / CLK
+    """CPU seconds (user + system) of process `pid` (psutil)."""
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def build_packets(net, fullnode: NodeKey, groups: dict[bytes, list[bytes]], mids: list[tuple[bytes, int]],

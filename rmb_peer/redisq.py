@@ -82,10 +82,8 @@ class RedisWriter:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._room = asyncio.Event()
+        self._room = asyncio.Event()       # set while pending < max_pending
         self._room.set()
-        #: True while `pending` >= max_pending (producers should await room())
-        self.full = False
         self._in_flight = 0
         #: loop time (s) the pipeline in flight was taken (None: nothing in flight)
         self.in_flight_since: float | None = None
@@ -108,14 +106,16 @@ class RedisWriter:
         """Return once fewer than max_pending operations are pending."""
         await self._room.wait()
 
+    @property
+    def full(self) -> bool:
+        """True while max_pending or more operations are pending (producers await room())."""
+        return not self._room.is_set()
+
     def _check_room(self) -> None:
-        full = self.pending >= self.max_pending
-        if full != self.full:
-            self.full = full
-            if full:
-                self._room.clear()
-            else:
-                self._room.set()
+        if self.pending >= self.max_pending:
+            self._room.clear()
+        else:
+            self._room.set()
 
     def start(self) -> None:
         if self._task is None:
@@ -138,8 +138,8 @@ class RedisWriter:
     def _kick(self) -> None:
         self._idle.clear()
         self._wake.set()
-        if not self.full and len(self._ops) + self._in_flight >= self.max_pending:
-            self._check_room()
+        if self._room.is_set() and self.pending >= self.max_pending:
+            self._room.clear()
 
     async def flush(self) -> None:
         """Wait until every operation queued so far was written (or dropped on error)."""

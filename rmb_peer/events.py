@@ -83,7 +83,8 @@ RMB_EVENTS = Catalogue("rmb", [
     E("rmb.relay.answered", "the relay answered an envelope itself (Pong to a Ping)",
       {"kind": "string", "dst": "string"}),
     E("rmb.relay.queue_error", "the offline queue (Redis) failed or did not answer within "
-      "--redis-timeout; the envelope was not queued (the sender got an error) or replay stopped",
+      "--redis-timeout; the envelope was not queued (the sender got an error) or replay stopped "
+      "(resumed on the same connection once Redis answers)",
       {"dst": "string", "reason": "string"}),
     E("rmb.relay.redis_recovered", "Redis answered the relay's probe again after not answering "
       "within --redis-timeout; down_s: seconds since it first did not",

@@ -383,6 +383,10 @@ class RelayServer:
         self.fed_limiter = FixedWindowLimiter(*federation_limit) if federation_limit else NoLimit()
         self._accept_failures = 0
         self._watchdog: asyncio.Task | None = None
+        #: connections whose offline replay a Redis failure stopped (_replay), and the task
+        #: that resumes them once Redis answers (_retry_replays)
+        self._replay_stalled: set[_Peer] = set()
+        self._replay_retry: asyncio.Task | None = None
         limiter = FixedWindowLimiter(*limit) if limit else NoLimit()
         rng = rng or random.Random()
         self.ranker = Ranker(ranker_period, rng)
@@ -663,6 +667,8 @@ class RelayServer:
             self._timer.cancel()
         if self._watchdog is not None:
             self._watchdog.cancel()
+        if self._replay_retry is not None:
+            self._replay_retry.cancel()
         left = [peer for _session, peer in self.table.items()]
         if left:
             for peer in left:
@@ -1163,15 +1169,24 @@ class RelayServer:
                 out[sender] = out.get(sender, 0) + 1
         return out
 
-    async def _replay(self, peer: _Peer) -> None:
+    async def _replay(self, peer: _Peer, late: bool = False) -> None:
         """Drains the session's offline stream in order onto the new connection; entries
-        are deleted only after their write succeeded; then live delivery starts."""
+        are deleted only after their write succeeded; then live delivery starts.
+
+        A replay stopped by a Redis failure (timeout, connection error) lets the session go
+        live at once, so its live traffic does not wait on a broken queue; what was still in
+        the stream is then drained by a late replay (late=True: the session is already live,
+        so the drain ends when the stream is empty) as soon as Redis answers again
+        (_retry_replays), on the same connection. Those entries are older than anything
+        delivered live meanwhile, so they arrive after it; their deadlines still apply."""
         key = self._qkey(peer.session)
         try:
             while not peer.ws.closed:
                 seq = peer.queued_seq
                 entries = await self._redis_call(self.redis.xrange(key, "-", "+", count=256))
                 if not entries:
+                    if late:
+                        return
                     if peer.queue_writes == 0 and seq == peer.queued_seq:
                         peer.replaying = False
                         self.core.queue_replayed(peer, self.clock())
@@ -1224,10 +1239,38 @@ class RelayServer:
                 if broken:
                     return
         except (TimeoutError, aioredis.RedisError, OSError) as exc:
-            peer.replaying = False  # live traffic must not wait on a broken queue
-            self.core.queue_replayed(peer, self.clock())
+            if not late:
+                peer.replaying = False  # live traffic must not wait on a broken queue
+                self.core.queue_replayed(peer, self.clock())
             self.events.emit("rmb.relay.queue_error", None, level="error", dst=peer.name,
-                             reason=f"replay stopped: {exc!r}"[:200])
+                             reason=f"replay stopped: {exc!r}; resumed once Redis answers"[:200])
+            self._replay_stalled.add(peer)
+            if self._replay_retry is None or self._replay_retry.done():
+                self._replay_retry = asyncio.get_running_loop().create_task(self._retry_replays())
+                self._replay_retry.add_done_callback(
+                    lambda t: self._task_done(t, "offline replay retry"))
+
+    async def _retry_replays(self) -> None:
+        """Every second, while replays stopped by a Redis failure wait (_replay_stalled):
+        PING Redis (bounded by --redis-timeout); once it answers, start a late replay for
+        each of those connections that is still open and still its session's current one.
+        Not a routing task: close() cancels it instead of waiting for it."""
+        while self._replay_stalled and not self._closing:
+            await asyncio.sleep(1.0)
+            if self._redis_down is not None:
+                continue                       # the probe is waiting on it already
+            try:
+                async with asyncio.timeout(self.redis_timeout):
+                    await self.redis.ping()
+            except (TimeoutError, aioredis.RedisError, OSError):
+                continue
+            peers, self._replay_stalled = self._replay_stalled, set()
+            for peer in peers:
+                if peer.ws.closed or self.table.get(peer.session) is not peer:
+                    continue                   # a new connection replays on its own
+                if peer.replay_task is None or peer.replay_task.done():
+                    peer.replay_task = self._spawn(self._replay(peer, late=True),
+                                                   "offline replay (resumed)")
 
     # ------------------------------------------------------------------ federation out
     def _arm_timer(self) -> None:

@@ -12,6 +12,8 @@ import asyncio
 import os
 import signal
 
+import pytest
+
 from daemon_runtime.redis_server import EmbeddedRedis
 from tests.rmb_harness import RmbCluster, events_of, until
 
@@ -64,3 +66,57 @@ async def test_hung_relay_redis_refuses_offline_envelopes_and_keeps_other_traffi
         if hung.proc is not None:
             os.kill(hung.proc.pid, signal.SIGCONT)
         hung.stop()
+
+
+@pytest.mark.parametrize("failure", ["hung", "killed"])
+async def test_replay_stopped_by_redis_failure_resumes_on_the_same_connection(redis_url, tmp_path, failure):
+    """A twin connects while the relay's Redis is hung (SIGSTOP) or down (SIGKILL): its
+    offline replay stops, the session goes live (a live call to it is answered meanwhile),
+    and once Redis answers again the envelopes still queued for it are delivered on the
+    same connection. Before, they waited in the stream until the twin reconnected."""
+    store = EmbeddedRedis().start()
+    try:
+        async with RmbCluster(redis_url, tmp_path) as cluster:
+            relay = await cluster.start_relay(redis_url=store.url, redis_timeout=1.0)
+            server = relay.server
+            a = await cluster.new_twin([relay], pk=False, key_type="ed25519")
+            b = await cluster.new_twin([relay], pk=False, key_type="ed25519")
+            pa = await cluster.start_peer(a, [relay])
+            client = cluster.client(pa)
+            queued = asyncio.ensure_future(client.call(b.id, "late.echo", b"queued", ttl=60))
+            await until(lambda: any(e["event"] == "rmb.relay.queued" for e in events_of(relay.log)),
+                        10, "the call to offline b queued")
+            await asyncio.sleep(1.2)                 # past the AOF's everysec fsync
+            if failure == "hung":
+                os.kill(store.proc.pid, signal.SIGSTOP)
+            else:
+                store.kill()
+            pb = await cluster.start_peer(b, [relay])
+
+            async def echo(data: bytes) -> bytes:
+                return data
+            cluster.service(pb, "late", {"late.echo": echo})
+            await until(lambda: any(e["event"] == "rmb.relay.queue_error"
+                                    and "replay stopped" in e["attrs"]["reason"]
+                                    for e in events_of(relay.log)), 15, "replay stopped")
+            [live] = await asyncio.wait_for(client.call(b.id, "late.echo", b"live", ttl=30), 20)
+            assert live.data == b"live" and not live.code, (live.code, live.message)
+            assert not queued.done()                 # still in b's offline stream
+
+            if failure == "hung":
+                os.kill(store.proc.pid, signal.SIGCONT)
+            else:
+                store.start()
+            [r] = await asyncio.wait_for(queued, 20)
+            assert r.data == b"queued" and not r.code, (r.code, r.message)
+            delivered = [e for e in events_of(relay.log) if e["event"] == "rmb.relay.delivered"
+                         and "queued_ms" in e["attrs"]]
+            assert len(delivered) == 1 and delivered[0]["attrs"]["queued_ms"] > 1000, delivered
+            assert server._replay_stalled == set()
+            streams = [k for k in await server.redis.keys("rmb.relay.*.queue.*")
+                       if not k.endswith(b":src")]
+            assert streams and [await server.redis.xlen(k) for k in streams] == [0] * len(streams)
+    finally:
+        if store.proc is not None and failure == "hung":
+            os.kill(store.proc.pid, signal.SIGCONT)
+        store.stop()

@@ -78,8 +78,10 @@ class Node:
 class Equivocator(Node):
     """A Byzantine member: runs a real core, but whenever it sends a proposal or a vote
     for the first time it sends a conflicting, validly signed version (another candidate /
-    another block) to half of the members instead. Its core's resends then deliver the
-    original to everyone, so honest members hold both signed versions."""
+    another block) to half of the members instead, and the original to them one step later,
+    so honest members hold both signed versions. (The core's own resends used to deliver the
+    original; they now go only resend_interval after a message was sent, rarely within a
+    round without faults.)"""
 
     def __init__(self, key, members, **kw):
         super().__init__(key, members, **kw)
@@ -87,6 +89,7 @@ class Equivocator(Node):
         self.fakes: dict[tuple, bytes] = {}
         self.evil_blocks: dict[tuple, BlockIdExt] = {}
         self.originals: set[bytes] = set()
+        self.later: list[tuple[bytes, bytes]] = []
 
     def fake_for(self, data: bytes) -> bytes:
         msg = C.parse_message(data)
@@ -111,12 +114,13 @@ class Equivocator(Node):
         return data
 
     def outgoing(self, now):
-        out = []
+        out, self.later = self.later, []
         odd = {m.key_id for i, m in enumerate(self.members) if i % 2}
         batch = self.core.datagrams_to_send(now)
         for dst, data in batch:
             if dst in odd and data not in self.originals and not data.startswith(C.pack_id(C.COMMIT)):
                 out.append((dst, self.fake_for(data)))
+                self.later.append((dst, data))
             else:
                 out.append((dst, data))
         self.originals.update(data for _, data in batch)
@@ -330,6 +334,48 @@ def test_equivocator_with_loss_and_a_crash_still_progresses(seed):
     net.crashed = {ks[seed % 3].key_id}
     net.run(15.0)
     assert check_agreement(net.alive(), ks) >= 10
+
+
+def test_resends_wait_resend_interval_per_message_and_skip_members_that_moved_on():
+    """A round that completes within resend_interval of a message resends nothing (one timer
+    for the whole round sent a vote cast 50 ms before again); a stalled round resends each
+    own message resend_interval after it was last sent: the proposal only to members that
+    did not prevote or precommit its block, the prevote only to members that did not
+    precommit a block in the round; the precommit to everyone."""
+    ks, nodes, net = make_net()
+    net.run(3.0)
+    assert check_agreement(nodes, ks) >= 8
+    assert sum(n.core.resent for n in nodes) == 0
+    # stall: 3 of 7 partitioned, the 4 others (< quorum 5) cannot finish a round
+    ks, nodes, net = make_net()
+    net.run(1.0)
+    h = nodes[0].core.height
+    cut = [n for n in nodes if n.core.leader(h, 0) != n.key.key_id][:3]
+    net.partitioned = {n.key.key_id for n in cut}
+    live = [n for n in nodes if n not in cut]
+    leader = next(n for n in nodes if n.core.leader(h, 0) == n.key.key_id)
+    net.run(net.now + 0.6, stop=lambda net: "proposal" in leader.core._my and all(
+        "prevote" in n.core._my for n in live))
+    assert "proposal" in leader.core._my and leader.core.height == h and leader.core.round == 0
+    sent_at = leader.core._my_at["proposal"]
+    cut_ids = {n.key.key_id for n in cut}
+    # the leader is woken at resend_interval after its proposal left (not before)
+    assert leader.core.get_timer() <= sent_at + leader.core.resend_interval + 1e-9
+    t = sent_at + leader.core.resend_interval
+    net.run(t - 1e-3)        # the live members' prevotes reach the leader meanwhile
+    assert leader.core._my_at["proposal"] == sent_at and leader.core._my_at["prevote"] == sent_at
+    leader.core.datagrams_to_send(t)
+    leader.core.handle_timer(t)
+    out = leader.core.datagrams_to_send(t)
+    kinds = defaultdict(set)
+    for dst, data in out:
+        kinds[type(C.parse_message(data)).__name__ + (
+            "" if not isinstance(C.parse_message(data), C.Vote) else str(C.parse_message(data).kind))].add(dst)
+    # every live member prevoted the proposal: it goes again only to the partitioned ones
+    assert kinds["Proposal"] == cut_ids
+    # nobody precommitted a block (no polka among 4): the prevote goes to every other member
+    assert kinds["Vote0"] == {n.key.key_id for n in nodes if n is not leader}
+    assert leader.core.resent == len(out)
 
 
 def test_invalid_candidates_are_never_accepted():

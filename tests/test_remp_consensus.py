@@ -604,6 +604,42 @@ def test_shard_groups_deterministic_and_rotating():
     assert all(len(m) == 3 for m in S.shard_groups(zcfg(3, shard_group_size=7), 0, S.GENESIS_MASTER_HASH).values())
 
 
+def test_dealt_shard_groups_are_disjoint_balanced_and_rotating():
+    """group_draw "dealt": one seeded ranking dealt out shard after shard. 2 shards x 7 of
+    14 validators: disjoint groups (each validator serves one shard per session); 3 shards x
+    5 of 10: every validator in 1 or 2 groups; both rotate and stay deterministic; a config
+    without the key keeps the independent draw."""
+    cfg = S.ZeroStateConfig.from_dict({**zcfg(14, shard_group_size=7).to_dict(), "group_draw": "dealt"})
+    assert S.ZeroStateConfig.from_dict(cfg.to_dict()).group_draw == "dealt"
+    assert S.ZeroStateConfig.from_dict(zcfg(14, shard_group_size=7).to_dict()).group_draw == "independent"
+    with pytest.raises(S.ScheduleError):
+        S.ZeroStateConfig.from_dict({**cfg.to_dict(), "group_draw": "random"})
+    keys_all = {v.public_key for v in cfg.validators}
+    served = defaultdict(set)
+    for n in range(40):
+        h = hashlib.sha256(b"%d" % n).digest()
+        g = S.shard_groups(cfg, n, h)
+        assert g == S.shard_groups(cfg, n, h)
+        assert all(len(m) == 7 == len(set(m)) for m in g.values())
+        a, b = g.values()
+        assert not set(a) & set(b) and set(a) | set(b) == keys_all
+        for shard, members in g.items():
+            served[shard].update(members)
+            # leader order: by the shard's own seed, as the independent draw orders it
+            seed = S.group_seed(n, h, cfg.workchain, shard)
+            assert members == sorted(members, key=lambda k: hashlib.sha256(seed + k).digest())
+    assert all(v == keys_all for v in served.values())
+    assert S.shard_groups(cfg, 1, hashlib.sha256(b"x").digest()) != S.shard_groups(cfg, 1, hashlib.sha256(b"y").digest())
+    three = S.ZeroStateConfig(workchain=0, shards=[0x2000000000000000, 0x6000000000000000, 0xC000000000000000],
+                              validators=zcfg(10).validators, shard_group_size=5, group_draw="dealt")
+    per = defaultdict(int)
+    for members in S.shard_groups(three, 3, S.GENESIS_MASTER_HASH).values():
+        assert len(set(members)) == 5
+        for k in members:
+            per[k] += 1
+    assert len(per) == 10 and set(per.values()) <= {1, 2} and sum(per.values()) == 15
+
+
 def test_current_and_previous_groups_union():
     cfg = zcfg()
     h0, h1 = S.GENESIS_MASTER_HASH, hashlib.sha256(b"mc-last-of-0").digest()

@@ -1,6 +1,6 @@
 """`remp-node`: the REMP console script, one role per process.
 
-    remp-node init --dir D [--shards 2] [--validators-per-shard 7] [--masterchain-validators N]
+    remp-node init --dir D [--shards 2] [--validators-per-shard 7] [--masterchain-validators N] [--group-draw dealt]
                    [--fullnodes 1] [--mc-catchain-lifetime S] [--block-interval S] [--base-port P]
     remp-node validator --network D --key D/keys/v1.key --data-dir DATA [...]
     remp-node fullnode  --network D --key D/keys/fullnode1.key --data-dir DATA [...]
@@ -47,6 +47,10 @@ def build_init_parser(parser: argparse.ArgumentParser | None = None) -> argparse
                    help="master session 0 starts S seconds after init (default 5)")
     p.add_argument("--genesis-time", type=float, default=None, metavar="UNIX",
                    help="start of master session 0 as Unix seconds (overrides --genesis-delay)")
+    p.add_argument("--group-draw", choices=["dealt", "independent"], default="dealt",
+                   help="shard groups of a session: dealt (disjoint while shards x validators-per-shard "
+                        "<= validators; default) or independent (each shard's group drawn on its own: "
+                        "a validator may serve several shards)")
     p.add_argument("--wallets", type=int, default=8, help="demo wallets of workchain 0 (default 8)")
     p.add_argument("--masterchain-wallets", type=int, default=2, help="demo wallets of workchain -1 (default 2)")
     p.add_argument("--wallet-balance", type=int, default=10**12, help="balance of each demo wallet (nano units)")
@@ -64,7 +68,7 @@ def _init(argv: list[str]) -> int:
             masterchain_validators=args.masterchain_validators, fullnodes=args.fullnodes,
             mc_catchain_lifetime=args.mc_catchain_lifetime, block_interval=args.block_interval,
             base_port=args.base_port, genesis_time=args.genesis_time, genesis_delay=args.genesis_delay,
-            wallets=args.wallets, masterchain_wallets=args.masterchain_wallets,
+            wallets=args.wallets, masterchain_wallets=args.masterchain_wallets, group_draw=args.group_draw,
             wallet_balance=args.wallet_balance, ext_messages=args.ext_messages,
             timing={"master_block_interval": args.master_block_interval})
     except (NetFilesError, ValueError, OSError) as exc:

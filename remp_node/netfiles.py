@@ -145,11 +145,14 @@ def init_network(root: str | Path, *, shards: int = 2, validators_per_shard: int
                  mc_catchain_lifetime: float = 30.0, block_interval: float = 0.5,
                  base_port: int = 0, genesis_time: float | None = None, genesis_delay: float = 5.0,
                  wallets: int = 8, wallet_balance: int = 10**12, ext_messages: str | Path | None = None,
-                 masterchain_wallets: int = 2, timing: dict | None = None, host: str = "127.0.0.1") -> Network:
+                 masterchain_wallets: int = 2, timing: dict | None = None, host: str = "127.0.0.1",
+                 group_draw: str = "dealt") -> Network:
     """Write a network directory (module doc) and return it loaded.
 
     Validators: shards * validators_per_shard keys ("v1".."vN"); shard groups of
-    validators_per_shard drawn from all of them each session (schedule.shard_groups);
+    validators_per_shard drawn from all of them each session (schedule.shard_groups; with
+    group_draw "dealt", the default, the groups of one session are disjoint: each validator
+    serves one shard; "independent" draws each shard's group on its own);
     masterchain validators: the first `masterchain_validators` (default: all). Accounts:
     `wallets` wallets of workchain 0 and `masterchain_wallets` of workchain -1 with
     `wallet_balance` each (seeds in wallets.json), plus an open account per destination
@@ -199,7 +202,7 @@ def init_network(root: str | Path, *, shards: int = 2, validators_per_shard: int
             validators=[ValidatorInfo(n.public_key, n.address) for n in nodes if n.role == "validator"],
             shard_group_size=validators_per_shard, masterchain_validators=mcv,
             mc_catchain_lifetime=mc_catchain_lifetime, block_interval=block_interval,
-            genesis_time=genesis_time)
+            genesis_time=genesis_time, group_draw=group_draw)
     except ScheduleError as exc:
         raise NetFilesError(str(exc)) from None
     wallet_rows = []

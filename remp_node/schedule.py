@@ -150,8 +150,13 @@ class ZeroStateConfig:
     per shard group (e.g. 7; capped at len(validators)); masterchain_validators: "all" or a
     list of 32-byte public keys (each must be a listed validator); mc_catchain_lifetime:
     seconds per master catchain session (250 in production); block_interval: seconds
-    between blocks; genesis_time: start of session 0 (seconds, caller's time base).
-    to_dict()/from_dict() give a JSON/TOML-able dict: keys and shards as hex text (shards do
+    between blocks; genesis_time: start of session 0 (seconds, caller's time base);
+    group_draw: how shard groups are drawn each session (shard_groups): "independent" (each
+    shard's group drawn on its own: a validator may serve several shards while another
+    serves none; the default, and the rule of configs written before "dealt") or "dealt"
+    (one seeded ranking dealt out shard after shard: disjoint groups while shards x
+    shard_group_size <= validators, else every validator in as many groups as any other,
+    give or take one). to_dict()/from_dict() give a JSON/TOML-able dict: keys and shards as hex text (shards do
     not fit TOML's signed 64-bit integers).
     """
 
@@ -164,6 +169,7 @@ class ZeroStateConfig:
     block_interval: float = 1.0
     genesis_time: float = 0.0
     extra: dict = field(default_factory=dict)
+    group_draw: str = "independent"
 
     def __post_init__(self) -> None:
         if not isinstance(self.workchain, int) or not -(1 << 31) <= self.workchain < (1 << 31):
@@ -193,6 +199,8 @@ class ZeroStateConfig:
                 raise ScheduleError(f"{name} must be a positive number of seconds, got {v!r}")
         if not isinstance(self.genesis_time, (int, float)) or not math.isfinite(self.genesis_time):
             raise ScheduleError(f"genesis_time must be a finite number, got {self.genesis_time!r}")
+        if self.group_draw not in GROUP_DRAWS:
+            raise ScheduleError(f"group_draw must be one of {GROUP_DRAWS}, got {self.group_draw!r}")
 
     # - lookups -
     def validator(self, public_key: bytes) -> ValidatorInfo:
@@ -221,6 +229,8 @@ class ZeroStateConfig:
             "block_interval": float(self.block_interval),
             "genesis_time": float(self.genesis_time),
         }
+        if self.group_draw != "independent":     # configs without the key keep the old rule
+            d["group_draw"] = self.group_draw
         if self.extra:
             d["extra"] = dict(self.extra)
         return d
@@ -230,7 +240,7 @@ class ZeroStateConfig:
         if not isinstance(d, dict):
             raise ScheduleError("zerostate config must be a table/object")
         known = {"workchain", "shards", "validators", "shard_group_size", "masterchain_validators",
-                 "mc_catchain_lifetime", "block_interval", "genesis_time", "extra"}
+                 "mc_catchain_lifetime", "block_interval", "genesis_time", "extra", "group_draw"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ScheduleError(f"unknown zerostate config keys: {unknown}")
@@ -250,6 +260,7 @@ class ZeroStateConfig:
             block_interval=d.get("block_interval", 1.0),
             genesis_time=d.get("genesis_time", 0.0),
             extra=dict(d.get("extra", {})),
+            group_draw=d.get("group_draw", "independent"),
         )
 
 
@@ -298,6 +309,10 @@ def masterchain_members(cfg: ZeroStateConfig) -> list[bytes]:
     return list(cfg.masterchain_validators)
 
 
+#: ZeroStateConfig.group_draw values (shard_groups)
+GROUP_DRAWS = ("independent", "dealt")
+
+
 def group_seed(session_seqno: int, prev_master_block_hash: bytes, workchain: int, shard: int) -> bytes:
     """sha256(boxed `remp.schedule.groupSeed prev_mc_block_hash:int256 session_seqno:int
     workchain:int shard:long`): the per-shard rotation seed of a session."""
@@ -314,14 +329,32 @@ def shard_groups(cfg: ZeroStateConfig, session_seqno: int, prev_master_block_has
     `session_seqno`.
 
     Rule (ours; DESIGN.md section 4 asks for a deterministic rotation seeded by the previous
-    master block hash): seed = group_seed(session, prev_master_block_hash, workchain, shard);
-    validators are ordered by sha256(seed || public_key) and the first
-    min(shard_group_size, len(validators)) form the group, in that order (the order is the
-    consensus leader order). Groups of different shards are drawn independently (a validator
-    may serve several shards, as in TON). For session 0 pass GENESIS_MASTER_HASH.
+    master block hash): seed(shard) = group_seed(session, prev_master_block_hash, workchain,
+    shard); a group is ordered by sha256(seed(shard) || public_key) (the consensus leader
+    order) and has min(shard_group_size, len(validators)) members, chosen by cfg.group_draw:
+    - "independent": the first of all validators in that order, for each shard on its own
+      (a validator may serve several shards, as in TON, and another none: with 2 shards x 7
+      of 14 validators a session's busiest validator did twice the work of an average one);
+    - "dealt": all validators ranked once by sha256(seed(0) || public_key) (shard 0 is no
+      shard ident: a session-wide seed) and dealt out in that order, k to each shard in
+      config order, wrapping around: shard i gets ranked[(i * k + j) % n], j < k. Disjoint
+      groups while shards x k <= n (2 x 7 of 14: every validator in exactly one group), and
+      otherwise each validator in floor or ceil(shards x k / n) groups.
+    Both rotate every session and give every shard a group of k distinct validators. For
+    session 0 pass GENESIS_MASTER_HASH.
     """
-    k = min(cfg.shard_group_size, len(cfg.validators))
+    n = len(cfg.validators)
+    k = min(cfg.shard_group_size, n)
     out: dict[int, list[bytes]] = {}
+    if cfg.group_draw == "dealt":
+        deal = group_seed(session_seqno, prev_master_block_hash, cfg.workchain, 0)
+        ranked = sorted(cfg.validators, key=lambda v: hashlib.sha256(deal + v.public_key).digest())
+        for i, shard in enumerate(cfg.shards):
+            seed = group_seed(session_seqno, prev_master_block_hash, cfg.workchain, shard)
+            members = [ranked[(i * k + j) % n] for j in range(k)]
+            members.sort(key=lambda v: hashlib.sha256(seed + v.public_key).digest())
+            out[shard] = [v.public_key for v in members]
+        return out
     for shard in cfg.shards:
         seed = group_seed(session_seqno, prev_master_block_hash, cfg.workchain, shard)
         ranked = sorted(cfg.validators, key=lambda v: hashlib.sha256(seed + v.public_key).digest())

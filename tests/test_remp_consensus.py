@@ -78,8 +78,10 @@ class Node:
 class Equivocator(Node):
     """A Byzantine member: runs a real core, but whenever it sends a proposal or a vote
     for the first time it sends a conflicting, validly signed version (another candidate /
-    another block) to half of the members instead. Its core's resends then deliver the
-    original to everyone, so honest members hold both signed versions."""
+    another block) to half of the members instead, and the original to them one step later,
+    so honest members hold both signed versions. (The core's own resends used to deliver the
+    original; they now go only resend_interval after a message was sent, rarely within a
+    round without faults.)"""
 
     def __init__(self, key, members, **kw):
         super().__init__(key, members, **kw)
@@ -87,6 +89,7 @@ class Equivocator(Node):
         self.fakes: dict[tuple, bytes] = {}
         self.evil_blocks: dict[tuple, BlockIdExt] = {}
         self.originals: set[bytes] = set()
+        self.later: list[tuple[bytes, bytes]] = []
 
     def fake_for(self, data: bytes) -> bytes:
         msg = C.parse_message(data)
@@ -111,12 +114,13 @@ class Equivocator(Node):
         return data
 
     def outgoing(self, now):
-        out = []
+        out, self.later = self.later, []
         odd = {m.key_id for i, m in enumerate(self.members) if i % 2}
         batch = self.core.datagrams_to_send(now)
         for dst, data in batch:
             if dst in odd and data not in self.originals and not data.startswith(C.pack_id(C.COMMIT)):
                 out.append((dst, self.fake_for(data)))
+                self.later.append((dst, data))
             else:
                 out.append((dst, data))
         self.originals.update(data for _, data in batch)
@@ -330,6 +334,48 @@ def test_equivocator_with_loss_and_a_crash_still_progresses(seed):
     net.crashed = {ks[seed % 3].key_id}
     net.run(15.0)
     assert check_agreement(net.alive(), ks) >= 10
+
+
+def test_resends_wait_resend_interval_per_message_and_skip_members_that_moved_on():
+    """A round that completes within resend_interval of a message resends nothing (one timer
+    for the whole round sent a vote cast 50 ms before again); a stalled round resends each
+    own message resend_interval after it was last sent: the proposal only to members that
+    did not prevote or precommit its block, the prevote only to members that did not
+    precommit a block in the round; the precommit to everyone."""
+    ks, nodes, net = make_net()
+    net.run(3.0)
+    assert check_agreement(nodes, ks) >= 8
+    assert sum(n.core.resent for n in nodes) == 0
+    # stall: 3 of 7 partitioned, the 4 others (< quorum 5) cannot finish a round
+    ks, nodes, net = make_net()
+    net.run(1.0)
+    h = nodes[0].core.height
+    cut = [n for n in nodes if n.core.leader(h, 0) != n.key.key_id][:3]
+    net.partitioned = {n.key.key_id for n in cut}
+    live = [n for n in nodes if n not in cut]
+    leader = next(n for n in nodes if n.core.leader(h, 0) == n.key.key_id)
+    net.run(net.now + 0.6, stop=lambda net: "proposal" in leader.core._my and all(
+        "prevote" in n.core._my for n in live))
+    assert "proposal" in leader.core._my and leader.core.height == h and leader.core.round == 0
+    sent_at = leader.core._my_at["proposal"]
+    cut_ids = {n.key.key_id for n in cut}
+    # the leader is woken at resend_interval after its proposal left (not before)
+    assert leader.core.get_timer() <= sent_at + leader.core.resend_interval + 1e-9
+    t = sent_at + leader.core.resend_interval
+    net.run(t - 1e-3)        # the live members' prevotes reach the leader meanwhile
+    assert leader.core._my_at["proposal"] == sent_at and leader.core._my_at["prevote"] == sent_at
+    leader.core.datagrams_to_send(t)
+    leader.core.handle_timer(t)
+    out = leader.core.datagrams_to_send(t)
+    kinds = defaultdict(set)
+    for dst, data in out:
+        kinds[type(C.parse_message(data)).__name__ + (
+            "" if not isinstance(C.parse_message(data), C.Vote) else str(C.parse_message(data).kind))].add(dst)
+    # every live member prevoted the proposal: it goes again only to the partitioned ones
+    assert kinds["Proposal"] == cut_ids
+    # nobody precommitted a block (no polka among 4): the prevote goes to every other member
+    assert kinds["Vote0"] == {n.key.key_id for n in nodes if n is not leader}
+    assert leader.core.resent == len(out)
 
 
 def test_invalid_candidates_are_never_accepted():
@@ -556,6 +602,42 @@ def test_shard_groups_deterministic_and_rotating():
     assert all(s == keys_all for s in served.values())
     # a group no larger than the validator set
     assert all(len(m) == 3 for m in S.shard_groups(zcfg(3, shard_group_size=7), 0, S.GENESIS_MASTER_HASH).values())
+
+
+def test_dealt_shard_groups_are_disjoint_balanced_and_rotating():
+    """group_draw "dealt": one seeded ranking dealt out shard after shard. 2 shards x 7 of
+    14 validators: disjoint groups (each validator serves one shard per session); 3 shards x
+    5 of 10: every validator in 1 or 2 groups; both rotate and stay deterministic; a config
+    without the key keeps the independent draw."""
+    cfg = S.ZeroStateConfig.from_dict({**zcfg(14, shard_group_size=7).to_dict(), "group_draw": "dealt"})
+    assert S.ZeroStateConfig.from_dict(cfg.to_dict()).group_draw == "dealt"
+    assert S.ZeroStateConfig.from_dict(zcfg(14, shard_group_size=7).to_dict()).group_draw == "independent"
+    with pytest.raises(S.ScheduleError):
+        S.ZeroStateConfig.from_dict({**cfg.to_dict(), "group_draw": "random"})
+    keys_all = {v.public_key for v in cfg.validators}
+    served = defaultdict(set)
+    for n in range(40):
+        h = hashlib.sha256(b"%d" % n).digest()
+        g = S.shard_groups(cfg, n, h)
+        assert g == S.shard_groups(cfg, n, h)
+        assert all(len(m) == 7 == len(set(m)) for m in g.values())
+        a, b = g.values()
+        assert not set(a) & set(b) and set(a) | set(b) == keys_all
+        for shard, members in g.items():
+            served[shard].update(members)
+            # leader order: by the shard's own seed, as the independent draw orders it
+            seed = S.group_seed(n, h, cfg.workchain, shard)
+            assert members == sorted(members, key=lambda k: hashlib.sha256(seed + k).digest())
+    assert all(v == keys_all for v in served.values())
+    assert S.shard_groups(cfg, 1, hashlib.sha256(b"x").digest()) != S.shard_groups(cfg, 1, hashlib.sha256(b"y").digest())
+    three = S.ZeroStateConfig(workchain=0, shards=[0x2000000000000000, 0x6000000000000000, 0xC000000000000000],
+                              validators=zcfg(10).validators, shard_group_size=5, group_draw="dealt")
+    per = defaultdict(int)
+    for members in S.shard_groups(three, 3, S.GENESIS_MASTER_HASH).values():
+        assert len(set(members)) == 5
+        for k in members:
+            per[k] += 1
+    assert len(per) == 10 and set(per.values()) <= {1, 2} and sum(per.values()) == 15
 
 
 def test_current_and_previous_groups_union():

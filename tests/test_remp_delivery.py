@@ -547,11 +547,52 @@ def test_resends_behind_a_silent_full_node_stay_bounded():
     assert 0 < len(resent) <= RESEND_WINDOW * (60 / 2.0 + 4)
     assert {decode_batch(p).seqno for _, p in resent} <= set(range(1, RESEND_WINDOW + 1))
     assert all(p == first[decode_batch(p).seqno] for _, p in resent)   # base unchanged: same bytes
-    # the full node comes back: one cumulative ack through 150 -> the next hole goes at once
+    # the full node comes back: one cumulative ack through 150, 0.1 s after the timer's last
+    # resend of 1-4 (a prompt answer) -> the next hole goes at once
     s.receive_ack(FULLNODE.key_id, encode_ack(v.key_id, 1, 150, ()), t + 0.1)
     out = s.packets_to_send(t + 0.1)
     assert [decode_batch(p).seqno for _, p in out] == list(range(151, 151 + RESEND_WINDOW))
     assert all(decode_batch(p).base == 151 for _, p in out)   # re-signed: base moved
+
+
+def test_a_prompt_ack_resends_the_next_old_packet_at_once_a_late_one_does_not():
+    """After an outage the full node answers the timer's resends promptly: the ack reveals
+    that the next unacknowledged packets (sent once, long ago) are old, and they go at once
+    instead of RESEND_WINDOW per (backed off) timeout. A full node that is only late (acks
+    come seconds after the packets, which still wait in its queue) gets no resend from an
+    ack: nothing goes before the timer."""
+    v = VALIDATORS[0]
+
+    def sender_with(n, t0):
+        s = ReceiptSender(v, stream=1, max_delay=0.0, resend_initial=0.25, resend_max=2.0)
+        for i in range(n):
+            s.add(FULLNODE.key_id, make_signed_receipt(v, hashlib.sha256(b"p%d" % i).digest(), New(), i),
+                  t0 + i * 0.01)
+            assert len(s.packets_to_send(t0 + i * 0.01)) == 1
+        return s
+
+    # late: 12 packets, the ack through 1 comes 3 s after 1 (the timer resent 1-4 meanwhile,
+    # the last time at ~T0 + 1.76, more than resend_initial before the ack)
+    s = sender_with(12, T0)
+    t = T0
+    while True:
+        at = s.get_timer()
+        if at > T0 + 3.0:
+            break
+        s.packets_to_send(at)
+    before = s.stats["resends"]
+    s.receive_ack(FULLNODE.key_id, encode_ack(v.key_id, 1, 1, ()), T0 + 3.0)
+    assert s.packets_to_send(T0 + 3.0) == [] and s.stats["resends"] == before
+    # prompt, after an outage: the timer's resend of 1-4 at `at` is acknowledged 20 ms later
+    s = sender_with(12, T0)
+    while True:
+        at = s.get_timer()
+        s.packets_to_send(at)
+        if at > T0 + 10.0:
+            break
+    s.receive_ack(FULLNODE.key_id, encode_ack(v.key_id, 1, 4, ()), at + 0.02)
+    out = s.packets_to_send(at + 0.02)
+    assert [decode_batch(p).seqno for _, p in out] == [5, 6, 7, 8]
 
 
 def test_retransmission_timeout_follows_the_ack_round_trip():

@@ -37,8 +37,11 @@ Pipeline (one shuffle of the events: everything is keyed by trace_id):
 2. every event becomes zero or more steps of its trace through the data-driven stage model
    (spark/stages.py), before the shuffle; facts of a trace (RMB requester twin, origin
    relay) come from a small per-trace table of the events stating them (max per trace),
-   joined back by broadcast. The step rows (not the events) are then repartitioned by
-   trace_id: the job's one large shuffle.
+   joined back by broadcast. The rules are a few CASE expressions over disjoint sets of
+   event names (steps_exprs), each exploded by a generator of its own, so that whole-stage
+   codegen gives each its own method below HotSpot's 8,000-byte JIT limit (one CASE with
+   every rule made a 14 KB method that ran interpreted). The step rows (not the events) are
+   then repartitioned by trace_id: the job's one large shuffle.
 3. per (trace, step, branch): first timestamp, node, count, duplicates (the same event with
    the same attrs logged more than once by one process), detail; cached. Per (trace,
    branch): a map step -> record holding the root steps, the branch's own steps and the
@@ -159,6 +162,18 @@ SMALL_INPUT_CONF = {
 LARGE_INPUT_CONF: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 
 
+#: SQL settings the report sets on its session (its own or the caller's), whatever the input:
+#: the last value of a repeated map key wins; no nested schema pruning: the rules are
+#: exploded by a chain of generators (_step_rows), for which Spark 4.3's optimizer (nested
+#: column aliasing through Generate) otherwise builds an invalid plan
+#: (INTERNAL_ERROR_ATTRIBUTE_NOT_FOUND for an `_extract_` alias of an attrs field); it would
+#: prune nothing here, as `fact` hashes the whole attrs struct
+REPORT_SQL_CONF = {
+    "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
+    "spark.sql.optimizer.nestedSchemaPruning.enabled": "false",
+}
+
+
 def build_session(master: str | None = None, shuffle_partitions: int | None = None,
                   ui: bool = False, small_input: bool = False):
     """SparkSession with the settings that matter on small machines (DESIGN.md section 6):
@@ -198,6 +213,10 @@ def _q(s: str) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+#: rules per generator in _step_rows (steps_exprs)
+RULES_PER_GENERATOR = 24
+
+
 def _rule_struct(p: Protocol, rule) -> str:
     step = rule.step_sql if rule.step_sql else _q(rule.step)
     if rule.branch is None:
@@ -210,17 +229,26 @@ def _rule_struct(p: Protocol, rule) -> str:
             f"'detail', {detail}, 'hop', {str(rule.hop).lower()}) END")
 
 
-def steps_expr() -> str:
-    """SQL: array of the step records one `ok` event row matches (NULL elements for rules
-    whose condition fails; dropped after the explode). Grouped by event name in one CASE so
-    each row evaluates only its own event's rules, and no lambda (Spark interprets
-    higher-order functions instead of compiling them)."""
+def steps_exprs(max_rules: int = RULES_PER_GENERATOR) -> list[str]:
+    """SQL: the rules as a few CASE expressions over disjoint sets of event names, each an
+    array of the step records one `ok` event row matches (NULL elements for rules whose
+    condition fails; dropped after the explode) or NULL when the row's event is not one of
+    its set. Grouped by event name so each row evaluates only its own event's rules, and no
+    lambda (Spark interprets higher-order functions instead of compiling them). At most
+    `max_rules` rules per expression: _step_rows explodes each in a generator of its own, and
+    whole-stage codegen puts each generator's code in a method of its own; one expression
+    with every rule made one method over HotSpot's 8,000-byte limit, never JIT-compiled."""
     by_event: dict[str, list[str]] = {}
     for p in PROTOCOLS.values():
         for r in p.rules:
             by_event.setdefault(r.event, []).append(_rule_struct(p, r))
-    whens = " ".join(f"WHEN {_q(e)} THEN array({', '.join(parts)})" for e, parts in by_event.items())
-    return f"CASE event {whens} END"
+    groups: list[list[tuple[str, list[str]]]] = [[]]
+    for e, parts in by_event.items():
+        if groups[-1] and sum(len(x) for _, x in groups[-1]) + len(parts) > max_rules:
+            groups.append([])
+        groups[-1].append((e, parts))
+    return ["CASE event " + " ".join(f"WHEN {_q(e)} THEN array({', '.join(parts)})"
+                                     for e, parts in g) + " END" for g in groups]
 
 
 def _ref(p: Protocol, step: str) -> str:
@@ -330,15 +358,23 @@ def _step_rows(spark, inputs: list[str]):
             f"ELSE '' END, 'detail', "
             f"substring({CORRUPT}, 1, 300), 'hop', false))")
     ev = ev.withColumns({
-        "st": F.expr(f"CASE WHEN cls = 'ok' THEN {steps_expr()} ELSE {meta} END"),
         "protocol": F.expr(
-            "CASE WHEN cls = 'ok' THEN substring_index(event, '.', 1) ELSE '_meta' END")})
-    # explode_outer + filter: plain explode would make Spark evaluate the rules twice
-    st = ev.select("trace_id", "protocol", "node", "service", "ts_us", "fact",
-                   # the node a step was sent to or came from (attrs.peer), for the plan:
-                   # a message sent to a node the plan had killed was hit by that fault
-                   F.col("attrs.peer").alias("peer"),
-                   F.explode_outer("st").alias("s")).filter("s IS NOT NULL")
+            "CASE WHEN cls = 'ok' THEN substring_index(event, '.', 1) ELSE '_meta' END"),
+        # the node a step was sent to or came from (attrs.peer), for the plan: a message
+        # sent to a node the plan had killed was hit by that fault
+        "peer": F.col("attrs.peer")})
+    # one generator per group of rules (steps_exprs: disjoint event sets, so for each row at
+    # most one group's array is not NULL and the others add one NULL element each), the
+    # `_meta` record with the first group; explode_outer + filter: plain explode would make
+    # Spark evaluate the rules twice
+    groups = steps_exprs()
+    names = [f"_s{i}" for i in range(len(groups))]
+    for i, (name, expr) in enumerate(zip(names, groups)):
+        arr = f"CASE WHEN cls = 'ok' THEN {expr} ELSE {meta} END" if i == 0 else \
+            f"CASE WHEN cls = 'ok' THEN {expr} END"
+        ev = ev.select("*", F.explode_outer(F.expr(arr)).alias(name))
+    st = ev.select("trace_id", "protocol", "node", "service", "ts_us", "fact", "peer",
+                   F.coalesce(*names).alias("s")).filter("s IS NOT NULL")
     return st.select("trace_id", "protocol", "node", "service", "ts_us", "fact", "peer",
                      F.col("s.step").alias("step"), F.col("s.branch").alias("branch"),
                      F.col("s.detail").alias("detail"), F.col("s.hop").alias("hop"))
@@ -587,7 +623,8 @@ def run(inputs: list[str], out: str, master: str | None = None, sla_path: str | 
             compact(spark, inputs, parquet_cache)
             inputs = [parquet_cache.rstrip("/") + "/events.parquet"]
             timings["compact_s"] = round(time.time() - t_start, 3)
-        spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
+        for key, value in REPORT_SQL_CONF.items():
+            spark.conf.set(key, value)
         # the per-trace peers only matter when the plan has faults; small input (the demo)
         # keeps them in the step table, other input computes them apart when needed
         peers = _small_input(inputs, PEERS_IN_STEP_TABLE_MAX_BYTES)

@@ -337,3 +337,29 @@ def test_forwarded_is_both_relay_steps(spark, tmp_path):
     assert not [h for h in hops if h[0] == "?"]
     outcome = {r["branch"]: r["outcome"] for r in table(out, "delivery")}
     assert outcome == {"22": "answered", "33": "answered"}
+
+
+def test_step_rows_generated_methods_fit_the_jit_limit(spark):
+    """Whole-stage codegen of the map side (scan, rules, explode, shuffle write) makes no
+    method above HotSpot's 8,000-byte limit for JIT compilation (-XX:+DontCompileHugeMethods,
+    the default): such a method runs interpreted for the whole job. All the rules in one CASE
+    made a 14 KB method; steps_exprs splits them into groups of RULES_PER_GENERATOR."""
+    from spark.report import REPORT_SQL_CONF, _step_rows
+    # as for large input: whole-stage codegen, and no AQE (its plan is codegen'd only when run)
+    conf = {**REPORT_SQL_CONF, "spark.sql.codegen.wholeStage": "true",
+            "spark.sql.adaptive.enabled": "false"}
+    old = {k: spark.conf.get(k, None) for k in conf}
+    try:
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+        st = _step_rows(spark, LOGS).repartition("trace_id")
+        plan = st._jdf.queryExecution().executedPlan()
+        subtrees = spark._jvm.org.apache.spark.sql.execution.debug.package.codegenStringSeq(plan)
+        sizes = [subtrees.apply(i)._3().maxMethodCodeSize() for i in range(subtrees.size())]
+    finally:
+        for key, value in old.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+    assert sizes and max(sizes) <= 8000, sizes

@@ -18,15 +18,19 @@ from daemon_runtime.redis_server import EmbeddedRedis
 from tests.rmb_harness import RmbCluster, events_of, until
 
 
+async def relay_on(cluster: RmbCluster, store: EmbeddedRedis, twins: int):
+    """An in-process relay on `store` (--redis-timeout 1 s) and `twins` fresh ed25519 twins
+    homed on it: (relay handle, [twin, ...])."""
+    relay = await cluster.start_relay(redis_url=store.url, redis_timeout=1.0)
+    return relay, [await cluster.new_twin([relay], pk=False, key_type="ed25519") for _ in range(twins)]
+
+
 async def test_hung_relay_redis_refuses_offline_envelopes_and_keeps_other_traffic(redis_url, tmp_path):
     hung = EmbeddedRedis().start()          # the relay's Redis; registry and peers stay on redis_url
     try:
         async with RmbCluster(redis_url, tmp_path) as cluster:
-            relay = await cluster.start_relay(redis_url=hung.url, redis_timeout=1.0)
+            relay, (a, b, c) = await relay_on(cluster, hung, 3)     # c is never online
             server = relay.server
-            a = await cluster.new_twin([relay], pk=False, key_type="ed25519")
-            b = await cluster.new_twin([relay], pk=False, key_type="ed25519")
-            c = await cluster.new_twin([relay], pk=False, key_type="ed25519")   # never online
             pa = await cluster.start_peer(a, [relay])
             pb = await cluster.start_peer(b, [relay])
 
@@ -77,10 +81,8 @@ async def test_replay_stopped_by_redis_failure_resumes_on_the_same_connection(re
     store = EmbeddedRedis().start()
     try:
         async with RmbCluster(redis_url, tmp_path) as cluster:
-            relay = await cluster.start_relay(redis_url=store.url, redis_timeout=1.0)
+            relay, (a, b) = await relay_on(cluster, store, 2)
             server = relay.server
-            a = await cluster.new_twin([relay], pk=False, key_type="ed25519")
-            b = await cluster.new_twin([relay], pk=False, key_type="ed25519")
             pa = await cluster.start_peer(a, [relay])
             client = cluster.client(pa)
             queued = asyncio.ensure_future(client.call(b.id, "late.echo", b"queued", ttl=60))

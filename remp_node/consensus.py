@@ -123,11 +123,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
-INF = float("inf")
-
 from .keys import NodeKey, key_id as key_id_of, verify
 from .tl import (BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256,
                  pack_int512, pack_long, tl_constructor_id)
+
+INF = float("inf")
 
 # --- TL schema ------------------------------------------------------------------------------
 
@@ -617,6 +617,15 @@ class _Cand:
     verdict: bool | str | None = None   # None unknown, True valid, str = reason
 
 
+class _Own:
+    """One of our own messages of the current round: its bytes, the block it names and when
+    it was last sent (s, caller's clock; BlockConsensus._resend_due)."""
+    __slots__ = ("raw", "block", "at")
+
+    def __init__(self, raw: bytes, block: BlockIdExt, at: float):
+        self.raw, self.block, self.at = raw, block, at
+
+
 class _Height:
     def __init__(self, seqno: int):
         self.seqno = seqno
@@ -692,11 +701,8 @@ class BlockConsensus:
         self._lock: tuple[int, BlockIdExt | None] = (-1, None)
         self._valid: tuple[int, BlockIdExt | None] = (-1, None)
         self._heights: dict[int, _Height] = {}
-        self._my: dict[str, bytes] = {}          # current round's own proposal/prevote/precommit
-        # when each of _my was last sent and the block it names (_resend_due)
-        self._my_at: dict[str, float] = {}
-        self._my_block: dict[str, BlockIdExt] = {}
-        self._t = 0.0                             # the latest `now` a public call gave
+        #: current round's own proposal/prevote/precommit: kind -> _Own (raw, block, last sent)
+        self._my: dict[str, _Own] = {}
         self._started = False
         self._propose_at = 0.0
         self._deadline = 0.0
@@ -736,7 +742,6 @@ class BlockConsensus:
     def receive_datagram(self, data: bytes, src_key_id: bytes, now: float) -> None:
         """Feed one datagram from transport peer `src_key_id`. Never raises for bad input."""
         self._start(now)
-        self._t = now
         try:
             if len(data) > MAX_DATAGRAM:
                 raise _Drop("oversized", f"{len(data)} bytes > {MAX_DATAGRAM}")
@@ -785,7 +790,6 @@ class BlockConsensus:
     def handle_timer(self, now: float) -> None:
         """Run what is due at `now`: round deadline, resends, proposing, observer polling."""
         self._start(now)
-        self._t = now
         if not self.is_member:
             if now >= self._next_poll:
                 self._send(self.member_ids[self._poll_idx % self.n],
@@ -850,15 +854,11 @@ class BlockConsensus:
     # -- own messages of the round and their resends ------------------------------------------
     def _clear_my(self) -> None:
         self._my = {}
-        self._my_at = {}
-        self._my_block = {}
         self._next_resend = INF
 
     def _sent_my(self, kind: str, raw: bytes, block: BlockIdExt, now: float) -> None:
         """Our `kind` message of the current round was signed and broadcast at `now`."""
-        self._my[kind] = raw
-        self._my_at[kind] = now
-        self._my_block[kind] = block
+        self._my[kind] = _Own(raw, block, now)
         self._next_resend = min(self._next_resend, now + self.resend_interval)
         self._broadcast(raw)
 
@@ -869,17 +869,17 @@ class BlockConsensus:
         member except those that provably no longer need it (_needs)."""
         nxt = INF
         for kind in ("proposal", "prevote", "precommit"):
-            raw = self._my.get(kind)
-            if raw is None:
+            own = self._my.get(kind)
+            if own is None:
                 continue
-            due = self._my_at[kind] + self.resend_interval
+            due = own.at + self.resend_interval
             if now >= due - 1e-9:
                 h = self._heights.get(self.height)
                 for m in self.member_ids:
                     if m != self.me and (h is None or self._needs(h, m, kind)):
-                        self._out.append((m, raw))
+                        self._out.append((m, own.raw))
                         self.resent += 1
-                self._my_at[kind] = now
+                own.at = now
                 due = now + self.resend_interval
             nxt = min(nxt, due)
         self._next_resend = nxt
@@ -892,7 +892,7 @@ class BlockConsensus:
         of it into account). Everything else is resent (precommits always)."""
         r = self.round
         if kind == "proposal":
-            b = self._my_block["proposal"]
+            b = self._my["proposal"].block
             return not (b in h.votes.get((PREVOTE, r), {}).get(m, ())
                         or b in h.votes.get((PRECOMMIT, r), {}).get(m, ()))
         if kind == "prevote":
@@ -1193,7 +1193,7 @@ class BlockConsensus:
         signs again from height + 1."""
         self.muted_through = max(self.muted_through, int(height))
 
-    def _vote(self, kind: int, block: BlockIdExt) -> None:
+    def _vote(self, kind: int, block: BlockIdExt, now: float) -> None:
         if self.height <= self.muted_through:
             self.ignored["muted_vote"] += 1
             self._transition(KIND_NAMES[kind])
@@ -1206,7 +1206,7 @@ class BlockConsensus:
         h.tallies.pop((kind, self.round), None)
         h.round_senders.setdefault(self.round, set()).add(self.me)
         self._transition(KIND_NAMES[kind])
-        self._sent_my(KIND_NAMES[kind], raw, block, self._t)
+        self._sent_my(KIND_NAMES[kind], raw, block, now)
 
     def _nil(self) -> BlockIdExt:
         return nil_block(self.workchain, self.shard, self.height)
@@ -1233,9 +1233,9 @@ class BlockConsensus:
         h = self._h(self.height)
         reason = f"timeout after {self.round_timeout:g}s: {self._round_failure(h)}"
         if self.step is Step.NEW:
-            self._vote(PREVOTE, self._nil())
+            self._vote(PREVOTE, self._nil(), now)
         if self.step is Step.PREVOTED:
-            self._vote(PRECOMMIT, self._nil())
+            self._vote(PRECOMMIT, self._nil(), now)
         self._next_round(now, reason)
 
     def _try_future_commit(self, now: float) -> bool:
@@ -1315,7 +1315,7 @@ class BlockConsensus:
         self._sent_my("proposal", raw, bid, now)
         return True
 
-    def _try_prevote(self, h: _Height) -> bool:
+    def _try_prevote(self, h: _Height, now: float) -> bool:
         prop = h.proposals.get(self.round)
         if prop is None:
             return False
@@ -1331,24 +1331,24 @@ class BlockConsensus:
             choice = bid
         else:
             return False   # wait for the prevotes of pol_round (or the deadline)
-        self._vote(PREVOTE, choice)
+        self._vote(PREVOTE, choice, now)
         return True
 
-    def _try_precommit(self, h: _Height) -> bool:
+    def _try_precommit(self, h: _Height, now: float) -> bool:
         b = self._polka(h, self.round)
         if b is not None:
             if b in h.candidates and self._verdict(h, b) is True:
                 self._lock = (self.round, b)
                 self._valid = (self.round, b)
-                self._vote(PRECOMMIT, b)
+                self._vote(PRECOMMIT, b, now)
                 return True
             if b in h.candidates:   # a polka for a block we find invalid
-                self._vote(PRECOMMIT, self._nil())
+                self._vote(PRECOMMIT, self._nil(), now)
                 return True
             return False            # wait for the proposal to arrive
         counts, total, _ = self._tally(h, PREVOTE, self.round)
         if self._impossible(counts, total):
-            self._vote(PRECOMMIT, self._nil())
+            self._vote(PRECOMMIT, self._nil(), now)
             return True
         return False
 
@@ -1363,7 +1363,6 @@ class BlockConsensus:
                 return
 
     def _progress(self, now: float) -> None:
-        self._t = now
         for _ in range(10000):
             if self._try_future_commit(now):
                 continue
@@ -1376,9 +1375,9 @@ class BlockConsensus:
                 continue
             if self._try_propose(h, now):
                 continue
-            if self.step is Step.NEW and self._try_prevote(h):
+            if self.step is Step.NEW and self._try_prevote(h, now):
                 continue
-            if self.step is Step.PREVOTED and self._try_precommit(h):
+            if self.step is Step.PREVOTED and self._try_precommit(h, now):
                 continue
             self._update_valid(h)
             if self.step is Step.PRECOMMITTED:

@@ -357,13 +357,13 @@ def test_resends_wait_resend_interval_per_message_and_skip_members_that_moved_on
     net.run(net.now + 0.6, stop=lambda net: "proposal" in leader.core._my and all(
         "prevote" in n.core._my for n in live))
     assert "proposal" in leader.core._my and leader.core.height == h and leader.core.round == 0
-    sent_at = leader.core._my_at["proposal"]
+    sent_at = leader.core._my["proposal"].at
     cut_ids = {n.key.key_id for n in cut}
     # the leader is woken at resend_interval after its proposal left (not before)
     assert leader.core.get_timer() <= sent_at + leader.core.resend_interval + 1e-9
     t = sent_at + leader.core.resend_interval
     net.run(t - 1e-3)        # the live members' prevotes reach the leader meanwhile
-    assert leader.core._my_at["proposal"] == sent_at and leader.core._my_at["prevote"] == sent_at
+    assert leader.core._my["proposal"].at == sent_at and leader.core._my["prevote"].at == sent_at
     leader.core.datagrams_to_send(t)
     leader.core.handle_timer(t)
     out = leader.core.datagrams_to_send(t)

@@ -574,7 +574,6 @@ def test_a_prompt_ack_resends_the_next_old_packet_at_once_a_late_one_does_not():
     # late: 12 packets, the ack through 1 comes 3 s after 1 (the timer resent 1-4 meanwhile,
     # the last time at ~T0 + 1.76, more than resend_initial before the ack)
     s = sender_with(12, T0)
-    t = T0
     while True:
         at = s.get_timer()
         if at > T0 + 3.0:

@@ -1257,6 +1257,10 @@ class RelayServer:
         Not a routing task: close() cancels it instead of waiting for it."""
         while self._replay_stalled and not self._closing:
             await asyncio.sleep(1.0)
+            # a connection that closed meanwhile replays on its next connect: not kept here
+            self._replay_stalled = {p for p in self._replay_stalled if not p.ws.closed}
+            if not self._replay_stalled:
+                return
             if self._redis_down is not None:
                 continue                       # the probe is waiting on it already
             try:

@@ -404,6 +404,9 @@ class PeerDaemon:
         try:
             await self._run(stop, announce)
         finally:
+            # also when startup failed before _shutdown (registry or Redis unreachable):
+            # the directory's HTTP session, else aiohttp prints "Unclosed client session"
+            await self.directory.close()
             if self.store is not None:
                 self.store.close()
 
@@ -493,7 +496,6 @@ class PeerDaemon:
             await self.writer.close()
         if self.redis is not None:
             await self.redis.aclose()
-        await self.directory.close()
         if status_runner is not None:
             await status_runner.cleanup()
         if self.log is not None:

@@ -218,7 +218,10 @@ class TwinDirectory:
                     data = None
                 return resp.status, data
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise DirectoryError(f"registry {self.base_url} unreachable: {exc!r}") from None
+            # str() reads as an operator expects ("Cannot connect to host ..."); a timeout's
+            # str() is empty, so name the type then
+            raise DirectoryError(f"registry {self.base_url} unreachable: "
+                                 f"{str(exc) or type(exc).__name__}") from None
 
     @staticmethod
     def _put(table: OrderedDict, key: Any, value: Any, limit: int) -> None:

@@ -253,7 +253,12 @@ class RempSegment(_Segment):
         return list(self.local.daemons.values())
 
     def progress(self) -> str:
-        c = self.counts
+        """One progress line; the outcomes so far are counted live (polled every second
+        from the start of sending), the final tally once done."""
+        c = dict(self.counts)
+        if self._phase != "done":
+            for k in ("finalized", "rejected", "timeout"):
+                c[k] = sum(1 for o in self.outcomes.values() if o == k)
         return (f"remp {self._phase}: {c['messages']} sent, {c['finalized']} finalized, "
                 f"{c['rejected']} rejected, {c['timeout']} timeout")
 
@@ -322,6 +327,16 @@ class RempSegment(_Segment):
         async with aiohttp.ClientSession() as s:
             killer = asyncio.ensure_future(self._kill_restart(kill, kill_after, kill_for))
 
+            async def poll_while_sending() -> None:
+                """Outcomes for the progress line while sending (it said 0 finalized until
+                the end before); a full node that does not answer is asked again later."""
+                while True:
+                    await asyncio.sleep(1.0)
+                    try:
+                        await self._poll(s)
+                    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                        pass
+
             async def send(label: str, boc: bytes) -> tuple[int, dict]:
                 """POST one BOC at the paced rate; a message id the full node gives is kept."""
                 await pace.wait()
@@ -332,27 +347,32 @@ class RempSegment(_Segment):
                     self.ids[doc["message_id"]] = label
                 return status, doc
 
-            for label, boc in neg:
-                status, doc = await send(label, boc)
-                if status == 400:
-                    self.counts["undecodable"] += 1       # no message id exists for it
-                elif "message_id" in doc:
-                    if status == 422:
-                        self.counts["rejected_by_fullnode"] += 1
-                    self.plan.expect(doc["message_id"], "rejected", "negative_boc")
-            race_ids = []
-            for label, boc in races:
-                _, doc = await send(label, boc)
-                if "message_id" in doc:
-                    race_ids.append(doc["message_id"])
-            # one of each pair is planned to be rejected by the collator; which one is decided
-            # by the collator's order (a fresh-clone demo saw the first of a pair rejected), so
-            # both messages of a pair are announced; one rejection is expected per pair
-            for mid in race_ids:
-                self.plan.expect(mid, "rejected", "collator_reject")
-            self.counts["expected_rejections"] += len(race_ids) // 2
-            for label, boc in good:
-                await send(label, boc)
+            poller = asyncio.ensure_future(poll_while_sending())
+            try:
+                for label, boc in neg:
+                    status, doc = await send(label, boc)
+                    if status == 400:
+                        self.counts["undecodable"] += 1       # no message id exists for it
+                    elif "message_id" in doc:
+                        if status == 422:
+                            self.counts["rejected_by_fullnode"] += 1
+                        self.plan.expect(doc["message_id"], "rejected", "negative_boc")
+                race_ids = []
+                for label, boc in races:
+                    _, doc = await send(label, boc)
+                    if "message_id" in doc:
+                        race_ids.append(doc["message_id"])
+                # one of each pair is planned to be rejected by the collator; which one is decided
+                # by the collator's order (a fresh-clone demo saw the first of a pair rejected), so
+                # both messages of a pair are announced; one rejection is expected per pair
+                for mid in race_ids:
+                    self.plan.expect(mid, "rejected", "collator_reject")
+                self.counts["expected_rejections"] += len(race_ids) // 2
+                for label, boc in good:
+                    await send(label, boc)
+            finally:
+                poller.cancel()
+                await asyncio.gather(poller, return_exceptions=True)
             self._phase = "waiting"
             while time.monotonic() < deadline:
                 await self._poll(s)

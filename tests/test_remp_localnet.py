@@ -68,3 +68,20 @@ async def test_remp_segment_start_drive_stop(tmp_path):
     assert all(row[3] for row in seg.compare(summary))
     summary["remp"]["outcomes"]["finalized"] += 1
     assert not all(row[3] for row in seg.compare(summary))
+
+
+def test_progress_counts_outcomes_before_the_end(tmp_path):
+    """The progress line counts the outcomes polled so far while sending and waiting (it said
+    '0 finalized' until the very end before), and the final tally once done."""
+    plan = Plan(tmp_path)
+    try:
+        seg = RempSegment({}, tmp_path, plan, None, [])
+        seg.counts["messages"] = 4
+        seg.ids = {"a": "gen0", "b": "gen1", "c": "race0a", "d": "gen2"}
+        seg.outcomes = {"a": "finalized", "b": "finalized", "c": "rejected"}
+        seg._phase = "sending"
+        assert seg.progress() == "remp sending: 4 sent, 2 finalized, 1 rejected, 0 timeout"
+        seg._phase, seg.counts["finalized"] = "done", 3
+        assert seg.progress() == "remp done: 4 sent, 3 finalized, 0 rejected, 0 timeout"
+    finally:
+        plan.close()

@@ -166,7 +166,7 @@ class ChainFollower:
             if g is None or cand.shard not in g:
                 raise PayloadError(f"groups of session {sp.session} for shard {cand.shard:016x} unknown")
             try:
-                bid = cons.verify_commit(c.session_id, g[cand.shard], c)
+                bid = cons.verify_commit(c.session_id, g[cand.shard], c, self.master.sig_memo)
             except cons.ConsensusWireError as exc:
                 raise PayloadError(str(exc)) from None
             st = self.state.states[cand.shard]

@@ -49,7 +49,7 @@ __all__ = ["NetFilesError", "NodeEntry", "Network", "init_network", "load_networ
 
 NETWORK_FILE = "network.json"
 WALLETS_FILE = "wallets.json"
-DEFAULT_TIMING = {"rmq_block_interval": 0.05, "master_block_interval": None,
+DEFAULT_TIMING = {"rmq_block_interval": 0.1, "master_block_interval": None,
                   "shard_round_timeout": 0.6, "master_round_timeout": 1.0, "resend_interval": 2.0}
 
 

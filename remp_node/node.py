@@ -571,6 +571,8 @@ class FullnodeDaemon(_Daemon):
         mid = submitted_message_id(boc, parsed)
         self.store.add_message(mid, boc, time.time())
         self.client.submit(boc, now, parsed)
+        if parsed is not None and parsed.boc == boc:
+            self.follower.remember(parsed)
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._step)
         self._drain_client()

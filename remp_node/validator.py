@@ -529,6 +529,10 @@ class ValidatorCore:
         self.master: cons.BlockConsensus | None = None
         self._known_commits: dict[int, dict[int, _ShardCommit]] = {s: {} for s in config.shards}
         self._verified_commits: dict[bytes, _ShardCommit] = {}
+        #: signatures this node found valid, shared by its consensus sessions and its shard
+        #: commit checks (consensus.SignatureMemo: each member's copy of a commit carries its
+        #: own subset of the same precommit signatures)
+        self.sig_memo = cons.SignatureMemo()
         # shard commits by reference between masterchain members (module doc)
         self._master_id_set = set(self.master_ids)
         self._raws: OrderedDict[bytes, bytes] = OrderedDict()          # sha256 -> raw shard commit
@@ -732,7 +736,8 @@ class ValidatorCore:
             self.master = cons.BlockConsensus(
                 -1, cons.MASTER_SHARD, self.master_members, self.key, start_seqno=1, prev_block_id=None,
                 round_timeout=self.master_round_timeout, block_interval=self.master_block_interval,
-                collate=self._collate_master, validate=self._validate_master, start_time=now)
+                collate=self._collate_master, validate=self._validate_master, start_time=now,
+                sig_memo=self.sig_memo)
             self._mute_restored(self.master)
         if self._replay is not None:
             self._replay_master(now)
@@ -876,7 +881,7 @@ class ValidatorCore:
                 round_timeout=self.shard_round_timeout, block_interval=self.cfg.block_interval,
                 collate=lambda seqno, t, s=sess: self._collate_shard(s, seqno, t),
                 validate=lambda seqno, payload, s=sess: self._validate_shard(s, seqno, payload),
-                start_time=now)
+                start_time=now, sig_memo=self.sig_memo)
             self._mute_restored(sess.consensus)
             self.shard_sessions[(shard, n)] = sess
             self._shard_by_sid[sess.consensus.session_id] = sess
@@ -1240,7 +1245,7 @@ class ValidatorCore:
         if groups is None:
             raise PayloadError(f"groups of session {p.session} unknown")
         try:
-            bid = cons.verify_commit(c.session_id, groups[cand.shard], c)
+            bid = cons.verify_commit(c.session_id, groups[cand.shard], c, self.sig_memo)
         except cons.ConsensusWireError as exc:
             raise PayloadError(str(exc)) from None
         return _ShardCommit(bid, cand.prev, p, raw)

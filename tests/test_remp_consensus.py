@@ -685,3 +685,60 @@ def test_commit_copies_per_block_are_linear_not_quadratic():
     net.run(20.0)
     top = check_agreement(nodes, ks)
     assert top >= 8 and max(max(n.accepted) for n in nodes) - top <= 2
+
+
+def test_signature_memo_checks_each_valid_signature_once_and_never_trusts_a_bad_one():
+    """consensus.SignatureMemo: an identical (key, data, signature) found valid is not checked
+    with ed25519 again; an invalid one is refused every time and never remembered; bounded."""
+    k = keys(1, "memo")[0]
+    memo = C.SignatureMemo(max_entries=4)
+    data = b"precommit bytes"
+    sig = k.sign(data)
+    assert memo.verify(k.public, data, sig) and memo.checks == 1 and memo.hits == 0
+    assert memo.verify(k.public, data, sig) and memo.checks == 1 and memo.hits == 1
+    bad = bytes([sig[0] ^ 1]) + sig[1:]
+    for _ in range(2):
+        assert not memo.verify(k.public, data, bad)
+    assert memo.checks == 3 and memo.hits == 1
+    assert not memo.verify(k.public, data + b"x", sig)       # the same signature over other bytes
+    for i in range(5):                                         # oldest out beyond max_entries
+        d = b"d%d" % i
+        assert memo.verify(k.public, d, k.sign(d))
+    assert len(memo._ok) == 4
+    assert memo.verify(k.public, data, sig) and memo.hits == 1  # evicted: checked again
+
+
+def test_commit_certificates_reuse_the_votes_a_member_verified_but_refuse_a_forged_one():
+    """A member verified every precommit of its group as a vote: a commit certificate of the
+    same block (any member's copy, any subset of those signatures) costs it no ed25519 check,
+    and a certificate with one forged signature is still refused (only valid triples are
+    remembered)."""
+    ks, nodes, net = make_net()
+    net.run(3.0)
+    top = check_agreement(nodes, ks)
+    assert top >= 5
+    members = [k.public for k in ks]
+    n0, n1 = nodes[0].core, nodes[1].core
+    total = 0
+    before = n0.sig_memo.checks
+    for s in range(1, top + 1):
+        for raw in (n0.commit_for(s), n1.commit_for(s)):       # two members' own copies
+            c = C.parse_message(raw)
+            total += len(c.signatures)
+            assert C.verify_commit(n0.session_id, members, c, n0.sig_memo) == c.candidate.block_id
+    # only the signatures n0 did not take in as votes (its own, those that came after it had
+    # decided) were checked: well under a fifth of them
+    assert n0.sig_memo.checks - before <= total // 5, (n0.sig_memo.checks - before, total)
+    before = n0.sig_memo.checks
+    for s in range(1, top + 1):                                # and each of those only once
+        C.verify_commit(n0.session_id, members, C.parse_message(n1.commit_for(s)), n0.sig_memo)
+    assert n0.sig_memo.checks == before
+    c = C.parse_message(n1.commit_for(top))
+    who, sig = c.signatures[0]
+    forged = C.Commit(c.session_id, c.round, c.candidate_bytes, ((who, bytes(64)),) + tuple(c.signatures[1:]),
+                      c.candidate)
+    with pytest.raises(C.ConsensusWireError, match="bad signature"):
+        C.verify_commit(n0.session_id, members, C.parse_message(forged.pack()), n0.sig_memo)
+    fresh = C.SignatureMemo()                                  # another node: checks them itself
+    C.verify_commit(n0.session_id, members, c, fresh)
+    assert fresh.checks == len(c.signatures) and fresh.hits == 0

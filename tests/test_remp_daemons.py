@@ -169,6 +169,9 @@ async def test_remp_network_of_processes(tmp_path, redis_url):
             assert h["follower"].get("finalized_twice", 0) == 0
             n_final = sum(1 for d in final.values() if d["outcome"]["outcome"] == "finalized")
             assert h["follower"]["messages"] >= n_final
+            # the follower applied the messages it had parsed at POST /messages without a
+            # second pytoniq parse (ChainFollower.remember; any it had not are parsed)
+            assert h["follower"].get("parse_reused", 0) >= n_final // 2, h["follower"]
             # must-show 5 (WebSocket): statuses in order, ending in Finalized, then closed 1000
             code = await asyncio.wait_for(sub, 30.0)
             assert code == 1000

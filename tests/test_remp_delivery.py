@@ -613,3 +613,68 @@ def test_retransmission_timeout_follows_the_ack_round_trip():
         s.receive_ack(FULLNODE.key_id, encode_ack(v.key_id, 1, i, ()), t)
         t += 0.1
     assert s.stats["resends"] == before
+
+
+def test_packets_grow_to_four_parts_on_a_clean_path_and_shrink_after_a_hole():
+    """While nothing has to be resent, a packet carries up to max_batch_bytes (four transport
+    parts: at 100 msg/s the packet size, not max_delay, sets how many packets, signatures
+    and full-node verifies there are); after a resend (a packet or its ack lost) packets
+    stay at lossy_batch_bytes (two parts) for loss_memory seconds, then grow again. Every
+    receipt still arrives, once."""
+    from remp_node.delivery import unwrap
+    v = VALIDATORS[0]
+    snd = ReceiptSender(v, stream=1, max_delay=0.1)
+    rcv = ReceiptReceiver(FULLNODE, [v.public])
+    mids = [hashlib.sha256(b"grow%d" % i).digest() for i in range(400)]
+    made = [make_signed_receipt(v, m, Accepted(Level.MASTERCHAIN, SHARD_BLOCK, MC_BLOCK), 1000 + i).serialize()
+            for i, m in enumerate(mids)]
+    t = T0
+    sizes, got = [], []
+    rs_of: set = set()
+
+    def burst(rs, drop_first=False):
+        nonlocal t, rs_of
+        rs_of = set(rs)
+        t += 0.5
+        for r in rs:
+            snd.add(FULLNODE.key_id, r, t)
+        out = snd.packets_to_send(t + 0.2)
+        for i, (_dst, p) in enumerate(out):
+            rs = decode_batch(p).receipts
+            if set(rs) <= rs_of:                               # new packets (not resends of old ones)
+                sizes.append(sum(len(x) for x in rs))
+            if drop_first and i == 0:
+                continue                                   # lost on the way
+            rcv.receive(v.key_id, p, t)
+        while (ev := rcv.next_event()) is not None:
+            got.append(ev.signed.serialize())
+        for _dst, a in rcv.packets_to_send(t + 1.0):
+            snd.receive_ack(FULLNODE.key_id, unwrap(a), t)
+        return len(out)
+
+    burst(made[:40])
+    clean = sizes[:]
+    assert max(clean) > 2144 and all(s <= 4452 for s in clean)
+    sizes.clear()
+    burst(made[40:80], drop_first=True)                    # lost: the later ones wait behind it
+    assert snd.stats["lossy_periods"] == 0
+    t += 0.5
+    for _dst, p in snd.packets_to_send(t):                 # the retransmission timer: resent
+        rcv.receive(v.key_id, p, t)
+    assert snd.stats["resends"] >= 1 and snd.stats["lossy_periods"] == 1
+    sizes.clear()
+    burst(made[80:120])
+    assert sizes and all(s <= 2144 for s in sizes)
+    t += snd.loss_memory                                   # nothing lost since: big again
+    sizes.clear()
+    burst(made[120:160])
+    assert max(sizes) > 2144
+    for _ in range(20):                                    # the lost packet is resent
+        t += 2.5
+        for _dst, p in snd.packets_to_send(t):
+            rcv.receive(v.key_id, p, t)
+        while (ev := rcv.next_event()) is not None:
+            got.append(ev.signed.serialize())
+        for _dst, a in rcv.packets_to_send(t + 1.0):
+            snd.receive_ack(FULLNODE.key_id, unwrap(a), t)
+    assert sorted(got) == sorted(made[:160]) and len(got) == 160

@@ -16,6 +16,10 @@ process tree (driver JVM + Python workers; DuckDB's Python) every 0.1 s for peak
 3. spark/compact.py (JSON -> Parquet, what a rotation hook does once per rotated file;
    reported separately, not part of the report's time).
 4. Spark: the same report over the compacted Parquet.
+5. with --floor: the floor (bench/spark_floor.py, same spark-submit options): the session
+   alone, and one query over the same Parquet (scan, one shuffle by trace_id, one aggregate,
+   one write), what any Spark report here pays at least; with --jit-stats: -XX:+CITime and
+   the JVM's CPU per thread group (tasks, C2, C1, GC, driver) for each Spark run.
 Prints wall s, peak MB, and each Spark run's ratio to DuckDB. Not part of the test suite.
 
 The DuckDB baseline is meant to be fair (what a competent DuckDB user writes, not a strawman):

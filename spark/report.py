@@ -15,8 +15,8 @@ report starts it (SHORT_JOB_JVM_OPTS, plus the class-data-sharing archive of spa
 when one was built), interpreted expressions, 2 shuffle partitions, AQE off
 (SMALL_INPUT_CONF); the page's charts are drawn in a thread while Spark writes. Any other
 input gets LARGE_INPUT_CONF (AQE off) and, when the report starts the JVM, the parallel
-collector and JIT thresholds x4 (LARGE_JOB_JVM_OPTS; with spark-submit pass
-`--driver-java-options "-XX:+UseParallelGC -XX:CompileThresholdScaling=4"` for large logs). Settings given to spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
+collector (LARGE_JOB_JVM_OPTS; with spark-submit pass `--driver-java-options
+-XX:+UseParallelGC` for large logs). Settings given to spark-submit win. Spark actions: 4 collects (the first two fill the caches of the step table
 and the per-branch table) and 4 writes; stages.parquet is written first and read back for
 the latency table and the slowest traces; the hops are cached by their write and the OTLP
 output is built from that cache, a sort aggregate over the order of its window (no shuffle,
@@ -1147,15 +1147,10 @@ LOG4J2 = Path(__file__).with_name("log4j2.properties")
 SHORT_JOB_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 #: JVM options for large input (issue #10 item 4): the throughput collector instead of G1
-#: (no concurrent marking threads on 2 cores; a batch job has no pause target), and JIT
-#: thresholds x4 (CompileThresholdScaling): only code that runs per row gets hot enough for
-#: C2, not the planning and set-up code each query runs a few thousand times; C2 compiles
-#: ~3,300 instead of ~4,200 methods at 1M events, the compiler threads' CPU falls by 10-14 s
-#: at 1M and 5M while the tasks' CPU stays the same (docs/report-performance.md, session of
-#: 2026-11-27). The console script and run() add them when they start the JVM for input
-#: that is not small; with spark-submit give them as `--driver-java-options` (README,
-#: bench_spark_report.py).
-LARGE_JOB_JVM_OPTS = "-XX:+UseParallelGC -XX:CompileThresholdScaling=4"
+#: (no concurrent marking threads on 2 cores; a batch job has no pause target). The console
+#: script and run() add them when they start the JVM for input that is not small; with
+#: spark-submit give them as `--driver-java-options` (README, bench_spark_report.py).
+LARGE_JOB_JVM_OPTS = "-XX:+UseParallelGC"
 
 
 def _short_job_opts() -> str:

@@ -16,6 +16,10 @@ process tree (driver JVM + Python workers; DuckDB's Python) every 0.1 s for peak
 3. spark/compact.py (JSON -> Parquet, what a rotation hook does once per rotated file;
    reported separately, not part of the report's time).
 4. Spark: the same report over the compacted Parquet.
+5. with --floor: the floor (bench/spark_floor.py, same spark-submit options): the session
+   alone, and one query over the same Parquet (scan, one shuffle by trace_id, one aggregate,
+   one write), what any Spark report here pays at least; with --jit-stats: -XX:+CITime and
+   the JVM's CPU per thread group (tasks, C2, C1, GC, driver) for each Spark run.
 Prints wall s, peak MB, and each Spark run's ratio to DuckDB. Not part of the test suite.
 
 The DuckDB baseline is meant to be fair (what a competent DuckDB user writes, not a strawman):
@@ -43,15 +47,38 @@ sys.path.insert(0, str(REPO))
 
 # ----------------------------------------------------------------------------- measuring
 
-def measure(cmd: list[str], env=None, log: Path | None = None) -> dict:
+#: JVM thread names (/proc/PID/task/TID/comm, 15 characters) -> group, for measure(threads=True)
+JVM_THREAD_GROUPS = (("C2 CompilerThre", "jit_c2"), ("C1 CompilerThre", "jit_c1"),
+                     ("Executor task", "tasks"), ("GC Thread", "gc"), ("VM Thread", "gc"))
+
+
+def _jvm_threads(pid: int, into: dict[int, tuple[str, float]]) -> None:
+    """CPU seconds (user + system) per thread of process pid, by thread id, with its name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        into[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+
+
+def measure(cmd: list[str], env=None, log: Path | None = None, threads: bool = False) -> dict:
     """Run cmd; wall time, peak RSS (MB) and CPU time (user + system s, the last sample of
-    each process; less sensitive to other load than wall time) of its whole process tree."""
+    each process; less sensitive to other load than wall time) of its whole process tree.
+    threads: also the CPU of the JVM's threads by group (JVM_THREAD_GROUPS; `other` is the
+    driver: py4j, planning, scheduling, Janino), sampled every 0.5 s, so up to 0.5 s of a
+    thread's last work is missed."""
     start = time.time()
     out = open(log, "w") if log else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO))
     peak = 0
     cpu: dict[int, float] = {}
+    per_thread: dict[int, tuple[str, float]] = {}
     ps = psutil.Process(proc.pid)
+    i = 0
     while proc.poll() is None:
         try:
             rss = 0
@@ -59,14 +86,45 @@ def measure(cmd: list[str], env=None, log: Path | None = None) -> dict:
                 with p.oneshot():
                     rss += p.memory_info().rss
                     cpu[p.pid] = sum(p.cpu_times()[:2])
+                    if threads and i % 5 == 0 and p.name() == "java":
+                        _jvm_threads(p.pid, per_thread)
             peak = max(peak, rss)
-        except psutil.Error:
+        except (psutil.Error, OSError):
             pass
+        i += 1
         time.sleep(0.1)
     if log:
         out.close()
-    return {"wall_s": round(time.time() - start, 2), "peak_mb": round(peak / 1e6),
-            "cpu_s": round(sum(cpu.values()), 1), "rc": proc.returncode}
+    res = {"wall_s": round(time.time() - start, 2), "peak_mb": round(peak / 1e6),
+           "cpu_s": round(sum(cpu.values()), 1), "rc": proc.returncode}
+    if threads and per_thread:
+        groups: dict[str, float] = {}
+        for name, s in per_thread.values():
+            g = next((g for prefix, g in JVM_THREAD_GROUPS if name.startswith(prefix)), "other")
+            groups[g] = groups.get(g, 0.0) + s
+        res["jvm_threads_cpu_s"] = {g: round(v, 1) for g, v in sorted(groups.items())}
+    return res
+
+
+def jit_times(log: Path) -> dict:
+    """The JIT compile times a JVM run with -XX:+CITime printed at exit (seconds: total,
+    C1, C2; the compiler threads' time, which on 2 cores competes with the tasks)."""
+    import re
+    out = {}
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return out
+    for key, pat in (("total_s", r"Total compilation time\s*:\s*([\d.]+) s"),
+                     ("c1_s", r"C1 Compile Time:\s*([\d.]+) s"),
+                     ("c2_s", r"C2 Compile Time:\s*([\d.]+) s")):
+        m = re.search(pat, text)
+        if m:
+            out[key] = float(m.group(1))
+    m = re.search(r"C2 \{speed:.*?standard:\s*[\d.]+ s, \d+ bytes, (\d+) methods", text)
+    if m:
+        out["c2_methods"] = int(m.group(1))
+    return out
 
 
 # ----------------------------------------------------------------------------- DuckDB baseline
@@ -369,6 +427,16 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse-parquet", action="store_true",
                     help="skip the compaction when DIR/cache/events.parquet is complete (a "
                          "previous run's; the compaction is not part of the report's time)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also run the floor job (bench/spark_floor.py: the same Parquet, one "
+                         "shuffle by trace_id, one aggregate, one write) and the session alone, "
+                         "same spark-submit options: what any Spark report pays at least")
+    ap.add_argument("--java-opts", default="", metavar="OPTS",
+                    help="more JVM options for the Spark runs (experiments; appended to "
+                         "spark/report.py's LARGE_JOB_JVM_OPTS)")
+    ap.add_argument("--jit-stats", action="store_true",
+                    help="add -XX:+CITime to the Spark JVMs and print their JIT compile time, and "
+                         "the JVM's CPU per thread group (JIT, tasks, GC, driver)")
     ap.add_argument("--check", metavar="LOGDIR",
                     help="run Spark and DuckDB over LOGDIR/*.jsonl and compare every table")
     ap.add_argument("--child-duckdb", nargs=2, metavar=("LOGDIR", "OUT"), help=argparse.SUPPRESS)
@@ -404,10 +472,15 @@ def main(argv=None) -> int:
     spark_submit = str(Path(py).parent / "spark-submit")
     from spark.report import LARGE_JOB_JVM_OPTS
     # the JVM options the console script gives large input (spark/report.py)
-    submit = [spark_submit, "--master", "local[2]", "--driver-memory", args.driver_memory,
-              "--driver-java-options", LARGE_JOB_JVM_OPTS,
-              "--conf", f"spark.sql.shuffle.partitions={args.partitions}",
-              "--conf", "spark.ui.enabled=false", str(REPO / "spark" / "report.py")]
+    jvm_opts = " ".join(o for o in (LARGE_JOB_JVM_OPTS, args.java_opts,
+                                    "-XX:+CITime" if args.jit_stats else "") if o)
+    print(f"spark-submit: {spark_submit}, report {REPO / 'spark' / 'report.py'}, "
+          f"PYTHONPATH {REPO}, driver JVM options {jvm_opts!r}", flush=True)
+    submit_base = [spark_submit, "--master", "local[2]", "--driver-memory", args.driver_memory,
+                   "--driver-java-options", jvm_opts,
+                   "--conf", f"spark.sql.shuffle.partitions={args.partitions}",
+                   "--conf", "spark.ui.enabled=false"]
+    submit = submit_base + [str(REPO / "spark" / "report.py")]
     results = {}
 
     results["duckdb_json"] = measure([py, __file__, "--child-duckdb", str(logs), str(base / "out-duckdb")],
@@ -430,11 +503,27 @@ def main(argv=None) -> int:
               "report)", flush=True)
     results["spark_parquet"] = measure(
         submit + ["--out", str(base / "out-spark-parquet"), str(base / "cache" / "events.parquet")],
-        env, base / "spark-parquet.log")
+        env, base / "spark-parquet.log", threads=args.jit_stats)
     print("spark local[2] (Parquet)", results["spark_parquet"], flush=True)
+    if args.floor:
+        floor = [*submit_base, str(REPO / "bench" / "spark_floor.py"),
+                 str(base / "cache" / "events.parquet")]
+        results["floor_session"] = measure(floor + ["--session-only", "--out", str(base / "out-floor")],
+                                           env, base / "floor-session.log", threads=args.jit_stats)
+        print("spark floor: session + one trivial action", results["floor_session"], flush=True)
+        results["floor_job"] = measure(floor + ["--out", str(base / "out-floor")],
+                                       env, base / "floor-job.log", threads=args.jit_stats)
+        print("spark floor: scan, one shuffle by trace_id, one aggregate, one write",
+              results["floor_job"], flush=True)
+    if args.jit_stats:
+        for key, log in (("spark_parquet", "spark-parquet.log"), ("floor_session", "floor-session.log"),
+                         ("floor_job", "floor-job.log")):
+            if key in results:
+                results[key]["jit"] = jit_times(base / log)
+                print(f"JIT (-XX:+CITime) {key}: {results[key]['jit']}")
 
     d = results["duckdb_json"]["wall_s"]
-    for key in ("spark_json", "spark_parquet"):
+    for key in ("spark_json", "spark_parquet", "floor_session", "floor_job"):
         if key in results:
             r = results[key]
             ratio = r["wall_s"] / d
@@ -447,6 +536,12 @@ def main(argv=None) -> int:
                   + (f"; target <= {LARGE_TARGET_RATIO:g}x: "
                      f"{'MET' if ratio <= LARGE_TARGET_RATIO else 'NOT MET'}"
                      if key == "spark_parquet" else ""))
+    if "floor_job" in results and results["floor_job"]["rc"] == 0:
+        fj, fs = results["floor_job"], results.get("floor_session", {})
+        print(f"floor: the {LARGE_TARGET_RATIO:g}x target is {LARGE_TARGET_RATIO * d:.1f} s of Spark "
+              f"wall; session + trivial action {fs.get('wall_s')} s (CPU {fs.get('cpu_s')} s), "
+              f"floor job {fj['wall_s']} s (CPU {fj['cpu_s']} s) = {fj['wall_s'] / d:.1f}x DuckDB; "
+              f"the report above the floor job: {results['spark_parquet']['wall_s'] - fj['wall_s']:.1f} s")
     print(f"load average while measuring: {os.getloadavg()}")
     (base / "bench-results.json").write_text(json.dumps(results, indent=2))
     return 0 if all(r["rc"] == 0 for r in results.values()) else 1

@@ -117,6 +117,7 @@ raises ConsensusUsageError; an impossible round-step transition raises Consensus
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
@@ -486,17 +487,11 @@ def verify_commit(session_id: bytes, members: list[bytes], commit: Commit,
     return bid
 
 
+@functools.lru_cache(maxsize=256)
 def _member_ids(members: tuple) -> dict[bytes, bytes]:
-    ids = _MEMBER_IDS.get(members)
-    if ids is None:
-        if len(_MEMBER_IDS) >= 256:
-            _MEMBER_IDS.clear()
-        ids = _MEMBER_IDS[members] = {key_id_of(m): m for m in members}
-    return ids
-
-
-#: key id -> public key of recent member lists (a sha256 per member per certificate before)
-_MEMBER_IDS: dict[tuple, dict[bytes, bytes]] = {}
+    """key id -> public key of a member list, cached for recent lists (a sha256 per member
+    per certificate before). The dict is shared: read it, never change it."""
+    return {key_id_of(m): m for m in members}
 
 
 def verify_signatures(session_id: bytes, members: list[bytes], round: int, bid: BlockIdExt, signatures,

@@ -313,7 +313,7 @@ class _Dst:
     rttvar: float = 0.0
     rtx_at: float | None = None  # when the oldest unacknowledged packets go again
     backoff: int = 0            # resends since the last acknowledged progress
-    lossy_until: float = -1e18  # packets stay lossy_batch_bytes small until then (after a resend)
+    lossy_until: float = float("-inf")  # packets stay lossy_batch_bytes small until then (after a resend)
 
 
 #: unacknowledged packets resent per full node when its retransmission timer fires (the
@@ -372,7 +372,8 @@ class ReceiptSender:
     receipt digest)."""
 
     def __init__(self, key: NodeKey, *, max_delay: float = 0.1, max_batch_bytes: int = 4452,
-                 lossy_batch_bytes: int = 2144, loss_memory: float = 5.0, resend_initial: float = 0.25, resend_max: float = 2.0, max_unacked_per_dst: int = 4096,
+                 lossy_batch_bytes: int = 2144, loss_memory: float = 5.0,
+                 resend_initial: float = 0.25, resend_max: float = 2.0, max_unacked_per_dst: int = 4096,
                  stream: int | None = None, session: int = 0, journal: bool = False,
                  urgent_first: Callable[[bytes], bool] | None = None):
         if max_delay < 0 or resend_initial <= 0 or resend_max < resend_initial or max_unacked_per_dst < 1:

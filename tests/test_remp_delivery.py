@@ -630,19 +630,18 @@ def test_packets_grow_to_four_parts_on_a_clean_path_and_shrink_after_a_hole():
             for i, m in enumerate(mids)]
     t = T0
     sizes, got = [], []
-    rs_of: set = set()
 
     def burst(rs, drop_first=False):
-        nonlocal t, rs_of
-        rs_of = set(rs)
+        nonlocal t
+        this_burst = set(rs)
         t += 0.5
         for r in rs:
             snd.add(FULLNODE.key_id, r, t)
         out = snd.packets_to_send(t + 0.2)
         for i, (_dst, p) in enumerate(out):
-            rs = decode_batch(p).receipts
-            if set(rs) <= rs_of:                               # new packets (not resends of old ones)
-                sizes.append(sum(len(x) for x in rs))
+            carried = decode_batch(p).receipts
+            if set(carried) <= this_burst:                     # new packets (not resends of old ones)
+                sizes.append(sum(len(x) for x in carried))
             if drop_first and i == 0:
                 continue                                   # lost on the way
             rcv.receive(v.key_id, p, t)

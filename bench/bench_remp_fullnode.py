@@ -136,10 +136,13 @@ async def one_round(work: Path, ln: LocalNet, redis: EmbeddedRedis, n_msgs: int,
         wkeys = [NodeKey.from_seed(bytes.fromhex(w["seed"])) for w in ws]
         vu = int(time.time()) + 7200
         mids = []
+        submit_cpu = 0.0
         for i in range(n_msgs):
             boc = make_wallet_message(wkeys[i % len(ws)], ws[i % len(ws)]["address"],
                                       ws[(i + 1) % len(ws)]["address"], 1 + i, vu, nonce=nonce0 + i)
+            t = time.process_time()
             mid = d.submit(boc)
+            submit_cpu += time.process_time() - t
             mids.append((mid, d.client._tracked[mid].shard))
         now = d.now()
         groups = {s: d.follower.client_groups(s, now)[0] for s in {s for _, s in mids}}
@@ -174,7 +177,7 @@ async def one_round(work: Path, ln: LocalNet, redis: EmbeddedRedis, n_msgs: int,
         finals = sum(1 for f in d.hub.finals.values() if f["outcome"] == "finalized")
         assert finals == len(mids), finals
         return {"statuses": statuses, "packets": len(packets), "cpu": c1 - c0, "wall": w1 - w0,
-                "redis_cpu": r1 - r0, "messages": len(mids)}
+                "redis_cpu": r1 - r0, "messages": len(mids), "submit_cpu": submit_cpu}
     finally:
         await d.hub.close()
         await d.close_io()

@@ -52,17 +52,15 @@ JVM_THREAD_GROUPS = (("C2 CompilerThre", "jit_c2"), ("C1 CompilerThre", "jit_c1"
                      ("Executor task", "tasks"), ("GC Thread", "gc"), ("VM Thread", "gc"))
 
 
-def _jvm_threads(pid: int, into: dict[int, tuple[str, float]]) -> None:
-    """CPU seconds (user + system) per thread of process pid, by thread id, with its name."""
-    tick = os.sysconf("SC_CLK_TCK")
-    for task in Path(f"/proc/{pid}/task").iterdir():
+def _jvm_threads(proc: psutil.Process, into: dict[int, tuple[str, float]]) -> None:
+    """CPU seconds (user + system, psutil) per thread of `proc`, by thread id, with the
+    thread's name (/proc/PID/task/TID/comm: psutil does not give thread names)."""
+    for th in proc.threads():
         try:
-            stat = (task / "stat").read_text()
+            name = Path(f"/proc/{proc.pid}/task/{th.id}/comm").read_text().strip()
         except OSError:
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        into[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        into[th.id] = (name, th.user_time + th.system_time)
 
 
 def measure(cmd: list[str], env=None, log: Path | None = None, threads: bool = False) -> dict:
@@ -87,7 +85,7 @@ def measure(cmd: list[str], env=None, log: Path | None = None, threads: bool = F
                     rss += p.memory_info().rss
                     cpu[p.pid] = sum(p.cpu_times()[:2])
                     if threads and i % 5 == 0 and p.name() == "java":
-                        _jvm_threads(p.pid, per_thread)
+                        _jvm_threads(p, per_thread)
             peak = max(peak, rss)
         except (psutil.Error, OSError):
             pass

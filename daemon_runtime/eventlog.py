@@ -14,8 +14,9 @@ Lines are rendered by structlog (never by hand). Each `EventLog` owns its own lo
 several daemons can share one process (tests, the launcher) without sharing a sink.
 
 Every event a daemon emits is declared once in its protocol's catalogue
-(`rmb_peer/events.py`, `remp_node/events.py`, `marlin_cluster/events.py`); the Spark job
-builds its read schema from the same catalogues (`spark_schema_fields`).
+(`rmb_peer/events.py`, `rmb_relay/events.py`, `remp_node/events.py`,
+`marlin_cluster/events.py`); deploy/catalogues.py lists them once, and the Spark job builds
+its read schema from that list (spark/schema.py).
 """
 from __future__ import annotations
 

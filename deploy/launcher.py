@@ -10,7 +10,7 @@ per twin, and the app services behind the serving twins (in this process, throug
 rmb_peer.client library). Every daemon is a real subprocess running its console script, and
 announces itself with a READY line; the launcher then polls /health. Once the RMB cluster
 is healthy it starts the protocol segments (deploy/segments.py: REMP from
-remp_node/localnet.py, Marlin from marlin_cluster/localnet.py, each from its config table)
+deploy/remp_segment.py, Marlin from deploy/marlin_segment.py, each from its config table)
 and drives all of them at once.
 
 Traffic (all payloads are blocks: `--blocks DIR` of Bitcoin raw / Ethereum RLP files, else
@@ -58,7 +58,7 @@ import aiohttp
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.redis_server import EmbeddedRedis, free_port
 from deploy.blocks import BlockError, BlockFile, generated_blocks, load_blocks, load_verified_blocks, verify_block
-from deploy.daemons import Daemon, LaunchError, script  # noqa: F401  (re-exported)
+from daemon_runtime.daemons import Daemon, LaunchError, script
 from deploy.segments import Plan, Segment
 from rmb_peer.envelope import new_uid
 from rmb_peer.events import RMB_EVENTS
@@ -70,8 +70,8 @@ SHARED_DATA = Path(os.environ.get("RELAYSUITE_SHARED_DATA",
 #: Protocol segments the launcher knows: config table name -> "module:Class". A table may
 #: name another class with `class = "module:Class"` (tests do).
 SEGMENTS = {
-    "remp": "remp_node.localnet:RempSegment",
-    "marlin": "marlin_cluster.localnet:MarlinSegment",
+    "remp": "deploy.remp_segment:RempSegment",
+    "marlin": "deploy.marlin_segment:MarlinSegment",
 }
 PROTOCOLS = ("rmb", *SEGMENTS)
 

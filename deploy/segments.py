@@ -2,11 +2,11 @@
 this contract (RMB is the launcher's own `Cluster`).
 
 A segment is built from its table in the cluster config (`[remp]`, `[marlin]`), starts its
-own daemons as subprocesses (deploy.daemons.Daemon, console scripts, READY lines), drives
+own daemons as subprocesses (daemon_runtime.daemons.Daemon, console scripts, READY lines), drives
 its traffic with its planned faults, stops, and compares what it counted with the Spark
 report's summary.json.
 
-    class RempSegment(Segment):  # remp_node/localnet.py; MarlinSegment in marlin_cluster/localnet.py
+    class RempSegment(Segment):  # deploy/remp_segment.py; MarlinSegment in deploy/marlin_segment.py
         name = "remp"
 
 The launcher calls, in order: `start()`, `drive()` (concurrently with the other segments'),
@@ -21,9 +21,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from daemon_runtime.daemons import Daemon
 from daemon_runtime.eventlog import EventLog
 from deploy.blocks import BlockFile
-from deploy.daemons import Daemon
 from deploy.events import DEMO_EVENTS
 
 

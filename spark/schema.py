@@ -1,8 +1,8 @@
 """Read schema of the event logs, built from the catalogues (DESIGN.md section 6).
 
 `event_schema()` is LINE_FIELDS (daemon_runtime.eventlog) with `attrs` = a struct of every
-attribute declared by RMB_EVENTS, RELAY_EVENTS, REMP_EVENTS, MARLIN_EVENTS and DEMO_EVENTS (`attr_types`, one type per
-name), plus the corrupt-record column. Nothing is inferred. `ts` is a TimestampType parsed
+attribute declared by the catalogues listed in deploy/catalogues.py (`attr_types`, one type
+per name), plus the corrupt-record column. Nothing is inferred. `ts` is a TimestampType parsed
 with TS_FORMAT (RFC 3339 UTC with optional microseconds, as structlog's ISO stamper writes
 it): Python logging's default time format or epoch strings do not parse, so such a line
 becomes a corrupt record instead of a silent NULL.
@@ -16,14 +16,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from daemon_runtime.eventlog import LINE_FIELDS, attr_types
-from deploy.events import DEMO_EVENTS
-from marlin_cluster.events import MARLIN_EVENTS
-from remp_node.events import REMP_EVENTS
-from rmb_peer.events import RMB_EVENTS
-from rmb_relay.events import RELAY_EVENTS
+from deploy.catalogues import CATALOGUES  # the one list (demo.plan.*: the launcher's plan, read as facts, not trace steps)
 
-#: demo.plan.* (deploy/events.py): the launcher's plan, read as facts, not as trace steps
-CATALOGUES = (RMB_EVENTS, RELAY_EVENTS, REMP_EVENTS, MARLIN_EVENTS, DEMO_EVENTS)
 CORRUPT = "_corrupt_record"
 #: the file a line came from (kept through spark/compact.py)
 SOURCE = "_source"

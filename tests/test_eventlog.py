@@ -61,10 +61,10 @@ def test_file_sink_rotates(tmp_path):
 def test_catalogue_doc_is_in_sync_with_code():
     from pathlib import Path
 
-    from daemon_runtime.catalogues import render_markdown
+    from deploy.catalogues import render_markdown
     doc = Path(__file__).resolve().parent.parent / "docs" / "event-catalogue.md"
     assert doc.read_text() == render_markdown(), \
-        "regenerate: python -m daemon_runtime.catalogues > docs/event-catalogue.md"
+        "regenerate: python -m deploy.catalogues > docs/event-catalogue.md"
 
 
 def test_idle_lines_reach_the_file_without_close(tmp_path):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.daemons import Daemon
+from daemon_runtime.daemons import Daemon
 from deploy.launcher import Counters, compare, late_events, sla_results
 from deploy.segments import Segment
 

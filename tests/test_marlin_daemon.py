@@ -510,7 +510,7 @@ def test_producer_reads_blocks_from_stdin(tmp_path):
     import aiohttp
 
     from daemon_runtime.lifecycle import Ready
-    from deploy.daemons import Daemon
+    from daemon_runtime.daemons import Daemon
     net = MarlinNet(tmp_path, clusters=1, members=1, producers=1, consumers=1, params=["no_of_cluster_options=1"])
     net.init()
     blocks = [os.urandom(50_000), os.urandom(70_000)]

@@ -11,7 +11,7 @@ import pytest
 
 from deploy.blocks import load_blocks
 from deploy.segments import Plan
-from marlin_cluster.localnet import MarlinSegment
+from deploy.marlin_segment import MarlinSegment
 
 from .conftest import SHARED_DATA
 

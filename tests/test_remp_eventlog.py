@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import pytest
 
-from daemon_runtime.catalogues import all_catalogues
+from deploy.catalogues import all_catalogues
 from daemon_runtime.eventlog import LINE_FIELDS, EventLog, EventLogError, attr_types
 from remp_node.eventmap import (LogRecord, client_records, emit_records, peer_label,
                                 validator_records)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from deploy.segments import Plan
-from remp_node.localnet import RempSegment
+from deploy.remp_segment import RempSegment
 from remp_node.messages import parse_external_message
 from remp_node.state import decode_wallet_body
 

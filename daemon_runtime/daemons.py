@@ -1,4 +1,5 @@
-"""Daemon subprocesses for the launcher and its protocol segments.
+"""Daemon subprocesses: the process plumbing of the local networks (remp_node/localnet.py,
+marlin_cluster/localnet.py) and of the launcher (deploy/).
 
     Daemon(name, argv, logdir): start(timeout) -> READY info dict; stop(grace) -> exit code;
     alive(); died() (exited and not asked to); stderr_tail(lines)

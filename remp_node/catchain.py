@@ -87,6 +87,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Iterable
 
+from .errors import RempLocalError, RempRemoteError
 from .keys import NodeKey, key_id, verify
 from .tl import (TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256,
                  tl_constructor_id)
@@ -119,20 +120,15 @@ SIGNATURE_SIZE = 64
 _DEP_WIRE_MAX = 4 + 4 + 32 + 68 + 4          # src height data_hash signature:bytes (+ box id)
 
 
-class CatchainError(Exception):
-    """Base of catchain errors."""
-
-
-class CatchainRemoteError(CatchainError, ValueError):
+class CatchainRemoteError(RempRemoteError):
     """A peer sent something we drop; `reason` is the counter key (see module doc)."""
 
     def __init__(self, reason: str, detail: str = ""):
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
+        super().__init__(f"{reason}: {detail}" if detail else reason, reason)
         self.detail = detail
 
 
-class CatchainUsageError(CatchainError):
+class CatchainUsageError(RempLocalError):
     """The local caller misused the API (bad constructor args, oversize submit...)."""
 
 

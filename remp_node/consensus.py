@@ -122,8 +122,9 @@ import hashlib
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable
+from typing import Callable, NamedTuple
 
+from .errors import RempLocalError, RempRemoteError
 from .keys import NodeKey, key_id as key_id_of, verify
 from .tl import (BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256,
                  pack_int512, pack_long, tl_constructor_id)
@@ -192,11 +193,12 @@ KEEP_COMMITS = 4096
 """Commits (and accepted block ids) kept for catch-up answers."""
 
 
-class ConsensusWireError(ValueError):
-    """A peer sent a malformed or invalid consensus datagram."""
+class ConsensusWireError(RempRemoteError):
+    """A peer sent a malformed or invalid consensus datagram (reason "malformed" unless
+    given)."""
 
 
-class ConsensusUsageError(Exception):
+class ConsensusUsageError(RempLocalError):
     """The local caller misused the consensus API."""
 
 
@@ -652,9 +654,11 @@ _STEP_TABLE = {
 }
 
 
-class _Drop(Exception):
-    def __init__(self, code: str, detail: str = ""):
-        self.code, self.detail = code, detail
+class _Drop(NamedTuple):
+    """Why an input datagram is dropped: `code` (a metric label, DatagramDropped.reason) and
+    `detail` (for the log line). Returned by the input handlers, never raised."""
+    code: str
+    detail: str = ""
 
 
 @dataclass
@@ -794,32 +798,36 @@ class BlockConsensus:
     def receive_datagram(self, data: bytes, src_key_id: bytes, now: float) -> None:
         """Feed one datagram from transport peer `src_key_id`. Never raises for bad input."""
         self._start(now)
-        try:
-            if len(data) > MAX_DATAGRAM:
-                raise _Drop("oversized", f"{len(data)} bytes > {MAX_DATAGRAM}")
-            try:
-                msg = parse_message(data)
-            except ConsensusWireError as exc:
-                raise _Drop("malformed", str(exc)) from None
-            if msg.session_id != self.session_id:
-                raise _Drop("wrong_session", msg.session_id.hex()[:16])
-            if isinstance(msg, Proposal):
-                self._on_proposal(msg, data, src_key_id, now)
-            elif isinstance(msg, Vote):
-                self._on_vote(msg, data, src_key_id, now)
-            elif isinstance(msg, Commit):
-                self._on_commit(msg, data, src_key_id, now)
-            elif isinstance(msg, CommitSignatures):
-                self._on_commit_signatures(msg, src_key_id, now)
-            else:
-                self._on_get_commits(msg, src_key_id, now)
-        except _Drop as d:
+        d = self._input(data, src_key_id, now)
+        if d is not None:
             self.drops[d.code] += 1
             if (src_key_id, d.code) not in self._dropped_once and len(self._dropped_once) < 10000:
                 self._dropped_once.add((src_key_id, d.code))
                 self._events.append(DatagramDropped(src_key_id, d.code, d.detail))
             return
         self._progress(now)
+
+    def _input(self, data: bytes, src_key_id: bytes, now: float) -> _Drop | None:
+        """Parse and apply one datagram; a _Drop when it is refused (the one place where a
+        ConsensusWireError from the parser becomes a drop)."""
+        if len(data) > MAX_DATAGRAM:
+            return _Drop("oversized", f"{len(data)} bytes > {MAX_DATAGRAM}")
+        try:
+            msg = parse_message(data)
+        except ConsensusWireError as exc:
+            return _Drop("malformed", str(exc))
+        if msg.session_id != self.session_id:
+            return _Drop("wrong_session", msg.session_id.hex()[:16])
+        if isinstance(msg, Proposal):
+            return self._on_proposal(msg, data, src_key_id, now)
+        if isinstance(msg, Vote):
+            return self._on_vote(msg, data, src_key_id, now)
+        if isinstance(msg, Commit):
+            return self._on_commit(msg, data, src_key_id, now)
+        if isinstance(msg, CommitSignatures):
+            return self._on_commit_signatures(msg, src_key_id, now)
+        self._on_get_commits(msg, src_key_id, now)
+        return None
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, bytes]]:
         """Pending (dst key id, datagram) pairs; the list is handed over (cleared here)."""
@@ -1012,25 +1020,27 @@ class BlockConsensus:
 
     # -- internals: input ---------------------------------------------------------------------
 
-    def _chain_ok(self, b: BlockIdExt | Candidate) -> None:
+    def _wrong_chain(self, b: BlockIdExt | Candidate) -> _Drop | None:
         if b.workchain != self.workchain or (b.shard & 0xFFFFFFFFFFFFFFFF) != self.shard:
-            raise _Drop("wrong_chain", f"{b.workchain}:{b.shard:016x}")
+            return _Drop("wrong_chain", f"{b.workchain}:{b.shard:016x}")
+        return None
 
-    def _on_proposal(self, p: Proposal, raw: bytes, src: bytes, now: float) -> None:
+    def _on_proposal(self, p: Proposal, raw: bytes, src: bytes, now: float) -> _Drop | None:
         cand = p.candidate
-        self._chain_ok(cand)
+        if (d := self._wrong_chain(cand)) is not None:
+            return d
         if cand.collator not in self._pub:
-            raise _Drop("bad_candidate", "collator is not a member")
+            return _Drop("bad_candidate", "collator is not a member")
         if not self._check_height(cand.seqno, src, now) or not self._round_ok(cand.seqno, p.round):
-            return
+            return None
         leader = self.leader(cand.seqno, p.round)
         h = self._heights.get(cand.seqno)
         if h is not None and (prior := h.proposals.get(p.round)) is not None and prior[2] == raw:
             self.ignored["duplicate"] += 1      # a resend of the proposal already verified
-            return
+            return None
         bid = cand.block_id
         if not self.sig_memo.verify(self._pub[leader], p.signed_data(bid), p.signature):
-            raise _Drop("bad_signature", "proposal not signed by the round's leader")
+            return _Drop("bad_signature", "proposal not signed by the round's leader")
         h = self._h(cand.seqno)
         prior = h.proposals.get(p.round)
         if prior is not None:
@@ -1038,35 +1048,38 @@ class BlockConsensus:
                 self.ignored["duplicate"] += 1
             else:
                 self._record_evidence(h, leader, p.round, "proposal", prior[2], raw)
-            return
+            return None
         if p.pol_round >= 0:
             pol_votes = [Vote(self.session_id, PREVOTE, p.pol_round, who, bid, sig) for who, sig in p.pol_signatures]
             for v in pol_votes:
                 if v.who not in self._pub or not self.sig_memo.verify(self._pub[v.who], v.signed_data(), v.signature):
-                    raise _Drop("bad_signature", "proposal carries an invalid pol_round prevote")
+                    return _Drop("bad_signature", "proposal carries an invalid pol_round prevote")
             if len({v.who for v in pol_votes}) < self.quorum:
-                raise _Drop("bad_candidate", "re-proposal without a polka certificate")
+                return _Drop("bad_candidate", "re-proposal without a polka certificate")
             for v in pol_votes:
                 self._store_vote(h, v, v.pack())
         h.proposals[p.round] = (p, bid, raw)
         if bid not in h.candidates:
             h.candidates[bid] = _Cand(cand, p.candidate_bytes, p.round, leader)
         h.round_senders.setdefault(p.round, set()).add(leader)
+        return None
 
-    def _on_vote(self, v: Vote, raw: bytes, src: bytes, now: float) -> None:
+    def _on_vote(self, v: Vote, raw: bytes, src: bytes, now: float) -> _Drop | None:
         if v.who not in self._pub:
-            raise _Drop("not_member", "vote signer is not a member")
-        self._chain_ok(v.block)
+            return _Drop("not_member", "vote signer is not a member")
+        if (d := self._wrong_chain(v.block)) is not None:
+            return d
         if not self._check_height(v.block.seqno, src, now) or not self._round_ok(v.block.seqno, v.round):
-            return
+            return None
         h = self._heights.get(v.block.seqno)
         if h is not None and h.votes.get((v.kind, v.round), {}).get(v.who, {}).get(v.block) == raw:
             # the same bytes as a vote already verified and stored (a resend): no ed25519 check
             self.ignored["duplicate"] += 1
-            return
+            return None
         if not self.sig_memo.verify(self._pub[v.who], v.signed_data(), v.signature):
-            raise _Drop("bad_signature", f"{KIND_NAMES[v.kind]} signature invalid")
+            return _Drop("bad_signature", f"{KIND_NAMES[v.kind]} signature invalid")
         self._store_vote(self._h(v.block.seqno), v, raw)
+        return None
 
     def _store_vote(self, h: _Height, v: Vote, raw: bytes) -> None:
         """Record a verified vote (first per member, round and kind; a different second one
@@ -1085,48 +1098,52 @@ class BlockConsensus:
         h.tallies.pop((v.kind, v.round), None)
         h.round_senders.setdefault(v.round, set()).add(v.who)
 
-    def _on_commit(self, c: Commit, raw: bytes, src: bytes, now: float) -> None:
+    def _on_commit(self, c: Commit, raw: bytes, src: bytes, now: float) -> _Drop | None:
         cand = c.candidate
-        self._chain_ok(cand)
+        if (d := self._wrong_chain(cand)) is not None:
+            return d
         s = cand.seqno
         if s < self.height:
             self.ignored["stale_commit"] += 1
-            return
+            return None
         if s > self.height + FUTURE_COMMITS:
             self.ignored["far_future_commit"] += 1
             self._pull(src, now)
-            return
+            return None
         if s in self._future_commits:
             self.ignored["duplicate"] += 1
-            return
+            return None
         try:
             verify_commit(self.session_id, self.members, c, self.sig_memo)
         except ConsensusWireError as exc:
-            raise _Drop("bad_commit", str(exc)) from None
+            return _Drop("bad_commit", str(exc))
         if s > self.height:
             self._future_commits[s] = (c, raw)
             self._pull(src, now)
-            return
+            return None
         if cand.prev != self.prev:
-            raise _Drop("commit_prev_mismatch", f"commit at {s} extends another block")
+            return _Drop("commit_prev_mismatch", f"commit at {s} extends another block")
         self._accept(cand, c.round, dict(c.signatures), raw, now, broadcast=False)
+        return None
 
-    def _on_commit_signatures(self, c: CommitSignatures, src: bytes, now: float) -> None:
+    def _on_commit_signatures(self, c: CommitSignatures, src: bytes, now: float) -> _Drop | None:
         b = c.block
-        self._chain_ok(b)
+        if (d := self._wrong_chain(b)) is not None:
+            return d
         if b.seqno < self.height:
             self.ignored["stale_commit"] += 1
-            return
+            return None
         h = self._heights.get(b.seqno)
         cand = h.candidates.get(b) if h is not None else None
         if b.seqno > self.height or cand is None or cand.candidate.prev != self.prev:
             self._pull(src, now)        # we lack the candidate (or earlier blocks): the whole commit
-            return
+            return None
         try:
             verify_signatures(self.session_id, self.members, c.round, b, c.signatures, self.sig_memo)
         except ConsensusWireError as exc:
-            raise _Drop("bad_commit", str(exc)) from None
+            return _Drop("bad_commit", str(exc))
         self._accept(cand.candidate, c.round, dict(c.signatures), None, now, broadcast=False)
+        return None
 
     def _on_get_commits(self, g: GetCommits, src: bytes, now: float) -> None:
         end = min(self.height, g.from_seqno + min(g.max_count, CATCHUP_BATCH))

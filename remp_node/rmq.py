@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .cache import AddResult, CacheStatus, MessageCache
+from .errors import RempLocalError, RempRemoteError
 from .keys import NodeKey, key_id
 from .tl import (TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256, pack_long,
                  tl_constructor_id)
@@ -63,12 +64,14 @@ MAX_QUERY_IDS = 256
 FETCH_RETRY = 0.5
 
 
-class RmqError(Exception):
+class RmqError(RempLocalError):
     """Local misuse of the RMQ API."""
 
 
-class RmqWireError(ValueError):
-    """Malformed RMQ bytes from a remote member."""
+class RmqWireError(RempRemoteError):
+    """Malformed RMQ bytes from a remote member (reason "malformed_rmq")."""
+
+    reason = "malformed_rmq"
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,14 @@ import re
 import struct
 import zlib
 
+from .errors import RempRemoteError
 
-class TLError(ValueError):
-    """Malformed TL input, or a value that does not fit its TL type."""
+
+class TLError(RempRemoteError):
+    """Malformed TL input, or a value that does not fit its TL type (a RempRemoteError,
+    so a ValueError; reason "malformed_tl")."""
+
+    reason = "malformed_tl"
 
 
 def normalize_tl_line(line: str) -> str:

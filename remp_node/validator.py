@@ -80,6 +80,7 @@ from typing import Callable
 
 from . import consensus as cons
 from .cache import AddResult, CacheStatus, MessageCache
+from .errors import RempLocalError, RempRemoteError
 from .keys import NodeKey, key_id
 from .messages import MessageRejected, parse_external_message
 from .receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, Timeout,
@@ -157,12 +158,14 @@ MASTER_BLOCK = tl_constructor_id(
 MAX_SHARD_PAYLOAD = 8 << 20
 
 
-class ValidatorError(Exception):
+class ValidatorError(RempLocalError):
     """Local misuse of the validator core."""
 
 
-class PayloadError(ValueError):
-    """A malformed shard or master block payload (remote input)."""
+class PayloadError(RempRemoteError):
+    """A malformed shard or master block payload (remote input; reason "bad_payload")."""
+
+    reason = "bad_payload"
 
 
 def mux(kind: int, session_id: bytes, payload: bytes) -> bytes:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from .errors import RempRemoteError
 from .keys import NodeKey, verify
 from .messages import MAX_MESSAGE_SIZE
 from .receipts import ReceiptError, SignedReceipt
@@ -40,8 +41,11 @@ from .tl import (
 MAX_DATAGRAM_SIZE = MAX_MESSAGE_SIZE + 256
 
 
-class WireError(ValueError):
-    """A datagram that is not a well-formed REMP client datagram (remote error)."""
+class WireError(RempRemoteError):
+    """A datagram that is not a well-formed REMP client datagram (remote error; reason
+    "malformed_datagram")."""
+
+    reason = "malformed_datagram"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,73 @@
+"""REMP's two error bases (remp_node/errors.py; DESIGN.md section 2): every error type of
+the REMP codecs and cores derives from exactly one of RempRemoteError (a ValueError: a peer
+sent something we drop) and RempLocalError (never a ValueError: we misused an API); every
+remote error's reason is a metric label; the consensus core uses no exception for control
+flow (a refused datagram is a returned verdict, not a raised one)."""
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from remp_node import catchain, consensus, errors, rmq, tl, validator, wire
+from remp_node.errors import REASON_RE, RempLocalError, RempRemoteError
+
+MODULES = [errors, tl, wire, catchain, rmq, consensus, validator]
+
+
+def _error_classes(mod) -> list[type]:
+    return [c for _, c in inspect.getmembers(mod, inspect.isclass)
+            if issubclass(c, BaseException) and c.__module__ == mod.__name__
+            and c not in (RempRemoteError, RempLocalError)]
+
+
+@pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.__name__)
+def test_every_error_type_has_exactly_one_remp_base(mod):
+    for cls in _error_classes(mod):
+        remote, local = issubclass(cls, RempRemoteError), issubclass(cls, RempLocalError)
+        assert remote != local, f"{cls.__qualname__}: remote={remote} local={local}"
+        assert issubclass(cls, ValueError) == remote, cls.__qualname__
+        if remote:
+            assert REASON_RE.match(cls.reason), (cls.__qualname__, cls.reason)
+
+
+def test_the_bases_are_disjoint_and_a_local_error_is_no_value_error():
+    assert issubclass(RempRemoteError, ValueError)
+    assert not issubclass(RempLocalError, ValueError)
+    assert RempRemoteError("x", "bad_signature").reason == "bad_signature"
+    assert RempRemoteError("x").reason == "malformed"
+
+
+def test_catchain_remote_error_keeps_its_reason_and_detail():
+    exc = catchain.CatchainRemoteError("rate_limited", "getDifference too often")
+    assert isinstance(exc, RempRemoteError)
+    assert exc.reason == "rate_limited" and exc.detail == "getDifference too often"
+    assert str(exc) == "rate_limited: getDifference too often"
+    assert isinstance(catchain.CatchainUsageError("x"), RempLocalError)
+
+
+def _literal_first_args(path: Path, names: set[str]) -> list[str]:
+    """The string literal first arguments of every call to one of `names` in a module."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
+            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                out.append(node.args[0].value)
+    return out
+
+
+def test_every_drop_reason_in_the_cores_is_a_metric_label():
+    reasons = _literal_first_args(Path(catchain.__file__), {"CatchainRemoteError"})
+    reasons += _literal_first_args(Path(consensus.__file__), {"_Drop"})
+    assert len(reasons) >= 10
+    for r in reasons:
+        assert REASON_RE.match(r), r
+
+
+@pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.__name__)
+def test_no_private_exception_types_for_control_flow(mod):
+    private = [c.__qualname__ for c in _error_classes(mod) if c.__name__.startswith("_")]
+    assert private == []
+    assert not issubclass(consensus._Drop, BaseException)

@@ -106,6 +106,19 @@ _EXACT = {"string": {str, type(None)}, "long": {int, type(None)},
           "double": {int, float, type(None)}, "boolean": {bool, type(None)}}
 
 
+@dataclass(frozen=True)
+class LogRecord:
+    """One event log line a protocol's event map produced from a core event, before it is
+    written: catalogue event name, trace_id (the message's identity, or None), level
+    ("debug" | "info" | "warning" | "error") and attrs (flat, types per the catalogue).
+    `EventLog.emit_attrs(r.event, r.trace_id, r.level, r.attrs)` writes one."""
+
+    event: str
+    trace_id: str | None
+    level: str
+    attrs: dict = field(default_factory=dict)
+
+
 def attr_types(catalogues: Iterable[Catalogue]) -> dict[str, str]:
     """Union of every attribute across catalogues: name -> type.
 

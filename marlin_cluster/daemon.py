@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from daemon_runtime.ratelimit import LogLimiter
+
 from .events import (MARLIN_EVENTS, SERVICE_CLUSTER, SERVICE_CONSUMER, SERVICE_PRODUCER, AckMissing,
                      BlockProduced, BlockRebuilt, ChunkAcknowledged, ChunkReceived, ChunkRejected,
                      ChunkRelayed, ChunkSent, ChunkWitnessed, Dispute, StakeEvidence, channel_name,
@@ -150,21 +152,12 @@ def redis_errors() -> type:
     return redis.exceptions.RedisError
 
 
-class RateLimited:
-    """At most one log line per key per `period` seconds (the rest are counted only)."""
+#: at most one log line per key per LOG_PERIOD seconds (the rest are counted only)
+LOG_PERIOD = 5.0
 
-    def __init__(self, period: float = 5.0):
-        self.period = period
-        self.last: dict = {}
 
-    def allow(self, key) -> bool:
-        now = time.monotonic()
-        if now - self.last.get(key, -1e9) >= self.period:
-            if len(self.last) > 4096:
-                self.last.clear()
-            self.last[key] = now
-            return True
-        return False
+def _log_limiter() -> LogLimiter:
+    return LogLimiter(burst=1, window=LOG_PERIOD)
 
 
 # ---------------------------------------------------------------------- durable state
@@ -271,7 +264,7 @@ class CoreRunner:
         self.loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: float | None = None
-        self._limit = RateLimited()
+        self._limit = _log_limiter()
         transport.on_frame = self.receive
         transport.on_reject = self.transport_reject
         transport.on_drop = self.transport_drop
@@ -288,18 +281,18 @@ class CoreRunner:
 
     def transport_reject(self, peer: bytes | None, reason: str, detail: str) -> None:
         self.metrics.inc("rejected", reason)
-        if self._limit.allow(("reject", reason, peer)):
+        if self._limit.allow(("reject", reason, peer), time.monotonic())[0]:
             attrs = {"reason": reason, "peer": node_label(peer) if peer else "unidentified", "size": 0}
             self.log.emit_attrs(f"marlin.{EVENT_ROLE[self.role]}.rejected", None, "warning", attrs)
 
     def transport_drop(self, peer: bytes, reason: str, n: int) -> None:
-        if self._limit.allow(("drop", reason, peer)):
+        if self._limit.allow(("drop", reason, peer), time.monotonic())[0]:
             print(json.dumps({"warning": "frames dropped", "peer": node_label(peer), "reason": reason,
                               "frames": n}), file=sys.stderr, flush=True)
 
     def bug(self, exc: BaseException) -> None:
         self.metrics.inc("bugs")
-        if self._limit.allow(("bug", type(exc).__name__)):
+        if self._limit.allow(("bug", type(exc).__name__), time.monotonic())[0]:
             import traceback
             print("marlin-node bug (daemon continues): " + "".join(
                 traceback.format_exception(type(exc), exc, exc.__traceback__)), file=sys.stderr, flush=True)
@@ -416,7 +409,7 @@ class Outputs:
         self.bug = bug
         self.redis = None
         self.pending: set[asyncio.Task] = set()
-        self._limit = RateLimited()
+        self._limit = _log_limiter()
 
     async def start(self) -> None:
         """Raises RuntimeError (one line naming the URL and the flag) when Redis is unreachable."""
@@ -433,7 +426,7 @@ class Outputs:
         """An output outage is not a bug: counted (delivery_errors{output}) and one stderr
         line per output every 5 s."""
         self.metrics.inc("delivery_errors", output)
-        if self._limit.allow(output):
+        if self._limit.allow(output, time.monotonic())[0]:
             print(json.dumps({"warning": "rebuilt block not delivered", "output": output, "to": where,
                               "error": f"{type(exc).__name__}: {exc}"}), file=sys.stderr, flush=True)
 

@@ -30,10 +30,10 @@ relaying. Rejections carry a short `reason` code (see REJECT_REASONS).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
-from daemon_runtime.eventlog import Catalogue, EventSpec
+from daemon_runtime.eventlog import Catalogue, EventSpec, LogRecord
 
 __all__ = [
     "MARLIN_EVENTS", "MarlinEvent", "BlockProduced", "ChunkSent", "ChunkAcknowledged", "AckMissing",
@@ -338,21 +338,6 @@ class Dispute(MarlinEvent):
     """chunks held"""
     duration_ms: float
     """first chunk received -> dispute, ms"""
-
-
-@dataclass(frozen=True)
-class LogRecord:
-    """One event log line: catalogue event name, trace_id (or None), level, attrs."""
-    event: str
-    trace_id: str | None
-    level: str
-    attrs: dict = field(default_factory=dict)
-
-    @property
-    def service(self) -> str:
-        """The Marlin service that writes this event."""
-        role = self.event.split(".")[1]
-        return {"producer": SERVICE_PRODUCER, "cluster": SERVICE_CLUSTER}.get(role, SERVICE_CONSUMER)
 
 
 def records(ev: MarlinEvent) -> list[LogRecord]:

@@ -32,10 +32,9 @@ digits of the 32-byte key id.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
 
-from daemon_runtime.eventlog import EventLogError
+from daemon_runtime.eventlog import EventLogError, LogRecord
 
 from .client import FinalStatus, MessageReceived, MessageSent, ReceiptEvent
 from .receipts import SentToValidators, is_source_final, kind_of
@@ -51,26 +50,6 @@ __all__ = ["LogRecord", "validator_records", "client_records", "fullnode_dropped
 SERVICE_VALIDATOR = "remp-validator"
 SERVICE_FULLNODE = "remp-fullnode"
 SERVICE_MASTERCHAIN = "remp-masterchain"
-
-
-@dataclass(frozen=True)
-class LogRecord:
-    """One event log line to write: catalogue event name, trace_id (64 hex digits or None),
-    log level ("info" | "warning") and the attributes (a dict, types per the catalogue)."""
-
-    event: str
-    trace_id: str | None
-    level: str
-    attrs: dict
-
-    @property
-    def service(self) -> str:
-        """The REMP service that writes this event (remp-fullnode / -masterchain / -validator)."""
-        if self.event.startswith("remp.fullnode."):
-            return SERVICE_FULLNODE
-        if self.event.startswith("remp.masterchain."):
-            return SERVICE_MASTERCHAIN
-        return SERVICE_VALIDATOR
 
 
 def peer_label(key_id: bytes) -> str:

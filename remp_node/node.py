@@ -41,6 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from daemon_runtime.config import add_common_args, load_args
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, run_daemon, use_event_loop
+from daemon_runtime.ratelimit import LogLimiter
 
 from .delivery import DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
 from .endpoint import open_endpoint, parse_faults
@@ -197,7 +198,7 @@ class _Daemon:
         self._children: dict[tuple, object] = {}
         self.stopping = False
         self.store_failures = 0                 # store writes refused (_store_failed)
-        self._store_logged = float("-inf")
+        self._store_log_limit = LogLimiter(burst=1, window=STORE_ERROR_LOG_INTERVAL)
         self.event_loop = "asyncio"        # run_role: what use_event_loop installed
         self.epoch: int | None = None      # this run's transport epoch (the role's store sets it)
         self.peers = {n.key_id: (n.public_key, parse_hostport(n.address)) for n in self.net.nodes
@@ -242,9 +243,7 @@ class _Daemon:
         seconds, with how many failed so far and what waits for the store (`waiting`)."""
         self.m_errors.labels("store").inc()
         self.store_failures += 1
-        t = time.monotonic()
-        if t - self._store_logged >= STORE_ERROR_LOG_INTERVAL:
-            self._store_logged = t
+        if self._store_log_limit.allow("store", time.monotonic())[0]:
             self.log.emit("remp.node.store_failed", None, "error", count=self.store_failures,
                           reason=f"{exc} ({waiting})"[:2000])
 

@@ -27,6 +27,8 @@ import socket
 from dataclasses import dataclass
 from typing import Callable
 
+from daemon_runtime.ratelimit import LogLimiter
+
 from .transport import DatagramDropped, PayloadReceived, TransportCore
 
 __all__ = ["UdpEndpoint", "Faults"]
@@ -92,7 +94,7 @@ class UdpEndpoint(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._last_log: dict[str, float] = {}
+        self._log_limit = LogLimiter(burst=1, window=10.0)   # one line per reason per 10 s
         self.closed = asyncio.Event()
 
     @classmethod
@@ -225,9 +227,7 @@ class UdpEndpoint(asyncio.DatagramProtocol):
         self._process(now)
 
     def _log_once(self, key: str, text: str) -> None:
-        now = self.loop.time()
-        if now - self._last_log.get(key, -1e9) >= 10.0:
-            self._last_log[key] = now
+        if self._log_limit.allow(key, self.loop.time())[0]:
             log.warning(text)
 
     def close(self) -> None:

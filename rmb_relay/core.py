@@ -33,6 +33,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from daemon_runtime.ratelimit import LogLimiter  # noqa: F401  (the relay's warning limiter)
 from rmb_peer.envelope import Envelope, is_expired, message_kind, relay_error
 from rmb_peer.errors import RmbLocalError
 
@@ -773,51 +774,3 @@ def pong_for(ping: Envelope) -> Envelope:
         pong.source.CopyFrom(ping.destination)
     pong.destination.CopyFrom(ping.source)
     return pong
-
-
-# --------------------------------------------------------------------------- log limiter
-
-class LogLimiter:
-    """Rate limit for warning lines (issue #11: "every refusal is one log line with a
-    reason, rate-limited"; 27,000 warnings in 45 s must become a handful plus counters).
-
-    Per key (a reason), at most `burst` lines per `window` s are allowed. `allow(key, now)`
-    returns (emit, suppressed): emit=True means log this one; `suppressed` is how many
-    lines of this key were withheld in the previous window(s) and are not yet reported
-    (the caller logs one summary line with that count). `flush(now)` returns
-    [(key, suppressed)] for keys whose window ended with lines withheld and forgets them
-    (call it from a periodic timer so a burst that stopped is still summarized).
-    Memory: one entry per key seen within the window; keys are reasons, a bounded set.
-    """
-
-    def __init__(self, burst: int = 5, window: float = 10.0):
-        if burst <= 0 or window <= 0:
-            raise RelayCoreError(f"log limiter needs burst > 0 and window > 0 ({burst}, {window})")
-        self.burst = burst
-        self.window = window
-        #: key -> [window start, lines allowed in it, lines withheld not yet reported]
-        self._state: dict[str, list] = {}
-
-    def allow(self, key: str, now: float) -> tuple[bool, int]:
-        st = self._state.get(key)
-        if st is None:
-            self._state[key] = [now, 1, 0]
-            return True, 0
-        suppressed = 0
-        if now - st[0] >= self.window:
-            suppressed = st[2]
-            st[0], st[1], st[2] = now, 0, 0
-        if st[1] < self.burst:
-            st[1] += 1
-            return True, suppressed
-        st[2] += 1
-        return False, suppressed
-
-    def flush(self, now: float) -> list[tuple[str, int]]:
-        out = []
-        for key, st in list(self._state.items()):
-            if now - st[0] >= self.window:
-                if st[2]:
-                    out.append((key, st[2]))
-                del self._state[key]
-        return out

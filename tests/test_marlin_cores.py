@@ -3,12 +3,12 @@
 reordering and a fake clock. Real blocks from ../shared/data (skips without them)."""
 from __future__ import annotations
 
-import heapq
 import random
 from dataclasses import dataclass, field
 
 import pytest
 
+from daemon_runtime.memnet import MemNetwork
 from marlin_cluster.cluster import ClusterMemberCore
 from marlin_cluster.consumer import ConsumerCore
 from marlin_cluster.crypto import NodeKey, keccak256, recover_signer
@@ -30,9 +30,10 @@ def key(name: str) -> NodeKey:
 
 @dataclass
 class Link:
-    """Delivery policy: latency uniform in [lo, hi] seconds (so frames reorder), loss and
-    duplication probabilities, a deterministic drop filter drop(src, dst, frame) -> bool,
-    and dead nodes (nothing to or from them)."""
+    """Delivery policy of the shared in-memory network (daemon_runtime.memnet.MemNetwork):
+    latency uniform in [lo, hi] seconds (so frames reorder), loss and duplication
+    probabilities, a deterministic drop filter drop(src, dst, frame) -> bool, and dead nodes
+    (nothing to or from them; the network's `crashed` set)."""
     lo: float = 0.001
     hi: float = 0.020
     loss: float = 0.0
@@ -41,18 +42,13 @@ class Link:
     drop: object = None
     dead: set = field(default_factory=set)
 
-    def __post_init__(self):
-        self.rng = random.Random(self.seed)
-
-    def delays(self, src: bytes, dst: bytes, frame: bytes) -> list[float]:
-        if src in self.dead or dst in self.dead:
-            return []
-        if self.drop is not None and self.drop(src, dst, frame):
-            return []
-        if self.rng.random() < self.loss:
-            return []
-        n = 2 if self.rng.random() < self.dup else 1
-        return [self.rng.uniform(self.lo, self.hi) for _ in range(n)]
+    def network(self) -> MemNetwork:
+        net = MemNetwork(self.seed, loss=self.loss, duplicate=self.dup, latency=self.lo,
+                         jitter=self.hi - self.lo)
+        net.crashed = self.dead                      # one set: tests add dead nodes later
+        if self.drop is not None:
+            net.drop_filter = lambda src, dst, frame, now: self.drop(src, dst, frame)
+        return net
 
 
 class Net:
@@ -84,16 +80,13 @@ class Net:
         self.nodes.update(self.members)
         self.nodes.update({c.address: c for c in self.consumers})
         self.events: dict[bytes, list] = {a: [] for a in self.nodes}
-        self._q: list = []
-        self._seq = 0
+        self.wire = self.link.network()
         self.delivered = 0
 
     def _flush(self) -> None:
         for addr, core in self.nodes.items():
             for dst, frame in core.frames_to_send(self.now):
-                for d in self.link.delays(addr, dst, frame):
-                    self._seq += 1
-                    heapq.heappush(self._q, (self.now + d, self._seq, addr, dst, frame))
+                self.wire.send(addr, dst, frame, self.now)
             while (ev := core.next_event()) is not None:
                 self.events[addr].append(ev)
 
@@ -111,17 +104,18 @@ class Net:
             timers = [(t, a) for a, c in self.nodes.items()
                       if c.address not in self.link.dead and (t := c.get_timer()) is not None]
             t_timer = min(timers)[0] if timers else None
-            t_frame = self._q[0][0] if self._q else None
+            t_frame = self.wire.next_delivery()
             nxt = min(t for t in (t_timer, t_frame) if t is not None) if (t_timer or t_frame) else None
             if nxt is None or nxt > end:
                 self.now = max(self.now, end) if nxt is not None else self.now
                 return
             self.now = max(self.now, nxt)
             if t_frame is not None and t_frame <= self.now:
-                _, _, src, dst, frame = heapq.heappop(self._q)
-                if dst in self.nodes and dst not in self.link.dead:
-                    self.nodes[dst].receive_frame(frame, src, self.now)
-                    self.delivered += 1
+                for dst, src, frame in self.wire.deliver_due(self.now):   # frames first, in order
+                    if dst in self.nodes:
+                        self.nodes[dst].receive_frame(frame, src, self.now)
+                        self.delivered += 1
+                        self._flush()
             else:
                 for t, a in timers:
                     if t <= self.now:

@@ -4,12 +4,12 @@ against the blocks actually seen on the wire (parsed independently of the cores'
 from __future__ import annotations
 
 import hashlib
-import heapq
 import random
 import time
 
 import pytest
 
+from daemon_runtime.memnet import MemNetwork
 from remp_node import catchain as cc
 from remp_node.catchain import (BlockDelivered, Catchain, CatchainRemoteError, CatchainUsageError, Dep,
                                 ForkDetected, RejectedDatagram, parse_datagram, sign_block, verify_fork_proof)
@@ -30,12 +30,11 @@ class Net:
         self.index = {kid: i for i, kid in enumerate(self.ids)}
         self.cores = [Catchain(SESSION, self.members, k, rng=random.Random(seed * 100 + i), **kw)
                       for i, k in enumerate(self.keys)]
-        self.loss, self.dup, self.reorder = loss, dup, reorder
-        self.rng = random.Random(seed)
+        # the shared in-memory network: delay TICK .. reorder * TICK, so datagrams overtake
+        # each other when reorder > 1; `down` members get nothing (its crashed set)
+        self.wire = MemNetwork(seed, loss=loss, duplicate=dup, latency=TICK, jitter=TICK * (reorder - 1))
         self.now = 0.0
-        self.seq = 0
-        self.inflight: list = []
-        self.down: set[int] = set()
+        self.down: set[int] = self.wire.crashed
         self.events: list[list] = [[] for _ in range(n)]
         self.wire_blocks: dict[bytes, tuple] = {}      # block hash -> (src, height, prereq hashes)
         self.sent = 0
@@ -59,20 +58,12 @@ class Net:
     def transmit(self, src: int, dst: int, data: bytes) -> None:
         self.sent += 1
         self._observe(data)
-        if self.rng.random() < self.loss:
-            return
-        copies = 2 if self.rng.random() < self.dup else 1
-        for _ in range(copies):
-            delay = TICK * self.rng.randint(1, self.reorder)
-            self.seq += 1
-            heapq.heappush(self.inflight, (self.now + delay, self.seq, dst, src, data))
+        self.wire.send(src, dst, data, self.now)
 
     def step(self) -> None:
         self.now += TICK
-        while self.inflight and self.inflight[0][0] <= self.now + 1e-9:
-            _, _, dst, src, data = heapq.heappop(self.inflight)
-            if dst not in self.down:
-                self.cores[dst].receive_datagram(data, self.ids[src], self.now)
+        for dst, src, data in self.wire.deliver_due(self.now + 1e-9):
+            self.cores[dst].receive_datagram(data, self.ids[src], self.now)
         for i, c in enumerate(self.cores):
             if i in self.down:
                 continue

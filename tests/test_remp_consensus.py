@@ -9,13 +9,12 @@ BlockAccepted's signatures against the members' keys.
 from __future__ import annotations
 
 import hashlib
-import heapq
-import random
 import time
 from collections import defaultdict
 
 import pytest
 
+from daemon_runtime.memnet import MemNetwork
 from remp_node import consensus as C
 from remp_node import schedule as S
 from remp_node.keys import NodeKey
@@ -128,36 +127,32 @@ class Equivocator(Node):
 
 
 class Net:
-    """In-memory datagram network with a fake clock: per-datagram latency (base + jitter,
-    so datagrams reorder), loss and duplication probabilities, crashed members, and
-    partitioned members (all their traffic lost until healed)."""
+    """Consensus members over the shared in-memory network (daemon_runtime.memnet) with a
+    fake clock: per-datagram latency (base + jitter, so datagrams reorder), loss and
+    duplication probabilities, crashed members (the network's crashed set), and partitioned
+    members (all their traffic lost until healed, also what was in flight)."""
 
     def __init__(self, nodes: list[Node], *, seed=1, loss=0.0, dup=0.0, base=0.005, jitter=0.0):
         self.nodes = {n.key.key_id: n for n in nodes}
-        self.rng = random.Random(seed)
-        self.loss, self.dup, self.base, self.jitter = loss, dup, base, jitter
-        self.q: list = []
-        self.seq = 0
+        self.wire = MemNetwork(seed, loss=loss, duplicate=dup, latency=base, jitter=jitter)
+        self.wire.drop_filter = lambda src, dst, data, now: src in self.partitioned or dst in self.partitioned
         self.now = 0.0
-        self.crashed: set[bytes] = set()
         self.partitioned: set[bytes] = set()
         self.delivered = 0
 
-    def _enqueue(self, src, dst, data):
-        for copy in range(2 if self.rng.random() < self.dup else 1):
-            if self.rng.random() < self.loss:
-                continue
-            t = self.now + self.base + self.rng.random() * self.jitter + copy * self.rng.random() * 0.05
-            self.seq += 1
-            heapq.heappush(self.q, (t, self.seq, src, dst, data))
+    @property
+    def crashed(self) -> set[bytes]:
+        return self.wire.crashed
+
+    @crashed.setter
+    def crashed(self, keys) -> None:
+        self.wire.crashed = set(keys)
 
     def _flush(self, node: Node):
         out = node.outgoing(self.now) if isinstance(node, Equivocator) else node.core.datagrams_to_send(self.now)
         src = node.key.key_id
         for dst, data in out:
-            if src in self.partitioned or dst in self.partitioned or src in self.crashed:
-                continue
-            self._enqueue(src, dst, data)
+            self.wire.send(src, dst, data, self.now)
         node.drain()
 
     def alive(self):
@@ -172,12 +167,12 @@ class Net:
             steps += 1
             assert steps < 2_000_000
             t_timer = min((n.core.get_timer() for n in self.alive()), default=until)
-            t_msg = self.q[0][0] if self.q else until
+            t_msg = self.wire.next_delivery()
+            t_msg = until if t_msg is None else t_msg
             self.now = max(self.now, min(t_timer, t_msg, until))
-            while self.q and self.q[0][0] <= self.now:
-                _, _, src, dst, data = heapq.heappop(self.q)
+            for dst, src, data in self.wire.deliver_due(self.now):
                 node = self.nodes.get(dst)
-                if node is None or dst in self.crashed or dst in self.partitioned or src in self.partitioned:
+                if node is None or dst in self.partitioned or src in self.partitioned:
                     continue
                 self.delivered += 1
                 node.core.receive_datagram(data, src, self.now)

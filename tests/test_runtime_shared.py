@@ -1,7 +1,10 @@
 """What every protocol takes from daemon_runtime instead of keeping its own copy: the log
 rate limiter (daemon_runtime/ratelimit.py) and the event log record (daemon_runtime/
-eventlog.py LogRecord)."""
+eventlog.py LogRecord), and the in-memory network with a fake clock that the core tests of
+every protocol drive their cores over (daemon_runtime/memnet.py)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +60,36 @@ def test_log_record_defaults_to_no_attrs_and_is_frozen():
     assert r.attrs == {}
     with pytest.raises(AttributeError):
         r.level = "warning"  # type: ignore[misc]
+
+
+def test_one_in_memory_network_for_every_protocol_s_core_tests():
+    from daemon_runtime.memnet import MemNetwork
+    from remp_node.network import SimNetwork
+    assert SimNetwork is MemNetwork
+    for name in ("test_marlin_cores.py", "test_remp_catchain.py", "test_remp_consensus.py"):
+        text = (Path(__file__).parent / name).read_text()
+        assert "MemNetwork" in text and "heapq" not in text, name
+
+
+def test_mem_network_faults_and_fake_clock():
+    from daemon_runtime.memnet import FakeClock, MemNetwork
+    clock = FakeClock(10.0)
+    net = MemNetwork(3, loss=0.2, duplicate=0.2, reorder=0.3, latency=0.01, jitter=0.02)
+    net.crashed.add("dead")
+    for i in range(1000):
+        net.send("a", "b", i.to_bytes(2, "big"), clock.now)
+    net.send("a", "dead", b"x", clock.now)
+    assert net.next_delivery() >= 10.01
+    assert net.deliver_due(clock.now) == []              # nothing is due before its latency
+    got = net.deliver_due(clock.advance(1.0))
+    st = net.stats
+    assert st.to_crashed == 1 and 120 < st.lost < 280 and 120 < st.duplicated < 280
+    assert len(got) == st.delivered == 1000 - st.lost + st.duplicated
+    seq = [int.from_bytes(d, "big") for _, _, d in got]
+    assert seq != sorted(seq)                             # reordered
+    assert set(seq) <= set(range(1000))
+    assert clock.advance_to(5.0) == 11.0 and clock() == 11.0
+    with pytest.raises(ValueError):
+        clock.advance(-1)
+    with pytest.raises(ValueError):
+        MemNetwork(loss=1.5)

@@ -176,9 +176,11 @@ def mux(kind: int, session_id: bytes, payload: bytes) -> bytes:
 
 
 def demux(data: bytes) -> tuple[int, bytes, bytes]:
-    """(kind, session id, payload); ValueError when shorter than the prefix."""
+    """(kind, session id, payload); PayloadError (a ValueError, reason "short_datagram")
+    when shorter than the prefix."""
     if len(data) < PREFIX:
-        raise ValueError(f"datagram of {len(data)} bytes is shorter than the {PREFIX}-byte prefix")
+        raise PayloadError(f"datagram of {len(data)} bytes is shorter than the {PREFIX}-byte prefix",
+                           "short_datagram")
     return data[0], bytes(data[1:PREFIX]), bytes(data[PREFIX:])
 
 

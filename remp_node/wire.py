@@ -19,8 +19,9 @@ Carriage: between processes every one of these objects is the payload of one
 transport.TransportCore message (authenticated, split into <= 1,232-byte datagrams);
 delivery.classify(payload) tells the kinds apart (also inside a validator CH_CLIENT mux).
 
-Parsing is pure and size-limited; malformed input raises WireError (a ValueError) and
-nothing else. Checking that `id` is really the root hash of `message` is the receiver's job
+Parsing is pure and size-limited; malformed input raises WireError (a RempRemoteError,
+so a ValueError) and nothing else; misuse of an encoder raises WireUsageError (a
+RempLocalError, never a ValueError; remp_node/errors.py). Checking that `id` is really the root hash of `message` is the receiver's job
 (messages.parse_external_message gives it).
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from .errors import RempRemoteError
+from .errors import RempLocalError, RempRemoteError
 from .keys import NodeKey, verify
 from .messages import MAX_MESSAGE_SIZE
 from .receipts import ReceiptError, SignedReceipt
@@ -46,6 +47,11 @@ class WireError(RempRemoteError):
     "malformed_datagram")."""
 
     reason = "malformed_datagram"
+
+
+class WireUsageError(RempLocalError):
+    """Local misuse of the datagram encoders (an oversized BOC, a message id that is not
+    32 bytes)."""
 
 
 @dataclass(frozen=True)
@@ -79,12 +85,13 @@ def _pack(boc: bytes, message_id: bytes, timestamp: int, signature: bytes) -> by
 
 
 def encode_remp_message(boc: bytes, message_id: bytes, timestamp_ms: int, key: NodeKey) -> bytes:
-    """Build and sign a `tonNode.rempMessage` datagram (bytes). ValueError when the BOC is
-    larger than MAX_MESSAGE_SIZE or message_id is not 32 bytes (local misuse)."""
+    """Build and sign a `tonNode.rempMessage` datagram (bytes). WireUsageError (a
+    RempLocalError) when the BOC is larger than MAX_MESSAGE_SIZE or message_id is not 32
+    bytes: the caller checks both before (messages.py), so either is a bug."""
     if len(boc) > MAX_MESSAGE_SIZE:
-        raise ValueError(f"message BOC of {len(boc)} bytes exceeds {MAX_MESSAGE_SIZE}")
+        raise WireUsageError(f"message BOC of {len(boc)} bytes exceeds {MAX_MESSAGE_SIZE}")
     if len(message_id) != 32:
-        raise ValueError("message_id must be 32 bytes")
+        raise WireUsageError("message_id must be 32 bytes")
     unsigned = RempMessageDatagram(bytes(boc), bytes(message_id), int(timestamp_ms), b"")
     return RempMessageDatagram(unsigned.boc, unsigned.message_id, unsigned.timestamp,
                                key.sign(unsigned.signed_part())).serialize()

@@ -71,3 +71,14 @@ def test_no_private_exception_types_for_control_flow(mod):
     private = [c.__qualname__ for c in _error_classes(mod) if c.__name__.startswith("_")]
     assert private == []
     assert not issubclass(consensus._Drop, BaseException)
+
+
+def test_codec_misuse_is_local_and_short_input_is_remote():
+    from remp_node.keys import NodeKey
+    key = NodeKey.from_seed(bytes(32))
+    with pytest.raises(RempLocalError) as info:
+        wire.encode_remp_message(b"x", b"short id", 0, key)
+    assert not isinstance(info.value, ValueError)
+    with pytest.raises(validator.PayloadError) as info:
+        validator.demux(b"\x01" * 5)
+    assert info.value.reason == "short_datagram" and "shorter than" in str(info.value)

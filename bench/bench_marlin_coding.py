@@ -1,5 +1,5 @@
 """Erasure coding speed of marlin_cluster.coding against pyeclib's raw ECDriver, same run
-(issue 9 must-show 5, coding half; target: ours >= 90% of raw).
+(target: ours >= 90% of raw).
 
 For each (NUM_CHUNKS, MIN_CHUNKS) the same random 1 MiB blocks are encoded, and decoded
 from a random MIN_CHUNKS subset, by (a) a bare pyeclib ECDriver(ec_type="isa_l_rs_cauchy")

@@ -1,4 +1,4 @@
-"""REMP as processes under load (issue 8 must-show 6): 2 shards x 7 validators + one full node
+"""REMP as processes under load: 2 shards x 7 validators + one full node
 (`remp-node` over the authenticated UDP transport, receipts through delivery.py), external
 wallet messages POSTed at fixed rates.
 

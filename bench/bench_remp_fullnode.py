@@ -1,4 +1,4 @@
-"""The REMP full node's receipt path in one process (issue 8: the ceiling one full node puts
+"""The REMP full node's receipt path in one process (the ceiling one full node puts
 on messages/s): CPU per status and statuses/s on one core.
 
     .venv/bin/python bench/bench_remp_fullnode.py [--messages 400] [--rounds 3] [--profile N]

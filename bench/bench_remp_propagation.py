@@ -6,7 +6,7 @@ message costs 2N..3N datagrams instead of the naive N^2 (every validator re-send
 every other one).
 
 Method: a whole in-memory network (remp_node.sim.Simulation, fake clock, no loss) with one
-shard whose group is all N validators, and one full node (REMP-A's RempClient: one
+shard whose group is all N validators, and one full node (client.py's RempClient: one
 validator first, one more every 2 s until more than 1/3 answered). Messages are submitted
 one at a time, 1 s apart. Per message we count
   client: rempMessage datagrams full node -> validators;

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_remp_udp.py [--requests 2000] [--seconds 3] [--window 32]
                                              [--sizes 200,16384]
 
-Baseline (issue 8 must-show 6: "a same-run baseline of a raw asyncio UDP request/response
+Baseline ("a same-run baseline of a raw asyncio UDP request/response
 on this machine"): a client and an echo server, each a plain asyncio DatagramProtocol in
 its own process, one datagram each way (a 16 KiB request is one loopback datagram).
 Measured: the same client/echo pair through remp_node.udp.UdpEndpoint +

@@ -9,7 +9,7 @@ Prints:
      client through two Redis lists) at the same offered load, and its max throughput, its
      throughput rounds interleaved with RMB's (RMB round i, then echo round i: ABAB).
 Targets: >= 2,000 requests/s sustained; p99 <= 20 ms at 1,000 requests/s; sustained
-throughput >= 0.20 of the same run's bare Redis echo (issue 11; printed last as "ratio",
+throughput >= 0.20 of the same run's bare Redis echo (printed last as "ratio",
 median to median, best to best and the median of the pairs' ratios, with /proc/loadavg
 at the start and the end: the machine is shared, so compare ratios of one run, not
 absolute figures across runs).

@@ -365,7 +365,7 @@ LARGE_TARGET_RATIO = 4.0
 
 
 def demo_size(logdir: str, base: Path, events: int = 3000) -> int:
-    """(a) of issue #10: `relay-trace-report --master local[2]` over a demo-sized log set,
+    """(a) `relay-trace-report --master local[2]` over a demo-sized log set,
     wall time of the whole process (session start included), against DEMO_TARGET_S; the
     same tables by DuckDB in the same run for scale."""
     if logdir:

@@ -297,6 +297,12 @@ async def main_async(opts) -> None:
               f"p99 {pct(idle, .99):.2f} ms, ratio {p99 / max(1e-9, pct(idle, .99)):.1f}x; "
               f"{per_conn:.1f} KiB RSS per connection; load "
               f"{open('/proc/loadavg').read().split()[0]}", flush=True)
+        from result_file import write_result
+        write_result("connections", {"connections": opened, "failed": failed, "connect_s": connect_s,
+                                     "rss_per_connection_kib": per_conn, "control_p50_ms": pct(busy, .5),
+                                     "control_p99_ms": p99},
+                     {"idle_control_p50_ms": pct(idle, .5), "idle_control_p99_ms": pct(idle, .99)},
+                     {"p99/idle_p99": p99 / max(1e-9, pct(idle, .99))})
     finally:
         for p, parent in workers:
             try:

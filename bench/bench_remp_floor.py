@@ -165,6 +165,11 @@ async def amain(args) -> None:
     print(f"  the full node's own pieces: {fn_ms:.2f} ms per message, so one full-node process (CPython "
           f"runs one thread of Python at a time: one core) takes at most {1000 / fn_ms:.0f} messages/s, "
           f"before its HTTP layer (aiohttp), chain follower, status hub and event loop")
+    from result_file import write_result
+    write_result("remp_floor", {**{f"{name}, us per message": statistics.median(r[0][name] for r in rows)
+                                   for name in names},
+                                "floor_per_message_ms": f_ms, "max_messages_per_s_all_cores": cores * 1000 / f_ms,
+                                "fullnode_per_message_ms": fn_ms, "max_messages_per_s_one_fullnode": 1000 / fn_ms})
 
 
 def main() -> None:

@@ -65,18 +65,35 @@ def current_commit() -> str | None:
     return head + ("+dirty" if status else "")
 
 
+#: absolute paths that name one machine's layout (home and work directories): written as
+#: `<path>/<last part>` in a result's command
+_MACHINE_DIRS = tuple("/" + d + "/" for d in ("work", "root", "home", "Users"))
+
+
+def _clean_path(word: str) -> str:
+    try:
+        p = Path(word)
+        if not p.is_absolute():
+            return word
+        if p.resolve().is_relative_to(REPO):
+            return str(p.resolve().relative_to(REPO)) or "."
+    except (OSError, ValueError):
+        return word
+    return f"<path>/{p.name}" if word.startswith(_MACHINE_DIRS) else word
+
+
 def clean_command(argv: list[str]) -> str:
-    """The command line with the interpreter as `python` and repository paths relative."""
+    """The command line with the interpreter as `python`, repository paths relative and
+    other home or work directories elided (`--flag=PATH` included)."""
     words = []
     for i, word in enumerate(argv):
         if i == 0 and word == sys.executable:
             word = "python"
-        try:
-            p = Path(word)
-            if p.is_absolute() and p.resolve().is_relative_to(REPO):
-                word = str(p.resolve().relative_to(REPO))
-        except (OSError, ValueError):
-            pass
+        elif word.startswith("--") and "=" in word:
+            flag, _, value = word.partition("=")
+            word = f"{flag}={_clean_path(value)}"
+        else:
+            word = _clean_path(word)
         words.append(word)
     if words and words[0].endswith(".py") and words[0] != "python":
         words.insert(0, "python")

@@ -73,6 +73,9 @@ def test_write_result_round_trip(tmp_path, monkeypatch):
     assert path.name.startswith("relay-") and path.suffix == ".json"
     assert set(r) == FIELDS
     assert r["command"] == "python bench/bench_relay.py --rounds 3"   # no machine path
+    assert result_file.clean_command(["python", "x.py", "--dir", "/" + "home/ann/run", "--out=/" + "work/a/b",
+                                      "--tmp", "/tmp/relay-bench"]) \
+        == "python x.py --dir <path>/run --out=<path>/b --tmp /tmp/relay-bench"
     assert r["figures"] == {"envelopes_per_s": 12345, "p99_ms": 3.25}
     assert r["ratio"] == {"relay/raw": 0.617} and r["baseline"] == {"raw_per_s": 20000}
     assert r["commit"] is None or len(r["commit"].split("+")[0]) == 40

@@ -1,5 +1,5 @@
 """Many concurrent authenticated peers on one relay: RSS per connection and the control
-round trip while they are connected (issue #11 must-show 4).
+round trip while they are connected.
 
     .venv/bin/python bench/bench_connections.py [--connections 10000] [--workers 4]
                                                 [--twins 100] [--rounds 300]
@@ -173,7 +173,7 @@ async def control_rounds(port, ia, a, ib, b, rounds: int) -> list[float]:
 
 
 async def churn(port, ident, twin, pid, n: int) -> None:
-    """Issue #11 finding 7: n authenticated connect + close cycles (distinct sids, 50 at a
+    """Connection churn: n authenticated connect + close cycles (distinct sids, 50 at a
     time, half closed cleanly, half aborted without a close frame); relay RSS and open fds
     before, after and 3 s later (a closed connection must be freed at once)."""
     from websockets.asyncio.client import connect
@@ -297,6 +297,12 @@ async def main_async(opts) -> None:
               f"p99 {pct(idle, .99):.2f} ms, ratio {p99 / max(1e-9, pct(idle, .99)):.1f}x; "
               f"{per_conn:.1f} KiB RSS per connection; load "
               f"{open('/proc/loadavg').read().split()[0]}", flush=True)
+        from result_file import write_result
+        write_result("connections", {"connections": opened, "failed": failed, "connect_s": connect_s,
+                                     "rss_per_connection_kib": per_conn, "control_p50_ms": pct(busy, .5),
+                                     "control_p99_ms": p99},
+                     {"idle_control_p50_ms": pct(idle, .5), "idle_control_p99_ms": pct(idle, .99)},
+                     {"p99/idle_p99": p99 / max(1e-9, pct(idle, .99))})
     finally:
         for p, parent in workers:
             try:
@@ -323,7 +329,7 @@ def main() -> None:
                    help="control round trips per measurement (default 300)")
     p.add_argument("--churn", type=int, default=0, metavar="N",
                    help="instead: N connect+close cycles, relay RSS and fds before/after "
-                        "(issue #11 finding 7); 0 = off (default)")
+                        "(closed connections freed at once); 0 = off (default)")
     p.add_argument("--connect-timeout", type=float, default=300.0,
                    help="bound on the connect phase, s (default 300)")
     asyncio.run(main_async(p.parse_args()))

@@ -64,6 +64,11 @@ def main() -> None:
     print(f"ratio library/ours, median of {a.pairs} pairs: {statistics.median(ratios):.2f}x  "
           f"(CPU saved per 1 MB block: {statistics.median(lib_t) - statistics.median(our_t):.0f} ms)")
     print(f"load {open('/proc/loadavg').read().split()[:3]}")
+    from result_file import write_result
+    write_result("marlin_validate", {"validate_block_ms": statistics.median(our_t), "validate_block_best_ms": min(our_t),
+                                     "block_bytes": len(raw)},
+                 {"bitcoinlib_ms": statistics.median(lib_t), "bitcoinlib_best_ms": min(lib_t)},
+                 {"bitcoinlib/ours": statistics.median(ratios)})
 
 
 if __name__ == "__main__":

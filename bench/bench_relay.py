@@ -212,6 +212,13 @@ async def main_async(opts) -> None:
               f"median {rm / bm:.2f}, median of the pairs' ratios {pair_median:.2f} (target >= 0.90); server CPU per envelope (median) relay "
               f"{summary['relay'][3]:.1f} us, baseline {summary['baseline'][3]:.1f} us; "
               f"event loop {opts.loop_used}, {opts.rounds} rounds, load {os.getloadavg()[0]:.1f}")
+        from result_file import write_result
+        write_result("relay", {"envelopes_per_s_best": rb, "envelopes_per_s_median": rm,
+                               "server_cpu_per_envelope_us": summary["relay"][3]},
+                     {"raw_forwarder_per_s_best": bb, "raw_forwarder_per_s_median": bm,
+                      "raw_server_cpu_per_envelope_us": summary["baseline"][3]},
+                     {"best": rb / bb, "median": rm / bm, "median_of_pairs": pair_median,
+                      "server_cpu_baseline/relay": cpu_median})
     finally:
         for proc in procs:
             stop_proc(proc)

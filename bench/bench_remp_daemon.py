@@ -1,4 +1,4 @@
-"""REMP as processes under load (issue 8 must-show 6): 2 shards x 7 validators + one full node
+"""REMP as processes under load: 2 shards x 7 validators + one full node
 (`remp-node` over the authenticated UDP transport, receipts through delivery.py), external
 wallet messages POSTed at fixed rates.
 
@@ -247,7 +247,7 @@ def sustained(r: dict, args) -> bool:
             and r["done_s"] <= r["send_s"] + 3 * tgtf)
 
 
-def baseline(results: list[dict]) -> None:
+def baseline(results: list[dict]) -> dict:
     """The same-run baseline: bench_remp_udp.run("raw", 200) (its own event loop and process)."""
     try:
         from bench.bench_remp_udp import run as udp_run
@@ -260,6 +260,7 @@ def baseline(results: list[dict]) -> None:
     for r in results:
         if r["first_p50"] == r["first_p50"]:
             print(f"  at {r['rate']}/s: first receipt p50 = {r['first_p50'] / raw['p50']:.0f} x the raw UDP round trip")
+    return raw
 
 
 def report(r: dict, args) -> None:
@@ -323,8 +324,22 @@ def main() -> None:
             results = asyncio.run(amain(args))
     else:
         results = asyncio.run(amain(args))
-    if not args.skip_baseline:
-        baseline(results)
+    raw = None if args.skip_baseline else baseline(results)
+    from result_file import write_result
+    figures = {"idle_cpu_s_per_s": getattr(args, "idle_rate", None)}
+    for r in results:
+        at, per, cs, ca = f"@{r['rate']}/s", max(1, r["accepted"]), r["cpu_send"], r["cpu_all"]
+        figures.update({
+            f"first_receipt_p50_ms{at}": r["first_p50"], f"first_receipt_p99_ms{at}": r["first_p99"],
+            f"finalized_p50_s{at}": r["fin_p50"], f"finalized_p99_s{at}": r["fin_p99"], f"lost{at}": r["lost"],
+            f"sustained{at}": sustained(r, args), f"datagrams_per_message{at}": r["datagrams"],
+            f"receipt_packets_per_message{at}": r["delivery"]["packets"],
+            f"cpu_per_message_sending_ms{at}": sum(cs.values()) / per * 1000,
+            f"cpu_per_message_until_final_ms{at}": sum(ca.values()) / per * 1000,
+            f"cpu_per_message_fullnode_ms{at}": sum(v for k, v in ca.items() if k.startswith("fullnode")) / per * 1000,
+            f"cpu_s_per_s_sending{at}": sum(cs.values()) / max(r["send_s"], 1e-9)})
+    write_result("remp_daemon", figures,
+                 {"udp_round_trip_p50_ms": raw["p50"], "udp_round_trip_p99_ms": raw["p99"]} if raw else None)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The CPU that issue 8's own requirements put on one external message, measured piece by
-piece in one run, and the rate that leaves on this machine's cores (issue 8 target: >= 300
+"""The CPU that REMP's requirements (DESIGN.md section 4) put on one external message, measured piece by
+piece in one run, and the rate that leaves on this machine's cores (target: >= 300
 messages/s sustained with 2 x 7 validators, all processes on one machine).
 
     .venv/bin/python bench/bench_remp_floor.py [--messages 400] [--rounds 3] [--n 2000]
@@ -12,8 +12,8 @@ status hub, the event loop, the benchmark's own HTTP client) is added. With N va
 per shard group (7):
 
 - full node, POST /messages (`FullnodeDaemon.submit`: BOC parse and checks, pre-execution
-  against its state, the message's store row, the REMP client's rempMessage): issue 8
-  item 6. Measured by bench_remp_fullnode's round (a real daemon, SQLite store, Redis
+  against its state, the message's store row, the REMP client's rempMessage): the
+  full node's API. Measured by bench_remp_fullnode's round (a real daemon, SQLite store, Redis
   stream on a redis-server started here, event log file).
 - full node, every status of every validator (5 per member: PutIntoQueue, AcceptedByQueue,
   IncludedIntoBlock, IncludedIntoAcceptedBlock, Finalized = 5N, plus its own): received,
@@ -165,6 +165,11 @@ async def amain(args) -> None:
     print(f"  the full node's own pieces: {fn_ms:.2f} ms per message, so one full-node process (CPython "
           f"runs one thread of Python at a time: one core) takes at most {1000 / fn_ms:.0f} messages/s, "
           f"before its HTTP layer (aiohttp), chain follower, status hub and event loop")
+    from result_file import write_result
+    write_result("remp_floor", {**{f"{name}, us per message": statistics.median(r[0][name] for r in rows)
+                                   for name in names},
+                                "floor_per_message_ms": f_ms, "max_messages_per_s_all_cores": cores * 1000 / f_ms,
+                                "fullnode_per_message_ms": fn_ms, "max_messages_per_s_one_fullnode": 1000 / fn_ms})
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The REMP full node's receipt path in one process (issue 8: the ceiling one full node puts
+"""The REMP full node's receipt path in one process (the ceiling one full node puts
 on messages/s): CPU per status and statuses/s on one core.
 
     .venv/bin/python bench/bench_remp_fullnode.py [--messages 400] [--rounds 3] [--profile N]
@@ -246,6 +246,15 @@ async def amain(args) -> None:
           f"({statistics.median(ratio):.1f} log lines), {1e6 / statistics.median(us):,.0f} statuses/s; "
           f"{statistics.median(per_msg):.2f} ms per message = {1e3 / statistics.median(per_msg):,.0f} "
           f"messages/s on one core (the full node's ceiling for this path)")
+    from result_file import write_result
+    write_result("remp_fullnode", {
+        "us_per_status_median": statistics.median(us), "us_per_status_min": min(us), "us_per_status_max": max(us),
+        "statuses_per_s_one_core": 1e6 / statistics.median(us),
+        "ms_per_message": statistics.median(per_msg), "messages_per_s_one_core": 1e3 / statistics.median(per_msg),
+        "redis_server_us_per_status": statistics.median(r["redis_cpu"] / r["statuses"] * 1e6 for r in rows)},
+        {"verify_packet_us": statistics.median(r["verify_packet_us"] for r in rows),
+         "log_line_us": statistics.median(r["log_line_us"] for r in rows)},
+        {"status/log_line": statistics.median(ratio)})
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ message costs 2N..3N datagrams instead of the naive N^2 (every validator re-send
 every other one).
 
 Method: a whole in-memory network (remp_node.sim.Simulation, fake clock, no loss) with one
-shard whose group is all N validators, and one full node (REMP-A's RempClient: one
+shard whose group is all N validators, and one full node (client.py's RempClient: one
 validator first, one more every 2 s until more than 1/3 answered). Messages are submitted
 one at a time, 1 s apart. Per message we count
   client: rempMessage datagrams full node -> validators;
@@ -85,12 +85,19 @@ def main() -> None:
     args = ap.parse_args()
     print(f"{'N':>3} {'client':>7} {'rmq':>7} {'total':>7} {'target 2N..3N':>14} {'naive N^2':>10} "
           f"{'rmq all':>8} {'receipts':>9} {'finalized':>10} {'wall s':>7}")
+    figures, baseline = {}, {}
     for n in args.n:
         t = time.time()
         r = measure(n, args.messages)
+        figures.update({f"client_per_message@N={n}": r["client"], f"rmq_per_message@N={n}": r["rmq"],
+                        f"total_per_message@N={n}": r["total"], f"rmq_all_per_message@N={n}": r["rmq_all"],
+                        f"receipts_per_message@N={n}": r["receipts"], f"finalized@N={n}": r["finalized"]})
+        baseline.update({f"target_max@N={n}": 3 * n, f"naive@N={n}": n * n})
         print(f"{n:>3} {r['client']:>7.1f} {r['rmq']:>7.1f} {r['total']:>7.1f} {f'{2*n}..{3*n}':>14} "
               f"{n*n:>10} {r['rmq_all']:>8.1f} {r['receipts']:>9.1f} {r['finalized']:>4}/{r['messages']:<5} "
               f"{time.time()-t:>7.1f}")
+    from result_file import write_result
+    write_result("remp_propagation", figures, baseline)
 
 
 if __name__ == "__main__":

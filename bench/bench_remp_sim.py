@@ -74,7 +74,7 @@ class _Crypto:
         return self.verifies, self.signs, self.t
 
 
-def run(rate: float, duration: float, profile: bool, crypto: _Crypto) -> None:
+def run(rate: float, duration: float, profile: bool, crypto: _Crypto) -> tuple[dict, dict]:
     w = WalletSet(200, "bench-sim")
     sim = Simulation(SimConfig(seed=3, mc_catchain_lifetime=60.0, block_interval=0.25, master_block_interval=0.4,
                                rmq_block_interval=0.05, jitter=0.002), wallets=w.genesis())
@@ -115,6 +115,13 @@ def run(rate: float, duration: float, profile: bool, crypto: _Crypto) -> None:
           flush=True)
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    at = f"@{rate:g}/s"
+    return ({f"finalized{at}": len(fin), f"messages{at}": n, f"finalized_p50_s{at}": pct(0.5),
+             f"finalized_p99_s{at}": pct(0.99), f"cpu_per_message_ms{at}": cpu / n * 1000,
+             f"cpu_per_message_above_idle_ms{at}": (cpu - idle * elapsed) / n * 1000,
+             f"datagrams_per_message{at}": sum(kinds.values())},
+            {f"ed25519_verifies_per_message{at}": (v1 - v0) / n, f"ed25519_signs_per_message{at}": (s1 - s0) / n,
+             f"ed25519_cpu_per_message_ms{at}": (k1 - k0) / n * 1000})
 
 
 def main() -> None:
@@ -126,8 +133,13 @@ def main() -> None:
     crypto = _Crypto()
     print(f"REMP cores in memory: 2 shards x 7 validators, block interval 0.25 s, master 0.4 s; "
           f"load average {open('/proc/loadavg').read().split()[0]}")
+    figures, baseline = {}, {}
     for r in [float(x) for x in args.rates.split(",")]:
-        run(r, args.duration, args.profile, crypto)
+        f, b = run(r, args.duration, args.profile, crypto)
+        figures.update(f)
+        baseline.update(b)
+    from result_file import write_result
+    write_result("remp_sim", figures, baseline)
 
 
 if __name__ == "__main__":

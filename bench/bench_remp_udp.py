@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_remp_udp.py [--requests 2000] [--seconds 3] [--window 32]
                                              [--sizes 200,16384]
 
-Baseline (issue 8 must-show 6: "a same-run baseline of a raw asyncio UDP request/response
+Baseline ("a same-run baseline of a raw asyncio UDP request/response
 on this machine"): a client and an echo server, each a plain asyncio DatagramProtocol in
 its own process, one datagram each way (a 16 KiB request is one loopback datagram).
 Measured: the same client/echo pair through remp_node.udp.UdpEndpoint +
@@ -293,9 +293,11 @@ def main() -> None:
     ap.add_argument("--receipts-only", action="store_true",
                     help="print only the receipt CPU figures (delivery.py, RempClient), no sockets")
     args = ap.parse_args()
+    from result_file import write_result
     if args.receipts_only:
-        receipt_figures()
+        write_result("remp_udp", receipt_figures())
         return
+    figures, baseline, ratio = {}, {}, {}
     print(f"request/response on 127.0.0.1, {os.cpu_count()} CPUs; latency over {args.requests} sequential "
           f"round trips, rate with {args.window} outstanding for {args.seconds:.0f} s")
     print(f"{'size':>6} {'mode':<5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'rt/s':>9} {'lost':>5}")
@@ -305,6 +307,11 @@ def main() -> None:
             r = res[mode] = run(mode, size, args)
             print(f"{size:>6} {mode:<5} {r['p50']:8.3f} {r['p99']:8.3f} {r['max']:8.3f} {r['rate']:9.0f} {r['lost']:5d}")
         raw, ours = res["raw"], res["remp"]
+        for k in ("p50", "p99", "rate", "lost"):
+            unit = "_per_s" if k == "rate" else "" if k == "lost" else "_ms"
+            figures[f"{k}{unit}@{size}B"], baseline[f"raw_{k}{unit}@{size}B"] = ours[k], raw[k]
+        ratio.update({f"p50@{size}B": ours["p50"] / raw["p50"], f"p99@{size}B": ours["p99"] / raw["p99"],
+                      f"rate@{size}B": ours["rate"] / raw["rate"]})
         snd, rcv, parts = core_cost(size)
         print(f"{size:>6} TransportCore CPU per payload ({parts} datagram{'s' * (parts > 1)}): send {snd:.1f} us, "
               f"receive {rcv:.1f} us (AES-GCM + framing + replay window + reassembly)")
@@ -314,10 +321,11 @@ def main() -> None:
               f"rate x{ours['rate'] / raw['rate']:.2f}; p50 added {added:.3f} ms "
               f"(target < 0.100 ms for a one-datagram payload: {verdict})")
 
-    receipt_figures()
+    figures.update(receipt_figures())
+    write_result("remp_udp", figures, baseline, ratio)
 
 
-def receipt_figures() -> None:
+def receipt_figures() -> dict:
     d = delivery_cost()
     print(f"receipt delivery CPU (delivery.py, {d['receipts']} receipts at 3,000/s to one full node): "
           f"{d['receipts'] / d['packets']:.1f} receipts per signed packet, sender {d['send_us']:.1f} us/receipt, "
@@ -329,6 +337,10 @@ def receipt_figures() -> None:
           f"receive_authenticated (packet-authenticated, the daemon's path) {c['receive_authenticated']:.1f} us: "
           f"saved {saved:.1f} us/receipt (x{c['receive_datagram'] / c['receive_authenticated']:.2f}; "
           f"target: no second verify, saving ~ one verify = {d['verify_us']:.1f} us)")
+    return {"receipts_per_packet": d["receipts"] / d["packets"], "receipt_send_us": d["send_us"],
+            "receipt_receive_us": d["recv_us"], "receipt_verify_us": d["verify_us"],
+            "client_receive_authenticated_us": c["receive_authenticated"],
+            "client_receive_datagram_us": c["receive_datagram"]}
 
 
 if __name__ == "__main__":

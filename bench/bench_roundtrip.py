@@ -9,7 +9,7 @@ Prints:
      client through two Redis lists) at the same offered load, and its max throughput, its
      throughput rounds interleaved with RMB's (RMB round i, then echo round i: ABAB).
 Targets: >= 2,000 requests/s sustained; p99 <= 20 ms at 1,000 requests/s; sustained
-throughput >= 0.20 of the same run's bare Redis echo (issue 11; printed last as "ratio",
+throughput >= 0.20 of the same run's bare Redis echo (printed last as "ratio",
 median to median, best to best and the median of the pairs' ratios, with /proc/loadavg
 at the start and the end: the machine is shared, so compare ratios of one run, not
 absolute figures across runs).
@@ -812,6 +812,17 @@ async def main() -> None:
         print("  " + gil_overlap())
         print(f"  /proc/loadavg at the start: {loadavg_start}; at the end: "
               f"{Path('/proc/loadavg').read_text().strip()} ({os.cpu_count()} cores)")
+        from result_file import write_result
+        at = f"@{opts.rate:g}/s"
+        write_result("roundtrip", {
+            "requests_per_s_best": max(rates), "requests_per_s_median": statistics.median(rates),
+            "cpu_per_round_trip_us": total_rt,
+            **{f"cpu_{k.replace(' ', '_').lower()}_us": v for k, v in med.items()},
+            f"p99_ms{at}_best": min(p99s), f"p99_ms{at}_median": statistics.median(p99s),
+            "mandatory_work_us": total, "ratio_bound_idle_cores": idle_bound},
+            {"redis_echo_per_s_best": max(echo_rates), "redis_echo_per_s_median": echo_rate,
+             "echo_cpu_per_round_trip_us": echo_cpu},
+            {"median_to_median": med_ratio, "best_to_best": best_ratio, "median_of_pairs": pair_ratio})
 
 
 if __name__ == "__main__":

@@ -365,7 +365,7 @@ LARGE_TARGET_RATIO = 4.0
 
 
 def demo_size(logdir: str, base: Path, events: int = 3000) -> int:
-    """(a) of issue #10: `relay-trace-report --master local[2]` over a demo-sized log set,
+    """(a) `relay-trace-report --master local[2]` over a demo-sized log set,
     wall time of the whole process (session start included), against DEMO_TARGET_S; the
     same tables by DuckDB in the same run for scale."""
     if logdir:
@@ -412,6 +412,10 @@ def demo_size(logdir: str, base: Path, events: int = 3000) -> int:
           f"{'used' if cds.java_opts() else 'none (build: python -m spark.cds)'}")
     print(f"  duckdb, same tables: {duck['wall_s']} s wall; ratio {r['wall_s'] / duck['wall_s']:.1f}x")
     print(f"  load average while measuring: {os.getloadavg()}")
+    from result_file import write_result
+    write_result("spark_report", {"demo_events": n, "demo_wall_s": r["wall_s"], "demo_cpu_s": r["cpu_s"],
+                                  "demo_peak_mb": r["peak_mb"], "demo_rc": r["rc"]},
+                 {"duckdb_demo_wall_s": duck["wall_s"]}, {"demo_wall/duckdb": r["wall_s"] / duck["wall_s"]})
     return 0 if r["rc"] == 0 else 1
 
 
@@ -542,6 +546,14 @@ def main(argv=None) -> int:
               f"the report above the floor job: {results['spark_parquet']['wall_s'] - fj['wall_s']:.1f} s")
     print(f"load average while measuring: {os.getloadavg()}")
     (base / "bench-results.json").write_text(json.dumps(results, indent=2))
+    from result_file import write_result
+    at = f"@{args.events / 1e6:g}M"
+    write_result("spark_report",
+                 {f"{k}_{m}{at}": r.get(m) for k, r in results.items() if k.startswith(("spark", "floor"))
+                  for m in ("wall_s", "cpu_s", "peak_mb", "rc")},
+                 {f"duckdb_{m}{at}": results["duckdb_json"].get(m) for m in ("wall_s", "cpu_s", "peak_mb")},
+                 {f"{k}_wall{at}": r["wall_s"] / d for k, r in results.items()
+                  if k.startswith(("spark", "floor")) and r.get("rc") == 0})
     return 0 if all(r["rc"] == 0 for r in results.values()) else 1
 
 

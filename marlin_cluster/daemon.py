@@ -1,4 +1,4 @@
-"""`marlin-node`: the Marlin daemons (issue #9 item 5) and `init` for a local network.
+"""`marlin-node`: the Marlin daemons (DESIGN.md section 5) and `init` for a local network.
 
     marlin-node init --dir D [--clusters 3] [--members 2] [--producers 1] [--consumers 2] [--base-port P]
     marlin-node producer --network D/network.json --name producer [--blocks-dir DIR] [--stdin] ...

@@ -1,4 +1,4 @@
-"""The network file: who is in a local Marlin network and where (issue #9 item 4).
+"""The network file: who is in a local Marlin network and where (DESIGN.md section 5).
 
 `marlin-node init --dir D` writes `D/network.json` and one key file per node under
 `D/keys/<name>.key` (the 32-byte secp256k1 secret as hex, mode 0600). Every daemon loads

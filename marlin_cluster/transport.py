@@ -1,4 +1,4 @@
-"""TCP transport between Marlin nodes (DESIGN.md section 5 "Transport"; issue #9 item 4).
+"""TCP transport between Marlin nodes (DESIGN.md section 5 "Transport").
 
 Framing is OpenWeaver's LPF (marlinprotocol/OpenWeaver `core/include/marlin/stream/
 StreamTransport.hpp`'s length-prefix framing, `LpfTransport`): every record is

@@ -1,5 +1,5 @@
 """Block hashes and block validation with each chain's own rules, through maintained
-libraries (seed: "isValidBlock"; issue 9 item 3).
+libraries (seed: "isValidBlock").
 
 Channels (params.py): CHANNEL_BTC, CHANNEL_ETH, CHANNEL_RAW.
 

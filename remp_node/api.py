@@ -1,4 +1,4 @@
-"""The full node's user API (issue 8 item 6), on the daemon's one HTTP port (aiohttp):
+"""The full node's user API (DESIGN.md section 4), on the daemon's one HTTP port (aiohttp):
 
 - ``POST /messages``: body = a message BOC, raw or base64 text (decode_body).
   202 ``{"message_id": hex}`` when accepted for processing; 400 ``{"error": ...}`` for a body

@@ -30,7 +30,7 @@ LIFETIME_SESSIONS = 2
 
 
 class CacheStatus(enum.Enum):
-    """Where a message stands on this validator (not a receipt: receipts are REMP-A's)."""
+    """Where a message stands on this validator (not a receipt: receipts are receipts.py's)."""
 
     PENDING = "pending"          # in the queue, waiting for collation
     COLLATED = "collated"        # included into a block candidate, not accepted yet

@@ -9,7 +9,7 @@
 zerostate config of DESIGN.md section 4, one key file per node with mode 0600, 127.0.0.1
 addresses, the demo's wallets). The daemon roles live in remp_node/node.py.
 
-Sources: issue 8 items 2 and 3; DESIGN.md sections 2, 4, 6 and 7.
+Sources: DESIGN.md sections 2, 4, 6 and 7.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Receipt delivery from validators to full nodes: batched, signed, acknowledged, resent,
 in order. Sans-I/O (no sockets, no clock: `now` in seconds from the caller).
 
-Source: issue 8 item 5 ("Receipts reach users complete and in order"); DESIGN.md section 4.
+Source: DESIGN.md section 4 (receipts reach users complete and in order).
 
 The anchor we beat: ever-node (`src/network/remp.rs`, receipts worker) keeps only the LATEST
 status per (full node, message), packs pending ones into an unsigned

@@ -2,7 +2,7 @@
 digits). Every status a full node or validator produces or learns is one event, so a trace
 shows each stage and where it was produced. Sizes in bytes, durations ms.
 
-The REMP-A engineer owns this file; others append EventSpecs only."""
+Add new EventSpecs at the end."""
 from daemon_runtime.eventlog import Catalogue, EventSpec
 
 E = EventSpec

@@ -1,4 +1,4 @@
-"""The full node follows the chain (issue 8 item 3): a sans-I/O core that receives accepted
+"""The full node follows the chain (DESIGN.md section 4): a sans-I/O core that receives accepted
 master blocks, checks the shard block commits they carry, and applies every message to the
 full node's own copy of the state, which the REMP client's pre-checks use.
 

@@ -362,7 +362,7 @@ class ValidatorDaemon(_Daemon):
             master_round_timeout=tm["master_round_timeout"], master_block_interval=tm["master_block_interval"],
             journal=journal)
         # every receipt for a full node goes through delivery.ReceiptSender: batched <= 100 ms,
-        # one packet signature, resent until acknowledged or obsolete (issue 8 item 5)
+        # one packet signature, resent until acknowledged or obsolete (delivery.py)
         self.fullnode_ids = {n.key_id for n in self.net.fullnodes()}
         # journal=True: the outbox goes to the store with the validator journal (fsynced before
         # the packets leave) and what no full node acknowledged is sent again after a restart

@@ -260,7 +260,7 @@ class ReliableMessageQueue:
     parse, catchain_factory, block_interval=0.1, bodies=None)
     - current/previous: public keys (32 bytes) of the session's group and the previous one;
     - local: this node's NodeKey; cache: the node's MessageCache (shared by its RMQs);
-    - parse(boc) -> object with .id/.uid/.workchain/.account (REMP-A's
+    - parse(boc) -> object with .id/.uid/.workchain/.account (messages.py's
       parse_external_message), raising ValueError for bad BOCs;
     - catchain_factory(session_id, members, local, block_interval) -> Catchain core;
     - bodies: node-wide dict message id -> BOC shared by the node's RMQs (bodies survive
@@ -307,7 +307,7 @@ class ReliableMessageQueue:
     # -- input from the validator core ----------------------------------------------------
     def add_client_message(self, parsed: object, origin: bytes, now: float,
                            received_in: int | None = None) -> AddResult | None:
-        """A full node sent `parsed` (REMP-A ExternalMessage: id, uid, boc, account).
+        """A full node sent `parsed` (messages.py ExternalMessage: id, uid, boc, account).
         Puts it into the catchain unless this node already has it (a copy seen first in
         the catchain is not re-broadcast). received_in: master session the node received it
         in (default: this RMQ's session; earlier for messages buffered before this RMQ

@@ -29,7 +29,7 @@ FULL_SHARD = 0x8000000000000000
 MASTERCHAIN_WORKCHAIN = -1
 #: The key the REMP cores use where they key things by shard ident (RMQs, groups, receipts'
 #: `shard` in events) for the masterchain's own message queue: external messages to
-#: workchain -1 accounts, processed by the masterchain validators (issue 8, item 4). Not a
+#: workchain -1 accounts, processed by the masterchain validators. Not a
 #: valid shard ident on purpose (no workchain-0 shard can collide with it); shard_hex maps
 #: it to the masterchain's only shard, 8000000000000000.
 MASTERCHAIN_KEY = -1

@@ -322,7 +322,7 @@ class ShardState:
 class ZeroState:
     """The initial shard states of one workchain: `shards` (ascending shard idents) and
     `states` (shard ident -> ShardState), plus the masterchain's accounts: `masterchain`, a
-    ShardState of workchain -1, shard 8000000000000000 (issue 8 item 4: external messages
+    ShardState of workchain -1, shard 8000000000000000 (external messages
     to workchain -1 accounts are processed by the masterchain validators)."""
 
     workchain: int

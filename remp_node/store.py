@@ -5,7 +5,7 @@ Two durability levels (SQLite's ``synchronous``, per transaction):
 - ``FULL`` (the WAL is fsynced when ``COMMIT`` returns): every transaction holding a
   validator journal entry (consensus signed heights, master commits, authored catchain
   sessions, collator rejections), so a validator that writes such a fact and then sends a
-  datagram depending on it never sends first, even across a host crash (issue 8 item 2:
+  datagram depending on it never sends first, even across a host crash (the journal's rule:
   "written with fsync before anything that depends on it is sent").
 - ``NORMAL`` (the committed WAL frames are in the OS page cache when ``COMMIT`` returns;
   fsynced at the next checkpoint or FULL commit, in order): a validator transaction holding

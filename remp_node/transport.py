@@ -4,7 +4,7 @@ No sockets and no clock in the protocol logic: the caller passes `now` (seconds,
 `loop.time()` in daemons) and moves bytes (udp.py is the asyncio adapter). Addresses are
 opaque hashable values (`(host, port)` for UDP; anything for in-memory tests).
 
-Source of the requirements: issue 8 item 1 and must-show 4; DESIGN.md sections 2 and 4
+Source of the requirements: DESIGN.md sections 2 and 4
 (ever-node sends REMP as ADNL custom messages; ADNL splits anything over 1,024 B into
 `adnl.message.part` pieces; catchain blocks are at most 16 KiB; a message BOC is at most
 64 KiB). This is our own datagram format, not ADNL: the nodes of one network all run it.

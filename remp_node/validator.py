@@ -4,7 +4,7 @@ session switches and signed receipts, composed behind one datagram API. No I/O, 
 Sources: DESIGN.md sections 2 and 4; seeds/remp-overview.md (statuses, RMQ, message cache,
 forwarding); seeds/remp-protocol-b.txt (status sequences, "Rejection sequences").
 
-What one `ValidatorCore` runs (REMP-A/B/C modules underneath):
+What one `ValidatorCore` runs (the core modules underneath):
 - per shard and master session N where it is a member: a ReliableMessageQueue over a
   Catchain (members = current group + previous session's group, schedule.py);
 - per shard and session where it is in the current group: a BlockConsensus for the shard
@@ -273,7 +273,7 @@ def decode_shard_payload(data: bytes) -> ShardPayload:
 class MasterPayload:
     """A master block's payload: session tag, generation time (ms, Unix), the shard block
     commit certificates it commits, and the external messages to workchain -1 accounts it
-    executes itself (issue 8 item 4; in execution order)."""
+    executes itself (in execution order)."""
 
     session: int
     gen_utime_ms: int

@@ -46,7 +46,7 @@ ERR_NO_RELAYS = "relay info is not set for this twin"
 ERR_EXPIRED = "message has expired"
 ERR_OFFLINE = "destination offline"
 ERR_FEDERATION_FULL = "federation queue is full, dropping message"
-#: our texts (rmb-rs drops the oldest silently instead; issue #11 finding 4)
+#: our texts (rmb-rs drops the oldest silently instead)
 ERR_QUEUE_FULL = "destination offline queue is full, dropping message"
 ERR_DOMAIN_FULL = "federation queue for the destination's relay is full, dropping message"
 ERR_TOO_LARGE = "envelope too large"
@@ -322,7 +322,7 @@ class _Circuit:
 
 class FederationScheduler:
     """The federation retry plan (DESIGN.md section 3; rmb-rs federation/router.rs), with
-    per-domain bounds (issue #11 finding 5: one twin pointing its relay at a dead address
+    per-domain bounds (one twin pointing its relay at a dead address
     saturated the relay).
 
     A job is one envelope for a twin whose relays are not ours. Each pass tries the twin's

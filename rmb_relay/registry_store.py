@@ -1,4 +1,4 @@
-"""Durable storage for the twin registry (issue #11 finding 2: a Redis without persistence
+"""Durable storage for the twin registry (a Redis without persistence
 erased every twin on restart).
 
 Two stores with one async API (all methods raise StoreError when storage fails):

@@ -1,5 +1,5 @@
 """Runs the main job N times in a row on fresh work dirs and prints one line per run and a
-final tally (issue #10: "10 runs in a row, each exit 0 with every comparison row ok and
+final tally ("10 runs in a row, each exit 0 with every comparison row ok and
 every SLA of the default file passing").
 
     bash scripts/demo-repeat.sh N [demo args...]     # e.g. bash scripts/demo-repeat.sh 10

@@ -1,4 +1,4 @@
-"""A class-data-sharing archive (AppCDS) for the report's driver JVM (issue #10 item 4).
+"""A class-data-sharing archive (AppCDS) for the report's driver JVM.
 
 A short report (the demo's logs) spends most of its JVM CPU loading, parsing and verifying
 ~24,000 classes from Spark's ~300 jars. A dynamic CDS archive (JDK 13+,

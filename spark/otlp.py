@@ -1,4 +1,4 @@
-"""The report's traces as OpenTelemetry OTLP JSON (issue #10), so Jaeger or an
+"""The report's traces as OpenTelemetry OTLP JSON, so Jaeger or an
 OpenTelemetry Collector (`otlpjsonfile` receiver) can load them.
 
 Format: the OTLP file exporter's: one `TracesData` JSON object per line (here one line per

@@ -1,4 +1,4 @@
-"""The demo's plan as the trace report reads it (deploy/events.py: demo.plan.*; issue #10).
+"""The demo's plan as the trace report reads it (deploy/events.py: demo.plan.*).
 
 The launcher logs what it intends to break BEFORE it breaks it. From those events:
 

@@ -2,7 +2,7 @@
 
 Run (plain spark-submit; PYSPARK_PYTHON must name the venv's python, DESIGN.md section 6):
 
-    PYSPARK_PYTHON=/work/main/.venv/bin/python \\
+    PYSPARK_PYTHON=$PWD/.venv/bin/python \\
     .venv/bin/spark-submit --master 'local[*]' --driver-memory 2g \\
         spark/report.py --out /tmp/trace-report logs/*.jsonl
 
@@ -135,7 +135,7 @@ OUTCOME_COLUMNS = ("answered", "errored", "expired", "lost_or_stuck", "in_flight
 # ----------------------------------------------------------------------------- session
 
 #: SQL settings for small input (local inputs <= SMALL_INPUT_MAX_BYTES, e.g. the demo's 8k
-#: events), where compiling code costs more than running it (issue #10 item 4): no
+#: events), where compiling code costs more than running it: no
 #: whole-stage codegen and interpreted expressions (no Janino compile per query), two
 #: shuffle partitions and no adaptive re-planning per query stage, file listing on the
 #: driver (no Spark job to list > 32 files)
@@ -152,7 +152,7 @@ SMALL_INPUT_CONF = {
 #: spark-submit win): whole-stage codegen on, adaptive execution off. AQE re-plans (and
 #: compiles again) every query stage, and has nothing to gain here: the one large shuffle
 #: is by trace_id into `spark.sql.shuffle.partitions` even partitions, and the two joins
-#: are explicit broadcasts (issue #10 item 4; with LARGE_JOB_JVM_OPTS, in process at 1M
+#: are explicit broadcasts (with LARGE_JOB_JVM_OPTS, in process at 1M
 #: events: JVM CPU 172.7 -> 135.7 s, docs/report-performance.md). Tried and not kept:
 #: object-hash aggregates falling back to a sort at 200k groups per task instead of 128,
 #: and an uncompressed cache (at 5M events the OTLP collect_list then held every span of a
@@ -1052,7 +1052,7 @@ def _remp_marlin_queries(tr) -> dict:
 
 
 def _remp_marlin_summary(parts: dict, delivery: dict, per_proto: dict) -> dict:
-    """summary.json's `remp` and `marlin` sections (issues #8, #9), each only when the logs
+    """summary.json's `remp` and `marlin` sections, each only when the logs
     hold that protocol; parts: the rows of _remp_marlin_queries (one each).
 
     remp: messages; outcomes = the final outcome per message (finalized, rejected, timeout;
@@ -1139,14 +1139,14 @@ def _iso(us):
 LOG4J2 = Path(__file__).with_name("log4j2.properties")
 
 
-# JVM options for a short job on small input (issue #10 item 4): C1 only (no C2 compile
+# JVM options for a short job on small input: C1 only (no C2 compile
 # threads competing for the 2 cores) and the serial collector (no parallel GC threads, a
 # smaller heap footprint). Measured on the demo's 3,005 events, bench_spark_report --demo,
 # back to back at load 0.8-1.9: 26.96 s -> 23.46 s wall, peak 1796 -> 801 MB. Not used for
 # large input, where C2-compiled code and a parallel collector pay off.
 SHORT_JOB_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
-#: JVM options for large input (issue #10 item 4): the throughput collector instead of G1
+#: JVM options for large input: the throughput collector instead of G1
 #: (no concurrent marking threads on 2 cores; a batch job has no pause target). The console
 #: script and run() add them when they start the JVM for input that is not small; with
 #: spark-submit give them as `--driver-java-options` (README, bench_spark_report.py).

@@ -97,7 +97,7 @@ class Stage:
 
 @dataclass(frozen=True)
 class Outcomes:
-    """Delivery classification of one (trace, branch), decided ONCE by rule (issue #10).
+    """Delivery classification of one (trace, branch), decided ONCE by rule (DESIGN.md section 6).
     Only rows with a `sent` step are in the delivery table.
 
     The deciding events are `answered` (a reply without error reached the app), `errored`

@@ -1,4 +1,4 @@
-"""Shared helpers for the REMP integration tests (REMP-D): deterministic keys, real wallet
+"""Shared helpers for the REMP integration tests: deterministic keys, real wallet
 message BOCs (pytoniq-core via remp_node.state), and an RMQ harness that drives several
 ReliableMessageQueue cores over the in-memory SimNetwork with a fake clock."""
 from __future__ import annotations

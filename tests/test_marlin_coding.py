@@ -1,4 +1,4 @@
-"""Erasure coding through pyeclib isa_l_rs_cauchy (issue 9 item 2): any MIN_CHUNKS of
+"""Erasure coding through pyeclib isa_l_rs_cauchy: any MIN_CHUNKS of
 NUM_CHUNKS rebuild the block, tested on random subsets with the real library."""
 from __future__ import annotations
 

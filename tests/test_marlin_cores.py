@@ -1,4 +1,4 @@
-"""Marlin cores against each other in memory (issue 9, must-shows 2-4 in memory): a producer,
+"""Marlin cores against each other in memory: a producer,
 3 clusters of 2 members and 2 consumers over a fake link with loss, duplication and
 reordering and a fake clock. Real blocks from ../shared/data (skips without them)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""marlin-node with real processes on 127.0.0.1 (issue #9 must-shows 1 and 2).
+"""marlin-node with real processes on 127.0.0.1.
 
 One network for the module: 3 clusters x 2 members, producers "producer" and "producer2",
 consumers "consumer1" and "consumer2", every node its own `marlin-node` process, set up

@@ -1,4 +1,4 @@
-"""rmb-peer at its edges (issue 11, finding 6), with a real relay and real Redis: local
+"""rmb-peer at its edges, with a real relay and real Redis: local
 service replies that cannot become valid envelopes are refused by the peer (the relay
 used to close the peer's connection, losing the frames in flight), and the batch a
 peer's writer is sending when its connection drops is re-routed, not lost."""

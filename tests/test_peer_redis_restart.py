@@ -1,5 +1,5 @@
 """A twin's traffic survives its Redis being SIGKILLed and restarted on the same data dir
-(issue #11, Redis durability): rmb-peer processes, the app client and the service use
+(Redis durability): rmb-peer processes, the app client and the service use
 daemon_runtime.redis_server.reconnecting_redis and retry across the restart, so calls made
 after the restart are answered and the peers are still the same processes. Real
 redis-server (append-only file), in-process relay, rmb-peer subprocesses."""

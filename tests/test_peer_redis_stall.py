@@ -1,5 +1,5 @@
 """A Redis that hangs (SIGSTOP: the connection stays open, nothing answers) under rmb-peer
-(issue #11's open end: rmb-peer's writer waited without bound and nothing reported it).
+(before: rmb-peer's writer waited without bound and nothing reported it).
 The writer keeps every operation (no dropping timeout), says how long its write has waited
 and how much is pending, and bounds what it holds by pausing the producers; the peer logs
 the stall once (rmb.peer.redis_stalled) and its end (rmb.peer.redis_recovered), /health is

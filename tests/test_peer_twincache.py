@@ -1,4 +1,4 @@
-"""rmb-peer and the twin registry, with real processes (issue 11, finding 1): the core owns
+"""rmb-peer and the twin registry, with real processes: the core owns
 the twin table; a registry killed keeps peers that already talk working (stale-if-error,
 bounded and logged); a peer restarts from its --data-dir while the registry is down; a
 hung registry (a socket that accepts and never answers) delays only the messages that need

@@ -1,4 +1,4 @@
-"""Twin registry durability (issue #11 finding 2): twins survive the registry process being
+"""Twin registry durability: twins survive the registry process being
 SIGKILLed and restarted on the same --data-dir (SQLite, fsync'ed writes), and a Redis
 restart cannot erase them (the registry no longer keeps them in Redis). Real processes."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""rmb_relay.core bounds with a fake clock, no sockets (issue #11 finding 5): a dead
+"""rmb_relay.core bounds with a fake clock, no sockets: a dead
 federation domain costs about one attempt per circuit cooldown whatever the number of
 jobs, other domains are unaffected, per-domain job cap; the log limiter; ping to twin 0."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""rmb_relay.relay_core.RelayCore in memory with a fake clock, no sockets (issue #11 must-
-show 2): offline replay order, connection replacement race, lookups per twin (chain,
+"""rmb_relay.relay_core.RelayCore in memory with a fake clock, no sockets (DESIGN.md
+section 2): offline replay order, connection replacement race, lookups per twin (chain,
 stale-while-revalidate, stale-if-error), federation retry and ranker, rate limiter,
 fail-fast, expiry, ping, full queue, impossible transitions."""
 from __future__ import annotations

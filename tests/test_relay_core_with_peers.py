@@ -1,5 +1,5 @@
 """Two rmb-peer cores (rmb_peer.core.PeerCore) and the relay core (rmb_relay.relay_core.
-RelayCore) driven against each other in memory with a fake clock (issue #11 build 1, DESIGN.md
+RelayCore) driven against each other in memory with a fake clock (DESIGN.md
 section 2): an app request goes peer 1 -> relay -> peer 2 -> service, the reply comes back
 the same way; with peer 2 offline the request is queued by the relay and replayed when it
 connects. No sockets, no Redis: the test executes both cores' commands itself."""

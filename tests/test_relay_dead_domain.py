@@ -1,5 +1,5 @@
-"""One twin pointing its relay domain at a dead address cannot saturate the relay (issue
-#11 finding 5): attempts to the dead domain are bounded by its circuit, federation to a
+"""One twin pointing its relay domain at a dead address cannot saturate the relay
+(federation circuits): attempts to the dead domain are bounded by its circuit, federation to a
 live relay and local traffic keep flowing, warnings are a handful plus counters."""
 from __future__ import annotations
 

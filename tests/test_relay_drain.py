@@ -1,4 +1,4 @@
-"""Relay graceful drain on SIGTERM (issue #11; a demo's relay restart lost 2 responses):
+"""Relay graceful drain on SIGTERM (a demo's relay restart lost 2 responses):
 the relay stops accepting connections, routes every frame it already received (to its
 session, else to the offline queue in Redis), closes each session with 1001 and exits 0;
 after a restart on the same port and Redis nothing is missing. Real rmb-relay subprocess,

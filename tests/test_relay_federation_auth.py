@@ -1,4 +1,4 @@
-"""Federation in is authenticated and bounded (issue #11 finding 3): the receiving relay
+"""Federation in is authenticated and bounded: the receiving relay
 verifies the envelope signature with the source twin's account key before queuing,
 refuses unknown or foreign destinations without touching Redis, limits each source relay,
 and junk can never evict legitimate queued envelopes. Real sockets, registry and Redis."""

@@ -1,4 +1,4 @@
-"""rmb-relay hardening (issue #11 findings 4, 6, 7, 8, relay side): real sockets on
+"""rmb-relay hardening (relay side): real sockets on
 127.0.0.1, the session Redis, a real registry; the fd-limit test runs the relay as a real
 process with a low RLIMIT_NOFILE."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The relay survives its registry (issue #11 finding 1, relay side): while the registry
+"""The relay survives its registry (relay side): while the registry
 hangs, a lookup delays only envelopes for that twin (no head-of-line blocking on the
 sender's connection) and known twins are served from their last record at once; while it
 is down past the TTL, known twins keep working (stale records, bounded, logged).

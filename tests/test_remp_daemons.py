@@ -1,4 +1,4 @@
-"""REMP as real processes on 127.0.0.1 (issue 8 must-shows 1, 3 and 5, and bad HTTP input):
+"""REMP as real processes on 127.0.0.1 (and bad HTTP input):
 2 shards x 7 validators (all of them masterchain validators) + one full node, each a
 `remp-node` process over the authenticated UDP transport, a real Redis for the stream.
 

@@ -1,4 +1,4 @@
-"""Receipt delivery (issue 8 item 5): validators' ReceiptSender -> full node's ReceiptReceiver,
+"""Receipt delivery: validators' ReceiptSender -> full node's ReceiptReceiver,
 carried by transport.TransportCore over a lossy in-memory SimNetwork with a fake clock.
 
 Proves: every status produced reaches the full node with 20% datagram loss (plus duplication

@@ -21,7 +21,7 @@ from remp_node.validator import CH_CLIENT, CH_RMQ, Dropped, ForkBlamed, mux
 
 from tests.remp_fixtures import KIND_SEQUENCE, WalletSet
 
-pytest.importorskip("remp_node.catchain", reason="REMP-B's catchain.py is not in the tree")
+pytest.importorskip("remp_node.catchain", reason="remp_node/catchain.py is not in the tree")
 
 HEX8 = re.compile(r"^[0-9a-f]{8}$")
 

@@ -1,4 +1,4 @@
-"""Issue 8 item 4: external messages to workchain -1 accounts are processed by the masterchain
+"""External messages to workchain -1 accounts are processed by the masterchain
 validators like any shard's (in memory, fake clock).
 
 Before: build_zero_state raised ValueError for a workchain -1 account, and the full node

@@ -1,7 +1,7 @@
 """A validator core restarted from its journal only (what remp_node/store.py keeps on disk)
 catches up and signs again, without forking or equivocating (in memory, fake clock).
 
-Issue 8 item 2 / must-show 3, core side: ValidatorCore.journal_updates() -> ValidatorJournal;
+Core side: ValidatorCore.journal_updates() -> ValidatorJournal;
 ValidatorCore(journal=...) replays the master commit certificates, mutes the consensus
 heights and catchain sessions it signed in before the crash."""
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_restarted_validators_replay_their_journal_catch_up_and_sign_again():
 
 
 def test_full_node_follower_applies_master_blocks_to_its_own_state():
-    """Issue 8 item 3: the full node's ChainFollower, fed the master commit certificates a
+    """The full node's ChainFollower, fed the master commit certificates a
     validator accepted, ends with the same shard and masterchain states and knows every
     finalized message."""
     from remp_node.follower import ChainBlockApplied, ChainFollower

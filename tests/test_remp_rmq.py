@@ -13,7 +13,7 @@ from remp_node.state import make_wallet_message, wallet_address
 
 from tests.remp_fixtures import RmqHarness, T0, catchain_factory, keys, parse, same_body_new_id
 
-pytest.importorskip("remp_node.catchain", reason="REMP-B's catchain.py is not in the tree yet")
+pytest.importorskip("remp_node.catchain", reason="remp_node/catchain.py is not in the tree yet")
 
 SHARD = 0x8000000000000000
 CLIENT = b"\xcc" * 32

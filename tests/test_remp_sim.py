@@ -1,7 +1,7 @@
 """Whole-network REMP simulations (fake clock, in memory): the issue's must-show items 1-5.
 
 7 validators per shard group out of 14, 2 shards of workchain 0, a masterchain (all 14
-validators), one full node running REMP-A's client core. Every receipt the full node gets
+validators), one full node running client.py's core. Every receipt the full node gets
 is verified with receipts.verify_receipt_json against the validator set (+ the full node)."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from remp_node.wire import RempMessageDatagram, decode_datagram
 from tests.remp_fixtures import (WalletSet, full_sequences, has_main_sequence, load_real_messages,
                                  same_body_new_id)
 
-pytest.importorskip("remp_node.catchain", reason="REMP-B's catchain.py is not in the tree")
+pytest.importorskip("remp_node.catchain", reason="remp_node/catchain.py is not in the tree")
 pytestmark = pytest.mark.slow
 
 SHARD0, SHARD1 = 0x4000000000000000, 0xC000000000000000

@@ -1,4 +1,4 @@
-"""TransportCore (issue 8 item 1) driven in memory: cores against each other over
+"""TransportCore driven in memory: cores against each other over
 network.SimNetwork with a fake clock (loss, duplication, reordering), and each bad input
 of must-show 4 fed to a core while honest traffic keeps flowing."""
 from __future__ import annotations

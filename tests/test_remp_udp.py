@@ -1,4 +1,4 @@
-"""UdpEndpoint (issue 8 item 1, must-show 4 for the transport) with real sockets on
+"""UdpEndpoint with real sockets on
 127.0.0.1: honest request/response keeps flowing while an attacker's socket sends garbage,
 a forged signature, an oversized datagram, a never-completed fragmented payload and
 replayed datagrams, each refused and counted by reason; the test-only Faults flag

@@ -1,4 +1,4 @@
-"""Receipt verifier CLI (issue 8 item 7) and the masterchain-less receipt rule (item 5).
+"""Receipt verifier CLI and the masterchain-less receipt rule.
 
 Real signed receipts come from the REMP cores (a small in-memory Simulation: 4 validators,
 1 shard, a masterchain, one full node). The CLI must print ok for each, bad with the precise

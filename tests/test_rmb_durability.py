@@ -1,4 +1,4 @@
-"""Redis durability for RMB's queues (issue #11 finding 2, queue side): the embedded Redis
+"""Redis durability for RMB's queues (queue side): the embedded Redis
 runs with the append-only file in a data directory (daemon_runtime/redis_server.py), so a
 Redis that is SIGKILLed and restarted on the same directory still holds the relay's
 offline queues and the peers' Redis queues. Real processes: redis-server, the twin

@@ -1,4 +1,4 @@
-"""The outcome rule of issue #10 and the demo plan, on hand-made logs with known answers
+"""The outcome rule (DESIGN.md section 6) and the demo plan, on hand-made logs with known answers
 (tests/data/eventlogs/accounting, scenario in make_logs.py there)."""
 from __future__ import annotations
 

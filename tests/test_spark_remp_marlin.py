@@ -1,4 +1,4 @@
-"""REMP and Marlin in the trace report (issues #8 item 8, #9 item 6) on hand-made logs with
+"""REMP and Marlin in the trace report on hand-made logs with
 known answers (tests/data/eventlogs/remp_marlin, scenario in make_logs.py there)."""
 from __future__ import annotations
 

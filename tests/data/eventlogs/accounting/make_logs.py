@@ -1,5 +1,5 @@
 """Regenerates the hand-made event logs of tests/test_spark_accounting.py (run from the repo
-root: `python tests/data/eventlogs/accounting/make_logs.py`). The outcome rule of issue #10:
+root: `python tests/data/eventlogs/accounting/make_logs.py`). The outcome rule:
 per (request uid, destination) the outcome is decided once, by the first reply or expiry
 notice before the deadline (peer send time + ttl); anything after the deadline is a late
 reply. The expected answers are written out in the test, not computed from these files.

@@ -52,7 +52,15 @@ from .validate import BlockInfo, block_hash, validate_block
 from .wire import (ATTESTATION_LEN, KIND_CHUNK, SIGNATURE_LEN, MarlinWireError, decode_frame, parse_chunk_message,
                    peek_chunk_ids)
 
-__all__ = ["ConsumerCore", "Validator"]
+__all__ = ["ConsumerCore", "Validator", "DUPLICATE_REASONS"]
+
+#: Why a consumer drops a chunk frame as a duplicate, counted per reason (counters
+#: "duplicate.<reason>", `ConsumerCore.duplicates()`):
+#: replayed_attestation: the exact attestation of a chunk already accepted (before any
+#:     signature check); chunk_held: another copy (other witness) of a chunk of an
+#:     unfinished message already held; message_finished: a chunk of a message already
+#:     rebuilt, disputed or expired.
+DUPLICATE_REASONS = ("replayed_attestation", "chunk_held", "message_finished")
 
 #: validate(channel, block) -> BlockInfo | None; raises a ValueError for an invalid block.
 Validator = Callable[[int, bytes], "BlockInfo | None"]
@@ -99,7 +107,7 @@ class ConsumerCore:
             ids = (mid, cid)
             if len(body) >= ATTESTATION_LEN and \
                     (mid, cid, bytes(body[ATTESTATION_LEN - SIGNATURE_LEN:ATTESTATION_LEN])) in self._sigs:
-                self.counters["duplicate"] += 1
+                self._duplicate("replayed_attestation")
                 return
             producer = self._accept(body, mid, channel, cid, peer, now)
         except MarlinWireError as exc:
@@ -132,8 +140,11 @@ class ConsumerCore:
                                   "unknown_producer")
         key = (mid, signer)
         pend = self._pending.get(key)
-        if key in self._done or (pend is not None and cid in pend.chunks):
-            self.counters["duplicate"] += 1
+        if key in self._done:
+            self._duplicate("message_finished")
+            return None
+        if pend is not None and cid in pend.chunks:
+            self._duplicate("chunk_held")
             return None
         try:
             witness_by = recover_address(keccak256(msg.attestation_wire, chunk), msg.witness)
@@ -167,6 +178,14 @@ class ConsumerCore:
         if len(pend.chunks) >= cp.min_chunks:
             self._rebuild(key, pend, now)
         return signer
+
+    def _duplicate(self, reason: str) -> None:
+        self.counters["duplicate"] += 1
+        self.counters[f"duplicate.{reason}"] += 1
+
+    def duplicates(self) -> dict[str, int]:
+        """{reason: chunk frames dropped as duplicates} (see DUPLICATE_REASONS)."""
+        return {r: self.counters[f"duplicate.{r}"] for r in DUPLICATE_REASONS}
 
     def _rebuild(self, key: tuple, pend: _Pending, now: float) -> None:
         cp = self.params.channel(pend.channel)

@@ -109,6 +109,7 @@ class Metrics:
     def __init__(self):
         self.counts: collections.Counter = collections.Counter()
         self.transport: Transport | None = None
+        self.core = None      # its duplicates() -> {reason: n} is read at scrape time
 
     def inc(self, name: str, label: str = "", n: int = 1) -> None:
         self.counts[(name, label)] += n
@@ -134,6 +135,12 @@ class Metrics:
             else:
                 fam = CounterMetricFamily(f"marlin_{name}", doc, value=self.counts[(name, "")])
             yield fam
+        dups = self.core.duplicates() if self.core is not None and hasattr(self.core, "duplicates") else {}
+        fam = CounterMetricFamily("marlin_duplicates", "frames dropped as duplicates or replays (no second "
+                                  "relay or rebuild), by reason", labels=["reason"])
+        for reason, v in sorted(dups.items()):
+            fam.add_metric([reason], v)
+        yield fam
         t = self.transport
         if t is not None:
             for name, doc in self.TRANSPORT.items():
@@ -840,6 +847,7 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
                           max_frame=net.params.max_frame, queue_bytes=args.queue_bytes)
     metrics.transport = transport
     core = _make_core(role, net, key, args.name)
+    metrics.core = core
     store = Store(args.data_dir) if args.data_dir else None
     restored = False
     if store is not None and role == "producer":
@@ -871,7 +879,8 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
         out = {"ok": True, "role": role, "name": args.name, "address": entry.hex,
                "uptime_s": round(time.time() - started, 1),
                "connected": sum(1 for a in peers if transport.connected(a)),
-               "counts": {f"{k}{'.' + l if l else ''}": v for (k, l), v in sorted(metrics.counts.items())}}
+               "counts": {f"{k}{'.' + l if l else ''}": v for (k, l), v in sorted(metrics.counts.items())},
+               "duplicates": core.duplicates()}
         if role == "cluster":
             out["cluster"] = entry.cluster
         if role == "producer":

@@ -54,7 +54,14 @@ from .params import Params
 from .wire import (ATTESTATION_LEN, KIND_ACK, KIND_ATTESTED_CHUNK, KIND_CHUNK, SIGNATURE_LEN, Ack, MarlinWireError,
                    decode_frame, encode_chunk_message, encode_frame, parse_chunk_message, peek_chunk_ids)
 
-__all__ = ["ClusterMemberCore"]
+__all__ = ["ClusterMemberCore", "DUPLICATE_REASONS"]
+
+#: Why a member drops a chunk frame as a duplicate, counted per reason (counters
+#: "duplicate.<reason>", `ClusterMemberCore.duplicates()`):
+#: replayed_attestation: the exact attestation of a witnessed chunk already relayed (before
+#:     any signature check); chunk_seen: another copy of a witnessed chunk already relayed;
+#: resent_by_producer: the producer sent a chunk again (acknowledged again, not relayed).
+DUPLICATE_REASONS = ("replayed_attestation", "chunk_seen", "resent_by_producer")
 
 
 class ClusterMemberCore:
@@ -95,7 +102,7 @@ class ClusterMemberCore:
             ids = (mid, cid)
             if kind == KIND_CHUNK and len(body) >= ATTESTATION_LEN and \
                     (mid, cid, bytes(body[ATTESTATION_LEN - SIGNATURE_LEN:ATTESTATION_LEN])) in self._sigs:
-                self.counters["duplicate"] += 1
+                self._duplicate("replayed_attestation")
                 return
             producer = self._accept(kind, body, mid, channel, cid, peer, now)
         except MarlinWireError as exc:
@@ -145,7 +152,7 @@ class ClusterMemberCore:
         self._check_stake(signer, att, msg.attestation_wire, len(chunk), chunk_hash, mid, cid, now)
         key = (mid, signer, cid)
         if key in self._seen:
-            self.counters["duplicate"] += 1
+            self._duplicate("resent_by_producer" if from_producer else "chunk_seen")
             if from_producer:
                 # the producer re-sent a chunk this member already has (its first ack was lost,
                 # or another member of the cluster witnessed it): acknowledge again, do not relay
@@ -173,6 +180,14 @@ class ClusterMemberCore:
         for c in self._consumers:
             self._out.append((c, relay))
         return signer
+
+    def _duplicate(self, reason: str) -> None:
+        self.counters["duplicate"] += 1
+        self.counters[f"duplicate.{reason}"] += 1
+
+    def duplicates(self) -> dict[str, int]:
+        """{reason: chunk frames dropped as duplicates} (see DUPLICATE_REASONS)."""
+        return {r: self.counters[f"duplicate.{r}"] for r in DUPLICATE_REASONS}
 
     def _ack(self, mid: int, cid: int, producer: bytes, peer: bytes, now: float) -> None:
         """seed "acknowledgeMessage": | Message Id | Chunk Id | Cluster Id | Timestamp | Producer Id |

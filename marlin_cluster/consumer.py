@@ -31,6 +31,18 @@ hash checked against the message id; then BlockRebuilt (deliver it) or a Dispute
 producer that attested a chunk of it ("invalid_block", "message_id_mismatch",
 "undecodable"). The expiry timer firing first raises Dispute("expired").
 
+Rebuilding inline (offload=False, the default) runs rebuild_block inside receive_frame. With
+offload=True the core hands the work out instead, so the caller can run it off its event
+loop while later chunks keep coming in (a 1 MB Bitcoin block costs milliseconds of decoding
+and validation):
+
+    job = c.next_job()                                  # RebuildJob | None
+    outcome = rebuild_block(*job.args(c.validate))      # anywhere: pure, picklable
+    c.rebuild_done(job, outcome, now)                   # -> BlockRebuilt | Dispute
+
+The message counts as finished when its job is handed out (later chunks are duplicates);
+its chunk bytes count against max_pending_bytes until rebuild_done.
+
 Memory: at most max_messages unfinished messages and max_pending_bytes chunk bytes; a chunk
 beyond either bound is refused ("memory"), never someone else's pending data evicted.
 Finished message ids are remembered TOLERABLE_LATENCY + max_clock_skew (later chunks of them
@@ -49,13 +61,71 @@ from .events import BlockRebuilt, ChunkReceived, ChunkRejected, Dispute, MarlinE
 from .membership import Membership
 from .params import Params
 from .validate import BlockInfo, block_hash, validate_block
-from .wire import (ATTESTATION_LEN, KIND_CHUNK, SIGNATURE_LEN, MarlinWireError, decode_frame, parse_chunk_message,
-                   peek_chunk_ids)
+from .wire import (ATTESTATION_LEN, KIND_CHUNK, SIGNATURE_LEN, MarlinLocalError, MarlinWireError, decode_frame,
+                   parse_chunk_message, peek_chunk_ids)
 
-__all__ = ["ConsumerCore", "Validator"]
+__all__ = ["ConsumerCore", "Validator", "DUPLICATE_REASONS", "RebuildJob", "rebuild_block", "warm_worker"]
+
+#: Why a consumer drops a chunk frame as a duplicate, counted per reason (counters
+#: "duplicate.<reason>", `ConsumerCore.duplicates()`):
+#: replayed_attestation: the exact attestation of a chunk already accepted (before any
+#:     signature check); chunk_held: another copy (other witness) of a chunk of an
+#:     unfinished message already held; message_finished: a chunk of a message already
+#:     rebuilt, disputed or expired.
+DUPLICATE_REASONS = ("replayed_attestation", "chunk_held", "message_finished")
 
 #: validate(channel, block) -> BlockInfo | None; raises a ValueError for an invalid block.
 Validator = Callable[[int, bytes], "BlockInfo | None"]
+
+
+@dataclass
+class RebuildJob:
+    """A message that reached MIN_CHUNKS, to rebuild and validate (ConsumerCore.next_job)."""
+    message_id: int
+    """uint32 message id"""
+    producers: list
+    """attesting producers (20-byte addresses), first seen first"""
+    channel: int
+    """channel id"""
+    num_chunks: int
+    """the channel's NUM_CHUNKS"""
+    min_chunks: int
+    """the channel's MIN_CHUNKS"""
+    chunks: dict
+    """{chunk id: chunk bytes}, at least min_chunks"""
+    first_at: float
+    """when the first chunk was accepted (the caller's clock, seconds)"""
+    size: int
+    """chunk bytes held"""
+
+    def args(self, validate: "Validator") -> tuple:
+        """rebuild_block's arguments (picklable when `validate` is a module-level function)."""
+        return (self.channel, self.num_chunks, self.min_chunks, self.chunks, validate)
+
+
+def rebuild_block(channel: int, num_chunks: int, min_chunks: int, chunks: dict,
+                  validate: "Validator | None" = None) -> tuple:
+    """Erasure-decode `chunks` (coding.py) and validate the block (`validate(channel, block)`,
+    default validate.validate_block). Pure: no I/O, no clock, no state, so it runs in a
+    worker process or thread. Returns ("ok", block, 32-byte block hash) or ("dispute",
+    reason, detail) with reason "undecodable" or the validator's (BlockInvalid.reason,
+    else "invalid_block"). Never raises for bad chunks or an invalid block."""
+    try:
+        block = coder(num_chunks, min_chunks).decode(chunks)
+    except CodingError as exc:
+        return ("dispute", "undecodable", str(exc))
+    try:
+        info = (validate or validate_block)(channel, block)
+        digest = info.hash if isinstance(info, BlockInfo) else block_hash(channel, block)
+    except ValueError as exc:   # validate.BlockInvalid and any validator's ValueError
+        return ("dispute", getattr(exc, "reason", "invalid_block"), str(exc))
+    return ("ok", block, digest)
+
+
+def warm_worker() -> None:
+    """Load what rebuild_block needs (the coder, libbitcoinkernel) in a worker process."""
+    from .validate import _kernel
+    _kernel()
 
 
 @dataclass
@@ -72,12 +142,16 @@ class ConsumerCore:
     """See the module docstring."""
 
     def __init__(self, key: NodeKey, membership: Membership, params: Params, *,
-                 validate: Validator | None = None):
+                 validate: Validator | None = None, offload: bool = False):
         self.key = key
         self.address = key.address
         self.membership = membership
         self.params = params
         self.validate = validate or validate_block
+        self.offload = offload
+        self._jobs: deque = deque()
+        self._inflight_bytes = 0
+        self._inflight_jobs = 0
         self.counters: Counter = Counter()
         self._pending: OrderedDict[tuple, _Pending] = OrderedDict()   # (mid, producer) ->
         self._done: OrderedDict[tuple, float] = OrderedDict()         # (mid, producer) -> finished at
@@ -99,7 +173,7 @@ class ConsumerCore:
             ids = (mid, cid)
             if len(body) >= ATTESTATION_LEN and \
                     (mid, cid, bytes(body[ATTESTATION_LEN - SIGNATURE_LEN:ATTESTATION_LEN])) in self._sigs:
-                self.counters["duplicate"] += 1
+                self._duplicate("replayed_attestation")
                 return
             producer = self._accept(body, mid, channel, cid, peer, now)
         except MarlinWireError as exc:
@@ -132,8 +206,11 @@ class ConsumerCore:
                                   "unknown_producer")
         key = (mid, signer)
         pend = self._pending.get(key)
-        if key in self._done or (pend is not None and cid in pend.chunks):
-            self.counters["duplicate"] += 1
+        if key in self._done:
+            self._duplicate("message_finished")
+            return None
+        if pend is not None and cid in pend.chunks:
+            self._duplicate("chunk_held")
             return None
         try:
             witness_by = recover_address(keccak256(msg.attestation_wire, chunk), msg.witness)
@@ -152,8 +229,9 @@ class ConsumerCore:
                 raise MarlinWireError(f"{len(self._pending)} messages pending (max_messages)", "memory")
             pend = _Pending(channel, now, now + p.chunk_expiry)
             self._pending[key] = pend
-        if self._pending_bytes + len(chunk) > p.max_pending_bytes:
-            raise MarlinWireError(f"{self._pending_bytes} chunk bytes pending (max_pending_bytes)", "memory")
+        if self._pending_bytes + self._inflight_bytes + len(chunk) > p.max_pending_bytes:
+            raise MarlinWireError(f"{self._pending_bytes + self._inflight_bytes} chunk bytes pending or being "
+                                  "rebuilt (max_pending_bytes)", "memory")
         pend.chunks[cid] = chunk
         self._sigs[(mid, cid, att.signature)] = now
         if len(self._sigs) > p.max_cached_chunks:
@@ -168,30 +246,60 @@ class ConsumerCore:
             self._rebuild(key, pend, now)
         return signer
 
+    def _duplicate(self, reason: str) -> None:
+        self.counters["duplicate"] += 1
+        self.counters[f"duplicate.{reason}"] += 1
+
+    def duplicates(self) -> dict[str, int]:
+        """{reason: chunk frames dropped as duplicates} (see DUPLICATE_REASONS)."""
+        return {r: self.counters[f"duplicate.{r}"] for r in DUPLICATE_REASONS}
+
     def _rebuild(self, key: tuple, pend: _Pending, now: float) -> None:
         cp = self.params.channel(pend.channel)
-        mid = key[0]
         self._finish(key, pend, now)
-        duration = (now - pend.first_at) * 1000.0
-        try:
-            block = coder(cp.num_chunks, cp.min_chunks).decode(pend.chunks)
-        except CodingError as exc:
-            self._dispute(mid, pend, "undecodable", str(exc), duration)
+        job = RebuildJob(key[0], list(pend.producers), pend.channel, cp.num_chunks, cp.min_chunks,
+                         pend.chunks, pend.first_at, pend.size)
+        if not self.offload:
+            self.rebuild_done(job, rebuild_block(*job.args(self.validate)), now)
             return
-        try:
-            info = self.validate(pend.channel, block)
-            digest = info.hash if isinstance(info, BlockInfo) else block_hash(pend.channel, block)
-        except ValueError as exc:   # validate.BlockInvalid and any validator's ValueError
-            self._dispute(mid, pend, getattr(exc, "reason", "invalid_block"), str(exc), duration)
+        self._inflight_bytes += job.size
+        self._inflight_jobs += 1
+        self._jobs.append(job)
+
+    def next_job(self) -> "RebuildJob | None":
+        """With offload=True: the next block to rebuild, or None. The caller runs
+        `rebuild_block(*job.args(core.validate))` (in a worker process or thread) and hands
+        its result to rebuild_done. Jobs leave in the order their last chunk arrived."""
+        return self._jobs.popleft() if self._jobs else None
+
+    def rebuild_done(self, job: "RebuildJob", outcome: tuple, now: float) -> None:
+        """The result of rebuild_block for `job` -> BlockRebuilt or Dispute (duration from the
+        first chunk to `now`). Raises MarlinLocalError for an outcome rebuild_block cannot
+        return."""
+        if self.offload:
+            self._inflight_bytes -= job.size
+            self._inflight_jobs -= 1
+        duration = (now - job.first_at) * 1000.0
+        mid = job.message_id
+        if outcome[0] == "dispute":
+            self._dispute(mid, job, outcome[1], outcome[2], duration)
             return
+        if outcome[0] != "ok":
+            raise MarlinLocalError(f"rebuild outcome {outcome[0]!r} is not ok/dispute")
+        block, digest = outcome[1], outcome[2]
         if int.from_bytes(digest[:4], "big") != mid:
-            self._dispute(mid, pend, "message_id_mismatch",
+            self._dispute(mid, job, "message_id_mismatch",
                           f"message id {mid:08x} is not the first 4 bytes of block hash {digest.hex()}", duration)
             return
         self.counters["rebuilt"] += 1
-        self._events.append(BlockRebuilt(mid, pend.producers[0], pend.channel, block, len(pend.chunks), duration))
+        self._events.append(BlockRebuilt(mid, job.producers[0], job.channel, block, len(job.chunks), duration))
 
-    def _dispute(self, mid: int, pend: _Pending, reason: str, detail: str, duration: float) -> None:
+    def rebuilding(self) -> int:
+        """Blocks handed out by next_job whose rebuild_done has not come yet, plus those
+        waiting in next_job."""
+        return self._inflight_jobs
+
+    def _dispute(self, mid: int, pend, reason: str, detail: str, duration: float) -> None:
         self.counters[f"dispute.{reason}"] += 1
         self._events.append(Dispute(mid, list(pend.producers), reason, detail, pend.channel, len(pend.chunks),
                                     duration))

@@ -111,6 +111,7 @@ class Metrics:
     def __init__(self):
         self.counts: collections.Counter = collections.Counter()
         self.transport: Transport | None = None
+        self.core = None      # its duplicates() -> {reason: n} is read at scrape time
 
     def inc(self, name: str, label: str = "", n: int = 1) -> None:
         self.counts[(name, label)] += n
@@ -136,6 +137,12 @@ class Metrics:
             else:
                 fam = CounterMetricFamily(f"marlin_{name}", doc, value=self.counts[(name, "")])
             yield fam
+        dups = self.core.duplicates() if self.core is not None and hasattr(self.core, "duplicates") else {}
+        fam = CounterMetricFamily("marlin_duplicates", "frames dropped as duplicates or replays (no second "
+                                  "relay or rebuild), by reason", labels=["reason"])
+        for reason, v in sorted(dups.items()):
+            fam.add_metric([reason], v)
+        yield fam
         t = self.transport
         if t is not None:
             for name, doc in self.TRANSPORT.items():
@@ -251,10 +258,12 @@ def stake_state(core) -> tuple[int, int]:
 class CoreRunner:
     """Feeds one core from a Transport and flushes it back (see the module docstring).
 
-    on_event(ev): role hook called for every core event after it is logged/counted."""
+    on_event(ev): role hook called for every core event after it is logged/counted.
+    rebuilds: a RebuildPool for a consumer core made with offload=True (its next_job()s run
+    there, their outcomes go back through rebuild_done), else None."""
 
     def __init__(self, role: str, core, transport: Transport, log, metrics: Metrics,
-                 on_event: Callable | None = None):
+                 on_event: Callable | None = None, rebuilds: "RebuildPool | None" = None):
         self.role = role
         self.core = core
         self.transport = transport
@@ -265,6 +274,7 @@ class CoreRunner:
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: float | None = None
         self._limit = _log_limiter()
+        self.rebuilds = rebuilds
         transport.on_frame = self.receive
         transport.on_reject = self.transport_reject
         transport.on_drop = self.transport_drop
@@ -312,6 +322,9 @@ class CoreRunner:
                 if ev is None:
                     break
                 self._event(ev)
+            if self.rebuilds is not None:
+                while (job := self.core.next_job()) is not None:
+                    self.rebuilds.submit(job, self.core.validate, self._rebuilt)
             deadline = self.core.get_timer()
         except Exception as exc:
             self.bug(exc)
@@ -323,6 +336,14 @@ class CoreRunner:
             self._deadline = deadline
             if deadline is not None:   # core deadlines are unix seconds
                 self._timer = self.loop.call_later(max(0.0, deadline - time.time()), self._fire)
+
+    def _rebuilt(self, job, outcome: tuple) -> None:
+        """RebuildPool callback, on the loop: the outcome of rebuild_block for `job`."""
+        try:
+            self.core.rebuild_done(job, outcome, time.time())
+        except Exception as exc:
+            self.bug(exc)
+        self.pump()
 
     def _fire(self) -> None:
         self._timer = None
@@ -374,9 +395,94 @@ class CoreRunner:
             self._timer = None
 
 
+def _warm_worker():
+    from .consumer import warm_worker
+    return warm_worker
+
+
+class RebuildPool:
+    """Where a consumer decodes and validates blocks, off its event loop.
+
+    kind "process": a concurrent.futures.ProcessPoolExecutor of `workers` processes (spawn
+        start method: a fresh interpreter, nothing inherited from the daemon's loop, Redis
+        connection or sockets), each loading the validators once at start; the chunks go
+        to the worker and the block comes back pickled (about 1 ms each way for 1 MB).
+    kind "thread": a ThreadPoolExecutor of `workers` threads: no copies, but only the
+        parts that release the GIL run beside the loop (libbitcoinkernel's CheckBlock
+        through ctypes does; pyeclib's decode and the Python parts of validation do not).
+    kind "inline": no pool; the core rebuilds inside receive_frame (the loop stalls for
+        the block's decode and validation).
+    Jobs run in submission order per worker. A worker that dies (BrokenProcessPool) or
+    raises is a bug: counted, logged, and the job is rebuilt inline so the block is not
+    lost; a broken process pool is replaced.
+    Errors: MarlinLocalError for an unknown kind or workers < 1."""
+
+    KINDS = ("process", "thread", "inline")
+
+    def __init__(self, kind: str = "process", workers: int = 1, bug: Callable | None = None):
+        if kind not in self.KINDS:
+            raise MarlinLocalError(f"rebuild pool kind {kind!r}: one of {', '.join(self.KINDS)}")
+        if workers < 1:
+            raise MarlinLocalError(f"rebuild pool needs at least 1 worker, got {workers}")
+        self.kind = kind
+        self.workers = workers
+        self.bug = bug or (lambda exc: None)
+        self.executor = self._make() if kind != "inline" else None
+        self.pending = 0
+
+    @property
+    def offload(self) -> bool:
+        return self.executor is not None
+
+    def _make(self):
+        import concurrent.futures
+        if self.kind == "thread":
+            return concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="marlin-rebuild")
+        import multiprocessing
+        return concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                                      initializer=_warm_worker())
+
+    def warm(self) -> list:
+        """Start every worker now (a process loads Python, the coder and libbitcoinkernel:
+        0.3-1 s), so the first block does not pay for it. Returns the futures."""
+        if self.executor is None:
+            return []
+        return [self.executor.submit(_warm_worker()) for _ in range(self.workers)]
+
+    def submit(self, job, validate: Callable, done: Callable) -> None:
+        """Run rebuild_block(*job.args(validate)) in the pool; done(job, outcome) is called
+        on the running loop."""
+        from .consumer import rebuild_block
+        loop = asyncio.get_running_loop()
+        self.pending += 1
+        fut = loop.run_in_executor(self.executor, rebuild_block, *job.args(validate))
+
+        def finished(f) -> None:
+            self.pending -= 1
+            try:
+                outcome = f.result()
+            except Exception as exc:      # the worker died or rebuild_block has a bug
+                self.bug(exc)
+                self._replace_if_broken()
+                outcome = rebuild_block(*job.args(validate))
+            done(job, outcome)
+        fut.add_done_callback(finished)
+
+    def _replace_if_broken(self) -> None:
+        ex = self.executor
+        if self.kind == "process" and ex is not None and getattr(ex, "_broken", False):  # no public accessor
+            ex.shutdown(wait=False, cancel_futures=True)
+            self.executor = self._make()
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.executor = None
+
+
 # ---------------------------------------------------------------------- roles
 
-def _make_core(role: str, net, key, name: str):
+def _make_core(role: str, net, key, name: str, offload: bool = False):
     params, membership = net.params, net.membership
     if role == "producer":
         from .producer import ProducerCore
@@ -385,7 +491,7 @@ def _make_core(role: str, net, key, name: str):
         from .cluster import ClusterMemberCore
         return ClusterMemberCore(key, membership, params, net.node(name).cluster)
     from .consumer import ConsumerCore
-    return ConsumerCore(key, membership, params)
+    return ConsumerCore(key, membership, params, offload=offload)
 
 
 class Outputs:
@@ -663,6 +769,15 @@ def build_parser(role: str) -> argparse.ArgumentParser:
                        help="the Redis stream key (default: marlin:blocks)")
         p.add_argument("--redis-maxlen", metavar="N", type=int, default=10000,
                        help="approximate bound on the stream's length (XADD MAXLEN ~) (default: 10000)")
+        p.add_argument("--validate-pool", choices=RebuildPool.KINDS, default="process",
+                       help="where blocks are erasure-decoded and validated: 'process' (worker processes, "
+                            "the event loop never waits for a block), 'thread' (worker threads: only "
+                            "libbitcoinkernel's check runs beside the loop, decoding holds the GIL), or "
+                            "'inline' (in the event loop: chunks wait while a block is validated) "
+                            "(default: process)")
+        p.add_argument("--validate-workers", metavar="N", type=int, default=1,
+                       help="workers of --validate-pool; blocks beyond N wait for a free worker while "
+                            "chunks keep being taken (default: 1)")
     return p
 
 
@@ -750,6 +865,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args = load_args(parser, argv[1:], env_prefix=ENV_PREFIX[role])
         if not args.network or not args.name:
             parser.error("--network and --name are required")
+        if role == "consumer" and args.validate_workers < 1:
+            parser.error("--validate-workers must be >= 1")
         if args.queue_bytes <= 0 or args.grace < 0:
             parser.error("--queue-bytes must be positive and --grace >= 0")
         if role == "producer" and args.inject_drop_chunks < 0:
@@ -832,7 +949,11 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
                                  if n.address != key.address and n.role in senders],
                           max_frame=net.params.max_frame, queue_bytes=args.queue_bytes)
     metrics.transport = transport
-    core = _make_core(role, net, key, args.name)
+    rebuilds: RebuildPool | None = None
+    if role == "consumer":
+        rebuilds = RebuildPool(args.validate_pool, args.validate_workers)
+    core = _make_core(role, net, key, args.name, offload=rebuilds is not None and rebuilds.offload)
+    metrics.core = core
     store = Store(args.data_dir) if args.data_dir else None
     restored = False
     if store is not None and role == "producer":
@@ -849,11 +970,21 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
         elif store is not None and type(ev) is StakeEvidence:
             store.add_evidence(ev, time.time())
 
-    runner = CoreRunner(role, core, transport, log, metrics, on_event)
+    runner = CoreRunner(role, core, transport, log, metrics, on_event,
+                        rebuilds if rebuilds is not None and rebuilds.offload else None)
+    if rebuilds is not None:
+        rebuilds.bug = runner.bug
+        warm = rebuilds.warm()
+        if warm:
+            await asyncio.gather(*(asyncio.wrap_future(f) for f in warm))
     if role == "consumer":
         outputs = Outputs(args.out_dir, args.redis, args.redis_stream, args.redis_maxlen, metrics, runner.bug,
                           store)
-        await outputs.start()
+        try:
+            await outputs.start()
+        except BaseException:
+            rebuilds.close()
+            raise
     if role == "producer":
         producer = Producer(runner, log, metrics, args.channel, store)
         if args.inject_drop_chunks > 0:
@@ -864,7 +995,8 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
         out = {"ok": True, "role": role, "name": args.name, "address": entry.hex,
                "uptime_s": round(time.time() - started, 1),
                "connected": sum(1 for a in peers if transport.connected(a)),
-               "counts": {f"{k}{'.' + l if l else ''}": v for (k, l), v in sorted(metrics.counts.items())}}
+               "counts": {f"{k}{'.' + l if l else ''}": v for (k, l), v in sorted(metrics.counts.items())},
+               "duplicates": core.duplicates()}
         if role == "cluster":
             out["cluster"] = entry.cluster
         if role == "producer":
@@ -873,6 +1005,8 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
             out["missing_acks"] = sum(len(core.missing_acks(mid)) for mid in core.messages())
         if role == "consumer":
             out["pending_messages"] = len(core.pending())
+            out["rebuilding"] = core.rebuilding()
+            out["validate_pool"] = {"kind": rebuilds.kind, "workers": rebuilds.workers}
         if store is not None and role == "cluster":
             out["evidence"] = store.evidence_count()
         return out
@@ -951,6 +1085,8 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
             await site.stop()
         await transport.close(grace=args.grace)
         runner.close()
+        if rebuilds is not None:
+            rebuilds.close()
         if outputs is not None:
             await outputs.close()
         if store is not None:

@@ -115,6 +115,11 @@ class ProducerCore:
         self._suspect: dict[bytes, float] = {}
 
     # ---- stake ----------------------------------------------------------------------------
+    def duplicates(self) -> dict[str, int]:
+        """{reason: frames dropped as duplicates}: "ack", an acknowledgement of a chunk whose
+        acknowledgement the producer already holds."""
+        return {"ack": self.counters["duplicate_acks"]}
+
     def stake_left(self, now: float) -> int:
         """Stake units left in the refresh interval containing `now`."""
         epoch = self._epoch_of(int(now))

@@ -310,6 +310,60 @@ def test_forged_frames_refused_and_counted_while_honest_traffic_flows(marlin):
     assert all(d.alive() for d in net.procs.values())
 
 
+def test_replayed_chunk_frames_counted_by_reason_in_health_and_metrics(marlin):
+    """A witnessed chunk replayed 5 times to a consumer, the same chunk with another member's
+    witness (the same attestation: dropped before any signature check), and an attested chunk
+    a producer sends 3 times to a member: each copy dropped (no second relay, no second
+    ChunkReceived) and counted by reason in /health "duplicates" and in
+    marlin_duplicates_total{reason}."""
+    net = marlin.net
+    nd = load_network(net.netdir)
+    producer = nd.load_key("producer")
+    mid, cid = 0x0DD00000 | (os.getpid() & 0xFFFF), 0
+    cluster = nd.membership.options(mid, cid, nd.params.no_of_cluster_options)[0]
+    names = {n.address: n.name for n in nd.nodes.values()}
+    w1, w2 = (nd.load_key(names[a]) for a in nd.membership.clusters[cluster][:2])
+    chunk = os.urandom(3000)
+    att = _attested(producer, mid, cid, int(time.time()), chunk, (1 << 32) - 2 * 10**6)
+    first = encode_chunk_message(att, w1.sign_recoverable(keccak256(att, chunk)), chunk)
+    other = encode_chunk_message(att, w2.sign_recoverable(keccak256(att, chunk)), chunk)
+    # a stake offset near the top of the 2**32 budget: the producer's own chunks never reach it
+    to_member = encode_chunk_message(_attested(producer, mid + 1, cid, int(time.time()), chunk, (1 << 32) - 10**6),
+                                     None, chunk)
+    c_port, m_port = nd.node("consumer1").port, nd.node("c1m1").port
+
+    async def go():
+        before = (await net.health("consumer1"))["duplicates"]
+        await _raw(c_port, w1, encode_lpf(first) * 6)       # the chunk, then 5 replays
+        await _raw(c_port, w2, encode_lpf(other))           # the same chunk, another witness
+        await _raw(m_port, producer, encode_lpf(to_member) * 3)
+
+        async def dups(name):
+            return (await net.health(name))["duplicates"]
+        ok = await wait_for(lambda: len([r for r in net.events("consumer1", "marlin.consumer.chunk_received")
+                                         if r["attrs"].get("chunk") == cid and r["trace_id"]
+                                         and r["trace_id"].startswith(f"{mid:08x}")]) >= 1, 15, 0.1)
+        for _ in range(100):
+            d = await dups("consumer1")
+            m = await dups("c1m1")
+            if d["replayed_attestation"] - before["replayed_attestation"] >= 6 and m["resent_by_producer"] >= 2:
+                break
+            await asyncio.sleep(0.1)
+        return ok, before, d, m, await net.metrics_text("consumer1"), await net.metrics_text("c1m1")
+
+    ok, before, d, m, c_metrics, m_metrics = marlin.run(go(), 60)
+    assert ok
+    assert d["replayed_attestation"] - before["replayed_attestation"] >= 6, (before, d)
+    assert m["resent_by_producer"] >= 2, m
+    received = [r for r in net.events("consumer1", "marlin.consumer.chunk_received")
+                if r["trace_id"] and r["trace_id"].startswith(f"{mid:08x}")]
+    assert len(received) == 1                         # accepted once, never again
+    assert f'marlin_duplicates_total{{reason="replayed_attestation"}} {float(d["replayed_attestation"])}' \
+        in c_metrics
+    assert 'marlin_duplicates_total{reason="chunk_held"}' in c_metrics
+    assert 'marlin_duplicates_total{reason="resent_by_producer"}' in m_metrics
+
+
 def test_num_minus_min_chunks_dropped_every_block_still_rebuilt(marlin):
     """producer2 never transmits chunks 8..11 of any block (--inject-drop-chunks 4)."""
     net = marlin.net
@@ -614,3 +668,4 @@ async def test_consumer_outputs_outage_is_counted_not_a_bug(tmp_path, capsys):
     dead = Outputs(None, "redis://127.0.0.1:1/0", "s", 10, Metrics(), bugs.append)
     with pytest.raises(RuntimeError, match=r"cannot reach Redis at redis://127.0.0.1:1/0 \(--redis\)"):
         await dead.start()
+

@@ -159,3 +159,43 @@ def test_lean_check_block_matches_checkblock_on_mutated_blocks(shared_data, regt
     assert all(v is not None for k, v in seen.items() if k != "valid"), seen
     assert "duplicate transaction" in seen["duplicate_tx"][1]
     assert "hashMerkleRoot" in seen["merkle_root"][1]
+
+
+# ---- Bitcoin Core's CheckBlock (validate._btc) gives python-bitcoinlib's verdict -------------
+
+def test_core_check_block_matches_python_bitcoinlib_on_real_and_broken_blocks(shared_data):
+    """validate_block's Bitcoin path (libbitcoinkernel's CheckBlock plus the header time)
+    against python-bitcoinlib's CheckBlock rules (validate._btc_lib), message included, on
+    block 413567, its corrupted twin, a changed nonce, a changed output value, trailing and
+    missing bytes, and a header 3 h ahead of `now`."""
+    from marlin_cluster.validate import _btc_lib
+    good = (shared_data / "btc" / "block413567.raw").read_bytes()
+    nonce = bytearray(good)
+    nonce[76] ^= 1
+    value = bytearray(good)
+    value[5000] ^= 0x40
+    n_time = int.from_bytes(good[68:72], "little")
+    cases = [(good, None), ((shared_data / "btc" / "block413567_corrupted_btc2arc.raw").read_bytes(), None),
+             (bytes(nonce), None), (bytes(value), None), (good + b"\0", None), (good[:-1], None),
+             (good, n_time - 3 * 3600), (good, n_time + 10)]
+    verdicts = []
+    for data, now in cases:
+        ours = _verdict(validate_block, CHANNEL_BTC, data, now)
+        assert ours == _verdict(_btc_lib, data, now), (len(data), now)
+        verdicts.append(ours)
+    assert verdicts[0] is None and verdicts[-1] is None
+    assert all(v is not None and v[0] == "BlockInvalid" for v in verdicts[1:-1]), verdicts
+
+
+def test_validate_does_not_import_deploy():
+    """Block checking lives in marlin_cluster (a protocol package imports nothing from
+    deploy); deploy.blocks re-exports it for the launcher."""
+    import subprocess
+    import sys
+    code = ("import sys, marlin_cluster.validate, marlin_cluster.consumer, marlin_cluster.daemon; "
+            "bad = [m for m in sys.modules if m == 'deploy' or m.startswith('deploy.')]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    import deploy.blocks
+    import marlin_cluster.blocks
+    assert deploy.blocks.verify_block is marlin_cluster.blocks.verify_block

@@ -8,13 +8,30 @@
   an inbound external message, wrong workchain, unknown account, failed pre-execution);
   503 ``{"error"}`` when the full node's store cannot record it (disk full, read-only):
   not accepted and not sent, the user may retry (remp_api_refused{reason="store_unavailable"}).
+  A message already in flight is answered 202 again (idempotent: nothing more is sent). A
+  message the full node holds as final from the validators or the chain (finalized,
+  rejected by the queue / collator / chain, timeout) is answered **409 Conflict**
+  ``{"message_id", "error", "outcome": {as GET's}, "retained_until": Unix s}`` and never
+  sent to the validators again (remp_api_refused{reason="already_final"}), for
+  ``--final-retention`` seconds after its final outcome (a day by default; kept in the data
+  dir, so a restart does not reopen the window). 409, not 200: a retrying client must not
+  read "accepted for processing" (202) or "done now" (200) into a POST that did nothing; the
+  body says what happened to the first one. A message this full node refused itself (422)
+  was never sent, so it is checked again.
 - ``GET /messages/{id}``: ``{"message_id", "receipts": [seed JSON, in arrival order],
   "outcome": {"final": bool, "outcome": "finalized"|"rejected"|"timeout"|"pending", "kind",
   "reason"}}``; final only when the client core says so (Finalized, RejectedByFullnode, or
   every validator that said New rejected or timed out). 404 for an unknown id, 400 for an id
   that is not 64 hex digits.
 - ``GET /messages/{id}/ws``: a WebSocket sending every status of the message as one JSON
-  text frame each (those so far, then new ones), closed (1000) after the final status.
+  text frame each (those so far, then new ones: the seed's status objects, each with a
+  ``source_id``), and one frame ``{"final": true, "message_id", "outcome", "kind",
+  "reason", "final_at"}`` right after the status that made the full node's final decision
+  (a client may stop there). It stays open after the decision for the statuses of the
+  group's other validators and closes (1000, reason "complete") once every expected
+  validator sent its own final status (client.MessageSettled), or (1000, "grace") after
+  ``--subscription-grace`` seconds (60) from the decision, or when the client leaves. A
+  subscriber sees exactly the statuses ``GET /messages/{id}`` lists.
 - ``/graphql``: ever-q-server's REMP API shape (remp_node/graphql.py) when strawberry-graphql
   is installed: mutation ``postRequests(requests: [Request])`` and subscription
   ``rempReceipts(messageId)`` over graphql-transport-ws.
@@ -34,7 +51,8 @@ import base64
 import binascii
 import json
 import re
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 from aiohttp import WSMsgType, web
@@ -99,6 +117,33 @@ def decode_body(body: bytes, content_type: str = "") -> bytes:
         return bytes(body)
 
 
+class Subscription:
+    """One subscriber's items, in order: ("status", seed JSON dict), ("final", outcome dict as
+    GET's), ("end", "complete" | "grace"). Unbounded: a message has a bounded number of
+    statuses (its validators' and the full node's)."""
+
+    def __init__(self):
+        self._items: deque = deque()
+        self._ready = asyncio.Event()
+
+    def put(self, item: tuple) -> None:
+        self._items.append(item)
+        self._ready.set()
+
+    async def get(self) -> tuple:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+    def next_is_final(self) -> dict | None:
+        """The outcome when the next item is the final decision (the status just taken made
+        it), else None; does not take it."""
+        if self._items and self._items[0][0] == "final":
+            return self._items[0][1]
+        return None
+
+
 class StatusHub:
     """Statuses of messages for HTTP, WebSocket and GraphQL subscribers and the Redis stream."""
 
@@ -138,7 +183,7 @@ class StatusHub:
                 self.finals.pop(old, None)
         lst.append(d)
         for q in self.subs.get(mid, ()):
-            q.put_nowait(("status", d))
+            q.put(("status", d))
         if self.redis_url:
             if self._backlog is None or self._backlog.qsize() >= MAX_REDIS_BACKLOG:
                 self.m_not_appended.inc()
@@ -146,9 +191,22 @@ class StatusHub:
                 self._backlog.put_nowait((mid.hex(), text))
 
     def final(self, mid: bytes, ev) -> None:
-        self.finals[mid] = {"final": True, "outcome": ev.outcome, "kind": ev.kind, "reason": ev.reason}
+        """The final decision about `mid` (client.FinalStatus), right after the status that
+        made it; subscribers get it as ("final", outcome) and stay subscribed."""
+        self.finals[mid] = {"final": True, "outcome": ev.outcome, "kind": ev.kind, "reason": ev.reason,
+                            "final_at": time.time(), "at": len(self.memory.get(mid, ()))}
         for q in self.subs.get(mid, ()):
-            q.put_nowait(("final", self.finals[mid]))
+            q.put(("final", self._public(self.finals[mid])))
+
+    @staticmethod
+    def _public(f: dict) -> dict:
+        return {k: v for k, v in f.items() if k != "at"}
+
+    def forget(self, ids) -> None:
+        """Messages the store purged (past the full node's retention): out of memory too."""
+        for mid in ids:
+            self.memory.pop(mid, None)
+            self.finals.pop(mid, None)
 
     def receipts(self, mid: bytes) -> list[dict] | None:
         lst = self.memory.get(mid)
@@ -161,23 +219,46 @@ class StatusHub:
     def outcome(self, mid: bytes) -> dict:
         f = self.finals.get(mid)
         if f is not None:
-            return f
+            return self._public(f)
         m = self.daemon.store.message(mid)
         if m is not None and m["outcome"]:
-            return {"final": True, "outcome": m["outcome"], "kind": m["kind"], "reason": m["reason"] or ""}
+            k = self.daemon.store.known(mid) or {}
+            return {"final": True, "outcome": m["outcome"], "kind": m["kind"], "reason": m["reason"] or "",
+                    "final_at": k.get("final_at")}
         return {"final": False, "outcome": "pending", "kind": "", "reason": ""}
 
-    def subscribe(self, mid: bytes) -> asyncio.Queue:
-        q: asyncio.Queue = asyncio.Queue()
-        for d in self.receipts(mid) or []:
-            q.put_nowait(("status", d))
-        if self.outcome(mid)["final"]:
-            q.put_nowait(("final", self.outcome(mid)))
+    def settled(self, mid: bytes, reason: str) -> None:
+        """No more statuses of `mid` will come (client.MessageSettled): its subscriptions end."""
+        for q in self.subs.get(mid, ()):
+            q.put(("end", reason))
+
+    def subscribe(self, mid: bytes) -> "Subscription":
+        """A subscription to `mid`: the statuses so far, the final decision right after the
+        status that made it, then new statuses, then ("end", reason) once the client core
+        settled the message (at once when it already has: e.g. after a restart)."""
+        q = Subscription()
+        rs = self.receipts(mid) or []
+        out = self.outcome(mid)
+        if out["final"]:
+            at = self.finals.get(mid, {}).get("at")
+            if at is None:      # from the store: after the full node's own final status
+                own = self.daemon.key.key_id.hex()
+                at = next((i + 1 for i in range(len(rs) - 1, -1, -1) if rs[i].get("source_id") == own
+                           and rs[i].get("kind") in ("Finalized", "Timeout", "RejectedByFullnode")), len(rs))
+            items = [("status", d) for d in rs]
+            items.insert(min(at, len(items)), ("final", out))
+        else:
+            items = [("status", d) for d in rs]
+        for it in items:
+            q.put(it)
+        client = getattr(self.daemon, "client", None)
+        if out["final"] and client is not None and not client.settling(mid):
+            q.put(("end", "complete"))
         self.subs.setdefault(mid, set()).add(q)
         self.g_subs.inc()
         return q
 
-    def unsubscribe(self, mid: bytes, q: asyncio.Queue) -> None:
+    def unsubscribe(self, mid: bytes, q: "Subscription") -> None:
         s = self.subs.get(mid)
         if s is not None and q in s:
             s.discard(q)
@@ -205,6 +286,18 @@ class StatusHub:
             self.m_refused.labels("undecodable").inc()
             return 400, {"error": reason}
         try:
+            from .client import submitted_message_id
+            mid = submitted_message_id(boc, parsed)
+            held = self.daemon.held_final(mid)
+            if held is not None:
+                # final (module doc, 409): never sent to the validators again
+                self.m_refused.labels("already_final").inc()
+                self.daemon.resent_refused += 1
+                return 409, {"message_id": mid.hex(),
+                             "error": f"message {mid.hex()} is already final ({held['outcome']}, {held['kind']}): "
+                                      "it is not sent to the validators again",
+                             "outcome": {k: held[k] for k in ("final", "outcome", "kind", "reason", "final_at")},
+                             "retained_until": held["retained_until"]}
             mid = self.daemon.submit(boc, parsed) if parsed is not None else self.daemon.submit(boc)
         except StoreError as exc:
             # not recorded, so not sent either (FullnodeDaemon.submit): the user may retry
@@ -352,8 +445,10 @@ def add_api_routes(app: web.Application, daemon: "FullnodeDaemon") -> None:
                 kind, d = getter.result()
                 if kind == "status":
                     await ws.send_str(json.dumps(d))
+                elif kind == "final":
+                    await ws.send_str(json.dumps({"final": True, "message_id": mid.hex(), **d}))
                 else:
-                    await ws.close(code=1000, message=b"final")
+                    await ws.close(code=1000, message=d.encode())
                     break
             reader.cancel()
         finally:

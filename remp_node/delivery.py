@@ -137,8 +137,10 @@ MAX_BATCH_RECEIPTS = 256
 MAX_PACKET_BYTES = 65535
 MAX_ACK_SEQNOS = 512
 #: packets a sender may have beyond the receiver's cumulative ack before it heard the
-#: receiver's window (TCP's initial window, RFC 5681, in packets)
-INITIAL_WINDOW = 4
+#: receiver's window (TCP's initial window, RFC 5681, in packets); a receiver advertises at
+#: least this many (the full node's --receipt-window minimum), so even the first packets of
+#: a stream always find room
+INITIAL_WINDOW = 2
 #: the window (packets) a ReceiptReceiver advertises and buffers by default
 DEFAULT_WINDOW = 32
 MAX_WINDOW = 4096

@@ -43,7 +43,7 @@ from daemon_runtime.eventlog import EventLog
 from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, run_daemon, use_event_loop
 
 from .client import LATE_MEMORY
-from .delivery import DEFAULT_WINDOW, DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
+from .delivery import DEFAULT_WINDOW, INITIAL_WINDOW, MAX_WINDOW, DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
 from .endpoint import open_endpoint, parse_faults
 from .eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records, emit_records,
                        fullnode_dropped_record, peer_label, validator_records)
@@ -783,8 +783,8 @@ def parse_role_args(role: str, argv: list[str]) -> tuple[argparse.ArgumentParser
     if args.grace < 0:
         parser.error("--grace must be >= 0")
     if role == "fullnode":
-        if not 1 <= args.receipt_window <= 4096:
-            parser.error("--receipt-window must be 1..4096 packets")
+        if not INITIAL_WINDOW <= args.receipt_window <= MAX_WINDOW:
+            parser.error(f"--receipt-window must be {INITIAL_WINDOW}..{MAX_WINDOW} packets")
         if args.subscription_grace <= 0:
             parser.error("--subscription-grace must be > 0")
     return parser, args

@@ -293,7 +293,7 @@ def test_obsolete_packets_are_abandoned_and_memory_is_bounded():
 
 def test_receiver_skips_what_the_sender_abandoned_and_keeps_order():
     v = VALIDATORS[0]
-    s = ReceiptSender(v, stream=7, max_delay=0.0)
+    s = ReceiptSender(v, stream=7, max_delay=0.0, initial_window=4)
     r = ReceiptReceiver(FULLNODE, [v.public])
     pk = []
     for i in range(3):
@@ -626,7 +626,7 @@ def test_packets_grow_to_four_parts_on_a_clean_path_and_shrink_after_a_hole():
     receipt still arrives, once."""
     from remp_node.delivery import unwrap
     v = VALIDATORS[0]
-    snd = ReceiptSender(v, stream=1, max_delay=0.1)
+    snd = ReceiptSender(v, stream=1, max_delay=0.1, initial_window=4)
     rcv = ReceiptReceiver(FULLNODE, [v.public])
     mids = [hashlib.sha256(b"grow%d" % i).digest() for i in range(400)]
     made = [make_signed_receipt(v, m, Accepted(Level.MASTERCHAIN, SHARD_BLOCK, MC_BLOCK), 1000 + i).serialize()

@@ -31,7 +31,7 @@
   group's other validators and closes (1000, reason "complete") once every expected
   validator sent its own final status (client.MessageSettled), or (1000, "grace") after
   ``--subscription-grace`` seconds (60) from the decision, or when the client leaves. A
-  subscriber sees exactly the statuses ``GET /messages/{id}`` lists.
+  subscriber sees exactly the statuses ``GET /messages/{id}`` lists when it ends.
 - ``/graphql``: ever-q-server's REMP API shape (remp_node/graphql.py) when strawberry-graphql
   is installed: mutation ``postRequests(requests: [Request])`` and subscription
   ``rempReceipts(messageId)`` over graphql-transport-ws.

@@ -191,8 +191,10 @@ class FinalStatus(RempClientEvent):
 
 @dataclass(frozen=True)
 class MessageSettled(RempClientEvent):
-    """No more statuses of the message will be reported (emitted once, after its
-    FinalStatus): a subscription to it ends here.
+    """A message's subscriptions end here (emitted once, after its FinalStatus): every
+    expected validator's final status is in, or the grace period passed. (A status that
+    still arrives within late_memory of the decision is reported, late=True, for the
+    store; none after.)
 
     reason: "complete" when every expected validator sent its own final status (Finalized,
     RejectedBy*, Timeout; expected = the members of the group the message was first sent to
@@ -211,6 +213,7 @@ class _Late:
     shard: int
     expected: set
     ended: set
+    settled: bool = False
 
 
 @dataclass
@@ -451,8 +454,10 @@ class RempClient:
         st = receipt.status
         if (isinstance(st, Accepted) and st.level == Level.MASTERCHAIN) or is_source_final(kind_of(st)):
             late.ended.add(receipt.source_id)
-            if late.expected <= late.ended:
-                del self._late[receipt.message_id]
+            if not late.settled and late.expected <= late.ended:
+                # subscriptions end here; later statuses (a Duplicate answering a resubmission)
+                # are still reported for GET / the store until late_memory passes
+                late.settled = True
                 self._events.append(MessageSettled(receipt.message_id, "complete"))
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, bytes]]:
@@ -532,10 +537,10 @@ class RempClient:
         self._events.append(FinalStatus(t.msg.id, outcome, kind, reason, now - t.submitted, t.datagrams))
         expected = set(t.group0) | t.answered
         ended = set(t.ended) | t.finalized_by
-        if expected <= ended:
+        done = expected <= ended
+        self._late[t.msg.id] = _Late(now + self.late_memory, t.keys, t.seen, t.shard, expected, ended, done)
+        if done:
             self._events.append(MessageSettled(t.msg.id, "complete"))
-        else:
-            self._late[t.msg.id] = _Late(now + self.late_memory, t.keys, t.seen, t.shard, expected, ended)
 
     def chain_finalized(self, message_id: bytes, block_id, master_id, now: float) -> bool:
         """The chain holds the message: its shard block `block_id` (tl.BlockIdExt) was
@@ -569,7 +574,8 @@ class RempClient:
     def settling(self, message_id: bytes) -> bool:
         """True while statuses of the message may still be reported: tracked, or final and
         not settled yet (MessageSettled not emitted)."""
-        return message_id in self._tracked or message_id in self._late
+        late = self._late.get(message_id)
+        return message_id in self._tracked or (late is not None and not late.settled)
 
     def _send(self, t: _Tracked, kid: bytes, now: float) -> None:
         data = encode_remp_message(t.msg.boc, t.msg.id, self._ms(now), self.key)
@@ -726,7 +732,8 @@ class RempClient:
             if late.until > now:
                 break
             del self._late[mid]
-            self._events.append(MessageSettled(mid, "grace"))
+            if not late.settled:
+                self._events.append(MessageSettled(mid, "grace"))
 
 
 def submitted_message_id(boc: bytes, parsed: ExternalMessage | None = None) -> bytes:

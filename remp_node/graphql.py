@@ -22,7 +22,7 @@ retainedUntil; HTTP's 409), "STORE_UNAVAILABLE" (HTTP's 503), and `requestIndex`
 that made the full node's final decision has `final: true` and `outcome` (a client may stop
 there); the subscription completes once every expected validator sent its own final status
 or `--subscription-grace` seconds after the decision (api.py, GET /messages/{id}/ws), so a
-subscriber gets exactly the statuses GET /messages/{id} lists. A malformed id is refused
+subscriber gets exactly the statuses GET /messages/{id} lists when it ends. A malformed id is refused
 with an error ("message id must be 64 hex digits"). `kind` is an enum of the JSON kinds
 (seed: remp-protocol-b). The schema adds `final` and `outcome` to ever-q-server's
 RempReceipt; its four fields are unchanged.

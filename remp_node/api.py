@@ -18,6 +18,11 @@
   read "accepted for processing" (202) or "done now" (200) into a POST that did nothing; the
   body says what happened to the first one. A message this full node refused itself (422)
   was never sent, so it is checked again.
+  Admission control (Admission): past ``--max-pending`` messages not final yet, or past a
+  client address's ``--client-rate`` / ``--client-burst`` token bucket, a new message is
+  answered **503** with ``Retry-After`` (RFC 9110 section 10.2.3, seconds) and ``{"message_id",
+  "error", "reason": "pending_full" | "client_rate", "retry_after"}``: not accepted, not
+  stored, not sent; counted as remp_api_refused{reason}. A message in flight is not refused.
 - ``GET /messages/{id}``: ``{"message_id", "receipts": [seed JSON, in arrival order],
   "outcome": {"final": bool, "outcome": "finalized"|"rejected"|"timeout"|"pending", "kind",
   "reason"}}``; final only when the client core says so (Finalized, RejectedByFullnode, or
@@ -50,6 +55,7 @@ import asyncio
 import base64
 import binascii
 import json
+import math
 import re
 import time
 from collections import OrderedDict, deque
@@ -69,6 +75,8 @@ __all__ = ["StatusHub", "add_api_routes", "decode_body", "parse_message_id"]
 MID_RE = re.compile(r"^[0-9a-fA-F]{64}$")
 #: messages whose statuses are kept in memory (older ones are read from the store)
 MAX_MEMORY_MESSAGES = 100_000
+#: messages held not final yet past which new ones are refused (503; --max-pending default)
+DEFAULT_MAX_PENDING = 20_000
 #: statuses waiting for Redis at most (beyond: counted as not appended)
 MAX_REDIS_BACKLOG = 200_000
 #: appends a batch of statuses to the stream, one entry each, in order: KEYS[1] the stream,
@@ -115,6 +123,67 @@ def decode_body(body: bytes, content_type: str = "") -> bytes:
         return base64.b64decode(body.strip(), validate=True)
     except (binascii.Error, ValueError):
         return bytes(body)
+
+
+class Admission:
+    """Admission control of POST /messages and postRequests (no I/O, no clock: `now` in
+    seconds from the caller). Two bounds, checked before a message is accepted (a message
+    accepted is never dropped for load; anchor: CometBFT refuses a transaction with "mempool
+    is full" instead of queueing it):
+
+    - max_pending: messages held not final yet (the client core's tracked ones); past it a
+      new message is refused, reason "pending_full", retry after the time the full node
+      needs to finalize the excess at its recent rate (finals in the last RATE_WINDOW s),
+      within [1, MAX_RETRY_AFTER] s;
+    - rate / burst: a token bucket per client address (RFC 2697's single-rate form: `rate`
+      tokens per second, at most `burst` kept); a message takes one token; without one it is
+      refused, reason "client_rate", retry after the time until the next token. rate 0: off.
+      At most max_clients buckets are kept (least recently used out: a new client starts
+      with a full bucket).
+
+    check(client, pending, now) -> None (admit; the token is taken) or (reason, retry_after
+    seconds, an int >= 1). final(now) records one final outcome (the finalize rate)."""
+
+    RATE_WINDOW = 10.0
+    MAX_RETRY_AFTER = 60
+
+    def __init__(self, max_pending: int, rate: float = 0.0, burst: float = 0.0, max_clients: int = 10_000):
+        if max_pending < 1 or rate < 0 or burst < 0:
+            raise ValueError("max_pending must be >= 1, rate and burst >= 0")
+        self.max_pending = max_pending
+        self.rate = rate
+        self.burst = max(burst, 1.0) if rate > 0 else 0.0
+        self.max_clients = max_clients
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()   # client -> (tokens, at)
+        self._finals: deque[float] = deque()
+
+    def final(self, now: float) -> None:
+        self._finals.append(now)
+        if len(self._finals) > 100_000:
+            self._finals.popleft()
+
+    def _final_rate(self, now: float) -> float:
+        while self._finals and self._finals[0] < now - self.RATE_WINDOW:
+            self._finals.popleft()
+        return len(self._finals) / self.RATE_WINDOW
+
+    def check(self, client: str, pending: int, now: float) -> tuple[str, int] | None:
+        if pending >= self.max_pending:
+            excess = pending - self.max_pending + 1
+            rate = self._final_rate(now)
+            wait = excess / rate if rate > 0 else float(self.MAX_RETRY_AFTER)
+            return "pending_full", int(min(self.MAX_RETRY_AFTER, max(1, math.ceil(wait))))
+        if self.rate <= 0:
+            return None
+        tokens, at = self._buckets.pop(client, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        if tokens < 1.0:
+            self._buckets[client] = (tokens, now)
+            return "client_rate", int(min(self.MAX_RETRY_AFTER, max(1, math.ceil((1.0 - tokens) / self.rate))))
+        self._buckets[client] = (tokens - 1.0, now)
+        while len(self._buckets) > self.max_clients:
+            self._buckets.popitem(last=False)
+        return None
 
 
 class Subscription:
@@ -169,6 +238,9 @@ class StatusHub:
         self.m_accepted = PCounter("remp_api_accepted", "messages accepted by POST /messages / postRequests",
                                    registry=r)
         self.g_subs = Gauge("remp_api_subscribers", "open status subscriptions", registry=r)
+        a = getattr(daemon, "args", None)
+        self.admission = Admission(getattr(a, "max_pending", DEFAULT_MAX_PENDING) or DEFAULT_MAX_PENDING,
+                                   getattr(a, "client_rate", 0.0) or 0.0, getattr(a, "client_burst", 0.0) or 0.0)
 
     # -- statuses ---------------------------------------------------------------------------
     def status(self, mid: bytes, d: dict, text: str) -> None:
@@ -195,6 +267,7 @@ class StatusHub:
         made it; subscribers get it as ("final", outcome) and stay subscribed."""
         self.finals[mid] = {"final": True, "outcome": ev.outcome, "kind": ev.kind, "reason": ev.reason,
                             "final_at": time.time(), "at": len(self.memory.get(mid, ()))}
+        self.admission.final(time.monotonic())
         for q in self.subs.get(mid, ()):
             q.put(("final", self._public(self.finals[mid])))
 
@@ -267,8 +340,10 @@ class StatusHub:
                 del self.subs[mid]
 
     # -- submit -----------------------------------------------------------------------------
-    def submit(self, boc: bytes) -> tuple[int, dict]:
-        """(HTTP status, JSON body) for one BOC (POST /messages and postRequests)."""
+    def submit(self, boc: bytes, peer: str = "") -> tuple[int, dict]:
+        """(HTTP status, JSON body) for one BOC (POST /messages and postRequests). peer: the
+        client's address (the per-client rate limit's key). A refusal for load is 503 with
+        "retry_after" (seconds) in the body, which the caller turns into Retry-After."""
         # parsed once here and handed to the client core (a decodability check through
         # message_id_of parsed the BOC a second time per message)
         client = getattr(self.daemon, "client", None)
@@ -298,6 +373,14 @@ class StatusHub:
                                       "it is not sent to the validators again",
                              "outcome": {k: held[k] for k in ("final", "outcome", "kind", "reason", "final_at")},
                              "retained_until": held["retained_until"]}
+            if client is not None and not client.tracking(mid):
+                refused = self.admission.check(peer, client.n_pending(), time.monotonic())
+                if refused is not None:
+                    reason, retry = refused
+                    self.m_refused.labels(reason).inc()
+                    return 503, {"message_id": mid.hex(), "error": (
+                        f"the full node is at its bound ({'messages not final yet' if reason == 'pending_full' else 'messages per second from this client'}): "
+                        f"not accepted, retry after {retry} s"), "reason": reason, "retry_after": retry}
             mid = self.daemon.submit(boc, parsed) if parsed is not None else self.daemon.submit(boc)
         except StoreError as exc:
             # not recorded, so not sent either (FullnodeDaemon.submit): the user may retry
@@ -401,8 +484,9 @@ def add_api_routes(app: web.Application, daemon: "FullnodeDaemon") -> None:
         except ApiError as exc:
             hub.m_refused.labels("empty").inc()
             return web.json_response({"error": str(exc)}, status=exc.status)
-        status, doc = hub.submit(boc)
-        return web.json_response(doc, status=status)
+        status, doc = hub.submit(boc, request.remote or "")
+        headers = {"Retry-After": str(doc["retry_after"])} if "retry_after" in doc else None
+        return web.json_response(doc, status=status, headers=headers)
 
     def message_id(request: web.Request) -> bytes | web.Response:
         """The path's message id, or the 400 response for a malformed one (counted bad_id)."""

@@ -504,6 +504,14 @@ class RempClient:
         """Ids of messages still being tracked (no final status yet)."""
         return list(self._tracked)
 
+    def n_pending(self) -> int:
+        """How many messages are tracked (no final status yet); O(1)."""
+        return len(self._tracked)
+
+    def tracking(self, message_id: bytes) -> bool:
+        """True while the message is tracked (submitted, no final status yet)."""
+        return message_id in self._tracked
+
     def sent_to(self, message_id: bytes) -> list[bytes]:
         """Key ids of the validators a tracked message was sent to (in order)."""
         t = self._tracked.get(message_id)

@@ -17,7 +17,9 @@ is still kept for GET /messages/{id}; the requests after it are not taken), with
 `extensions.code`: "BAD_REQUEST" (not base64, undecodable BOC), "REJECTED_BY_FULLNODE" (the
 full node's checks), "MESSAGE_ALREADY_FINAL" (the full node holds the message as final: not
 sent to the validators again; extensions also carry messageId, outcome, kind, reason,
-retainedUntil; HTTP's 409), "STORE_UNAVAILABLE" (HTTP's 503), and `requestIndex`.
+retainedUntil; HTTP's 409), "BACKPRESSURE" (the full node is at its bound, HTTP's 503 with
+Retry-After: extensions.retryAfter in seconds and reason "pending_full" | "client_rate";
+not accepted, retry later), "STORE_UNAVAILABLE", and `requestIndex`.
 `rempReceipts(messageId)`: every status of the message so far, then new ones; the status
 that made the full node's final decision has `final: true` and `outcome` (a client may stop
 there); the subscription completes once every expected validator sent its own final status
@@ -117,7 +119,8 @@ def build_schema(daemon) -> strawberry.Schema:
     @strawberry.type
     class Mutation:
         @strawberry.mutation
-        def postRequests(self, requests: list[Request], accessKey: Optional[str] = None) -> list[str]:
+        def postRequests(self, info: strawberry.Info, requests: list[Request],
+                         accessKey: Optional[str] = None) -> list[str]:
             ids = []
             for i, r in enumerate(requests):
                 try:
@@ -126,7 +129,12 @@ def build_schema(daemon) -> strawberry.Schema:
                     hub.m_refused.labels("undecodable").inc()
                     raise GraphQLError(f"request {i}: body is not base64",
                                        extensions={"code": "BAD_REQUEST", "requestIndex": i}) from None
-                status, doc = hub.submit(boc)
+                req = info.context.get("request") if isinstance(info.context, dict) else None
+                status, doc = hub.submit(boc, getattr(req, "remote", "") or "")
+                if status == 503 and "retry_after" in doc:
+                    raise GraphQLError(f"request {i}: {doc['error']}", extensions={
+                        "code": "BACKPRESSURE", "requestIndex": i, "reason": doc["reason"],
+                        "retryAfter": doc["retry_after"], "messageId": doc["message_id"]})
                 if status == 409:
                     o = doc["outcome"]
                     raise GraphQLError(f"request {i}: {doc['error']}", extensions={

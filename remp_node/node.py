@@ -42,6 +42,7 @@ from daemon_runtime.config import add_common_args, load_args
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, run_daemon, use_event_loop
 
+from .api import DEFAULT_MAX_PENDING
 from .client import LATE_MEMORY
 from .delivery import DEFAULT_WINDOW, INITIAL_WINDOW, MAX_WINDOW, DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
 from .endpoint import open_endpoint, parse_faults
@@ -118,6 +119,14 @@ def build_fullnode_parser() -> argparse.ArgumentParser:
                    help="seconds between the client's waves to more validators (default: network.json's)")
     p.add_argument("--max-body", type=int, default=128 * 1024, metavar="BYTES",
                    help="largest POST /messages body (raw or base64 BOC; default 131072)")
+    p.add_argument("--max-pending", type=int, default=DEFAULT_MAX_PENDING, metavar="N",
+                   help="messages held not final yet past which POST /messages answers 503 with Retry-After "
+                        f"(postRequests: BACKPRESSURE); accepted ones are never dropped (default {DEFAULT_MAX_PENDING})")
+    p.add_argument("--client-rate", type=float, default=0.0, metavar="PER_S",
+                   help="messages per second per client address (token bucket; beyond: 503 with Retry-After); "
+                        "0 = no per-client limit (default 0)")
+    p.add_argument("--client-burst", type=float, default=0.0, metavar="N",
+                   help="the token bucket's size: messages a client may send at once (default: max(1, rate))")
     p.add_argument("--receipt-window", type=int, default=DEFAULT_WINDOW, metavar="PACKETS",
                    help="receipt packets per validator the full node buffers and advertises in its acks "
                         "(flow control: a validator never has more in flight, so no receipt is refused "
@@ -787,6 +796,10 @@ def parse_role_args(role: str, argv: list[str]) -> tuple[argparse.ArgumentParser
             parser.error(f"--receipt-window must be {INITIAL_WINDOW}..{MAX_WINDOW} packets")
         if args.subscription_grace <= 0:
             parser.error("--subscription-grace must be > 0")
+        if args.max_pending < 1 or args.client_rate < 0 or args.client_burst < 0:
+            parser.error("--max-pending must be >= 1, --client-rate and --client-burst >= 0")
+        if args.client_rate > 0 and args.client_burst == 0:
+            args.client_burst = max(1.0, args.client_rate)
     return parser, args
 
 

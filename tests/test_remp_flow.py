@@ -123,3 +123,17 @@ def test_finalized_from_the_chain_without_any_receipt_and_timeout_only_past_the_
     net.step(T0 + 603)
     fb = [f for f in _finals(net) if f.message_id == b]
     assert fb and fb[0].outcome == "timeout" and "replay window" in fb[0].reason
+
+
+def test_admission_bounds_pending_and_rate_limits_each_client():
+    from remp_node.api import Admission
+    a = Admission(max_pending=5, rate=2.0, burst=3.0)
+    assert a.check("c1", 5, 0.0) == ("pending_full", Admission.MAX_RETRY_AFTER)   # no finalize rate yet
+    for t in range(20):
+        a.final(0.5 * t / 20)                     # 20 finals in the last 10 s: 2 per second
+    assert a.check("c1", 8, 1.0) == ("pending_full", 2)                 # 4 over the bound / 2 per s
+    assert [a.check("c1", 0, 1.0) for _ in range(3)] == [None, None, None]   # the burst
+    assert a.check("c1", 0, 1.0) == ("client_rate", 1)
+    assert a.check("c2", 0, 1.0) is None                                # another client has its own
+    assert a.check("c1", 0, 1.5) is None                                # one token back after 0.5 s
+    assert a.check("c1", 0, 1.5)[0] == "client_rate"

@@ -8,13 +8,35 @@
   an inbound external message, wrong workchain, unknown account, failed pre-execution);
   503 ``{"error"}`` when the full node's store cannot record it (disk full, read-only):
   not accepted and not sent, the user may retry (remp_api_refused{reason="store_unavailable"}).
+  A message already in flight is answered 202 again (idempotent: nothing more is sent). A
+  message the full node holds as final from the validators or the chain (finalized,
+  rejected by the queue / collator / chain, timeout) is answered **409 Conflict**
+  ``{"message_id", "error", "outcome": {as GET's}, "retained_until": Unix s}`` and never
+  sent to the validators again (remp_api_refused{reason="already_final"}), for
+  ``--final-retention`` seconds after its final outcome (a day by default; kept in the data
+  dir, so a restart does not reopen the window). 409, not 200: a retrying client must not
+  read "accepted for processing" (202) or "done now" (200) into a POST that did nothing; the
+  body says what happened to the first one. A message this full node refused itself (422)
+  was never sent, so it is checked again.
+  Admission control (Admission): past ``--max-pending`` messages not final yet, or past a
+  client address's ``--client-rate`` / ``--client-burst`` token bucket, a new message is
+  answered **503** with ``Retry-After`` (RFC 9110 section 10.2.3, seconds) and ``{"message_id",
+  "error", "reason": "pending_full" | "client_rate", "retry_after"}``: not accepted, not
+  stored, not sent; counted as remp_api_refused{reason}. A message in flight is not refused.
 - ``GET /messages/{id}``: ``{"message_id", "receipts": [seed JSON, in arrival order],
   "outcome": {"final": bool, "outcome": "finalized"|"rejected"|"timeout"|"pending", "kind",
   "reason"}}``; final only when the client core says so (Finalized, RejectedByFullnode, or
   every validator that said New rejected or timed out). 404 for an unknown id, 400 for an id
   that is not 64 hex digits.
 - ``GET /messages/{id}/ws``: a WebSocket sending every status of the message as one JSON
-  text frame each (those so far, then new ones), closed (1000) after the final status.
+  text frame each (those so far, then new ones: the seed's status objects, each with a
+  ``source_id``), and one frame ``{"final": true, "message_id", "outcome", "kind",
+  "reason", "final_at"}`` right after the status that made the full node's final decision
+  (a client may stop there). It stays open after the decision for the statuses of the
+  group's other validators and closes (1000, reason "complete") once every expected
+  validator sent its own final status (client.MessageSettled), or (1000, "grace") after
+  ``--subscription-grace`` seconds (60) from the decision, or when the client leaves. A
+  subscriber sees exactly the statuses ``GET /messages/{id}`` lists when it ends.
 - ``/graphql``: ever-q-server's REMP API shape (remp_node/graphql.py) when strawberry-graphql
   is installed: mutation ``postRequests(requests: [Request])`` and subscription
   ``rempReceipts(messageId)`` over graphql-transport-ws.
@@ -33,8 +55,10 @@ import asyncio
 import base64
 import binascii
 import json
+import math
 import re
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 from aiohttp import WSMsgType, web
@@ -51,6 +75,8 @@ __all__ = ["StatusHub", "add_api_routes", "decode_body", "parse_message_id"]
 MID_RE = re.compile(r"^[0-9a-fA-F]{64}$")
 #: messages whose statuses are kept in memory (older ones are read from the store)
 MAX_MEMORY_MESSAGES = 100_000
+#: messages held not final yet past which new ones are refused (503; --max-pending default)
+DEFAULT_MAX_PENDING = 20_000
 #: statuses waiting for Redis at most (beyond: counted as not appended)
 MAX_REDIS_BACKLOG = 200_000
 #: appends a batch of statuses to the stream, one entry each, in order: KEYS[1] the stream,
@@ -99,6 +125,94 @@ def decode_body(body: bytes, content_type: str = "") -> bytes:
         return bytes(body)
 
 
+class Admission:
+    """Admission control of POST /messages and postRequests (no I/O, no clock: `now` in
+    seconds from the caller). Two bounds, checked before a message is accepted (a message
+    accepted is never dropped for load; anchor: CometBFT refuses a transaction with "mempool
+    is full" instead of queueing it):
+
+    - max_pending: messages held not final yet (the client core's tracked ones); past it a
+      new message is refused, reason "pending_full", retry after the time the full node
+      needs to finalize the excess at its recent rate (finals in the last RATE_WINDOW s),
+      within [1, MAX_RETRY_AFTER] s;
+    - rate / burst: a token bucket per client address (RFC 2697's single-rate form: `rate`
+      tokens per second, at most `burst` kept); a message takes one token; without one it is
+      refused, reason "client_rate", retry after the time until the next token. rate 0: off.
+      At most max_clients buckets are kept (least recently used out: a new client starts
+      with a full bucket).
+
+    check(client, pending, now) -> None (admit; the token is taken) or (reason, retry_after
+    seconds, an int >= 1). final(now) records one final outcome (the finalize rate)."""
+
+    RATE_WINDOW = 10.0
+    MAX_RETRY_AFTER = 60
+
+    def __init__(self, max_pending: int, rate: float = 0.0, burst: float = 0.0, max_clients: int = 10_000):
+        if max_pending < 1 or rate < 0 or burst < 0:
+            raise ValueError("max_pending must be >= 1, rate and burst >= 0")
+        self.max_pending = max_pending
+        self.rate = rate
+        self.burst = max(burst, 1.0) if rate > 0 else 0.0
+        self.max_clients = max_clients
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()   # client -> (tokens, at)
+        self._finals: deque[float] = deque()
+
+    def final(self, now: float) -> None:
+        self._finals.append(now)
+        if len(self._finals) > 100_000:
+            self._finals.popleft()
+
+    def _final_rate(self, now: float) -> float:
+        while self._finals and self._finals[0] < now - self.RATE_WINDOW:
+            self._finals.popleft()
+        return len(self._finals) / self.RATE_WINDOW
+
+    def check(self, client: str, pending: int, now: float) -> tuple[str, int] | None:
+        if pending >= self.max_pending:
+            excess = pending - self.max_pending + 1
+            rate = self._final_rate(now)
+            wait = excess / rate if rate > 0 else float(self.MAX_RETRY_AFTER)
+            return "pending_full", int(min(self.MAX_RETRY_AFTER, max(1, math.ceil(wait))))
+        if self.rate <= 0:
+            return None
+        tokens, at = self._buckets.pop(client, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        if tokens < 1.0:
+            self._buckets[client] = (tokens, now)
+            return "client_rate", int(min(self.MAX_RETRY_AFTER, max(1, math.ceil((1.0 - tokens) / self.rate))))
+        self._buckets[client] = (tokens - 1.0, now)
+        while len(self._buckets) > self.max_clients:
+            self._buckets.popitem(last=False)
+        return None
+
+
+class Subscription:
+    """One subscriber's items, in order: ("status", seed JSON dict), ("final", outcome dict as
+    GET's), ("end", "complete" | "grace"). Unbounded: a message has a bounded number of
+    statuses (its validators' and the full node's)."""
+
+    def __init__(self):
+        self._items: deque = deque()
+        self._ready = asyncio.Event()
+
+    def put(self, item: tuple) -> None:
+        self._items.append(item)
+        self._ready.set()
+
+    async def get(self) -> tuple:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+    def next_is_final(self) -> dict | None:
+        """The outcome when the next item is the final decision (the status just taken made
+        it), else None; does not take it."""
+        if self._items and self._items[0][0] == "final":
+            return self._items[0][1]
+        return None
+
+
 class StatusHub:
     """Statuses of messages for HTTP, WebSocket and GraphQL subscribers and the Redis stream."""
 
@@ -124,6 +238,9 @@ class StatusHub:
         self.m_accepted = PCounter("remp_api_accepted", "messages accepted by POST /messages / postRequests",
                                    registry=r)
         self.g_subs = Gauge("remp_api_subscribers", "open status subscriptions", registry=r)
+        a = getattr(daemon, "args", None)
+        self.admission = Admission(getattr(a, "max_pending", DEFAULT_MAX_PENDING) or DEFAULT_MAX_PENDING,
+                                   getattr(a, "client_rate", 0.0) or 0.0, getattr(a, "client_burst", 0.0) or 0.0)
 
     # -- statuses ---------------------------------------------------------------------------
     def status(self, mid: bytes, d: dict, text: str) -> None:
@@ -138,7 +255,7 @@ class StatusHub:
                 self.finals.pop(old, None)
         lst.append(d)
         for q in self.subs.get(mid, ()):
-            q.put_nowait(("status", d))
+            q.put(("status", d))
         if self.redis_url:
             if self._backlog is None or self._backlog.qsize() >= MAX_REDIS_BACKLOG:
                 self.m_not_appended.inc()
@@ -146,9 +263,23 @@ class StatusHub:
                 self._backlog.put_nowait((mid.hex(), text))
 
     def final(self, mid: bytes, ev) -> None:
-        self.finals[mid] = {"final": True, "outcome": ev.outcome, "kind": ev.kind, "reason": ev.reason}
+        """The final decision about `mid` (client.FinalStatus), right after the status that
+        made it; subscribers get it as ("final", outcome) and stay subscribed."""
+        self.finals[mid] = {"final": True, "outcome": ev.outcome, "kind": ev.kind, "reason": ev.reason,
+                            "final_at": time.time(), "at": len(self.memory.get(mid, ()))}
+        self.admission.final(time.monotonic())
         for q in self.subs.get(mid, ()):
-            q.put_nowait(("final", self.finals[mid]))
+            q.put(("final", self._public(self.finals[mid])))
+
+    @staticmethod
+    def _public(f: dict) -> dict:
+        return {k: v for k, v in f.items() if k != "at"}
+
+    def forget(self, ids) -> None:
+        """Messages the store purged (past the full node's retention): out of memory too."""
+        for mid in ids:
+            self.memory.pop(mid, None)
+            self.finals.pop(mid, None)
 
     def receipts(self, mid: bytes) -> list[dict] | None:
         lst = self.memory.get(mid)
@@ -161,23 +292,46 @@ class StatusHub:
     def outcome(self, mid: bytes) -> dict:
         f = self.finals.get(mid)
         if f is not None:
-            return f
+            return self._public(f)
         m = self.daemon.store.message(mid)
         if m is not None and m["outcome"]:
-            return {"final": True, "outcome": m["outcome"], "kind": m["kind"], "reason": m["reason"] or ""}
+            k = self.daemon.store.known(mid) or {}
+            return {"final": True, "outcome": m["outcome"], "kind": m["kind"], "reason": m["reason"] or "",
+                    "final_at": k.get("final_at")}
         return {"final": False, "outcome": "pending", "kind": "", "reason": ""}
 
-    def subscribe(self, mid: bytes) -> asyncio.Queue:
-        q: asyncio.Queue = asyncio.Queue()
-        for d in self.receipts(mid) or []:
-            q.put_nowait(("status", d))
-        if self.outcome(mid)["final"]:
-            q.put_nowait(("final", self.outcome(mid)))
+    def settled(self, mid: bytes, reason: str) -> None:
+        """No more statuses of `mid` will come (client.MessageSettled): its subscriptions end."""
+        for q in self.subs.get(mid, ()):
+            q.put(("end", reason))
+
+    def subscribe(self, mid: bytes) -> "Subscription":
+        """A subscription to `mid`: the statuses so far, the final decision right after the
+        status that made it, then new statuses, then ("end", reason) once the client core
+        settled the message (at once when it already has: e.g. after a restart)."""
+        q = Subscription()
+        rs = self.receipts(mid) or []
+        out = self.outcome(mid)
+        if out["final"]:
+            at = self.finals.get(mid, {}).get("at")
+            if at is None:      # from the store: after the full node's own final status
+                own = self.daemon.key.key_id.hex()
+                at = next((i + 1 for i in range(len(rs) - 1, -1, -1) if rs[i].get("source_id") == own
+                           and rs[i].get("kind") in ("Finalized", "Timeout", "RejectedByFullnode")), len(rs))
+            items = [("status", d) for d in rs]
+            items.insert(min(at, len(items)), ("final", out))
+        else:
+            items = [("status", d) for d in rs]
+        for it in items:
+            q.put(it)
+        client = getattr(self.daemon, "client", None)
+        if out["final"] and client is not None and not client.settling(mid):
+            q.put(("end", "complete"))
         self.subs.setdefault(mid, set()).add(q)
         self.g_subs.inc()
         return q
 
-    def unsubscribe(self, mid: bytes, q: asyncio.Queue) -> None:
+    def unsubscribe(self, mid: bytes, q: "Subscription") -> None:
         s = self.subs.get(mid)
         if s is not None and q in s:
             s.discard(q)
@@ -186,8 +340,10 @@ class StatusHub:
                 del self.subs[mid]
 
     # -- submit -----------------------------------------------------------------------------
-    def submit(self, boc: bytes) -> tuple[int, dict]:
-        """(HTTP status, JSON body) for one BOC (POST /messages and postRequests)."""
+    def submit(self, boc: bytes, peer: str = "") -> tuple[int, dict]:
+        """(HTTP status, JSON body) for one BOC (POST /messages and postRequests). peer: the
+        client's address (the per-client rate limit's key). A refusal for load is 503 with
+        "retry_after" (seconds) in the body, which the caller turns into Retry-After."""
         # parsed once here and handed to the client core (a decodability check through
         # message_id_of parsed the BOC a second time per message)
         client = getattr(self.daemon, "client", None)
@@ -205,6 +361,26 @@ class StatusHub:
             self.m_refused.labels("undecodable").inc()
             return 400, {"error": reason}
         try:
+            from .client import submitted_message_id
+            mid = submitted_message_id(boc, parsed)
+            held = self.daemon.held_final(mid)
+            if held is not None:
+                # final (module doc, 409): never sent to the validators again
+                self.m_refused.labels("already_final").inc()
+                self.daemon.resent_refused += 1
+                return 409, {"message_id": mid.hex(),
+                             "error": f"message {mid.hex()} is already final ({held['outcome']}, {held['kind']}): "
+                                      "it is not sent to the validators again",
+                             "outcome": {k: held[k] for k in ("final", "outcome", "kind", "reason", "final_at")},
+                             "retained_until": held["retained_until"]}
+            if client is not None and not client.tracking(mid):
+                refused = self.admission.check(peer, client.n_pending(), time.monotonic())
+                if refused is not None:
+                    reason, retry = refused
+                    self.m_refused.labels(reason).inc()
+                    return 503, {"message_id": mid.hex(), "error": (
+                        f"the full node is at its bound ({'messages not final yet' if reason == 'pending_full' else 'messages per second from this client'}): "
+                        f"not accepted, retry after {retry} s"), "reason": reason, "retry_after": retry}
             mid = self.daemon.submit(boc, parsed) if parsed is not None else self.daemon.submit(boc)
         except StoreError as exc:
             # not recorded, so not sent either (FullnodeDaemon.submit): the user may retry
@@ -308,8 +484,9 @@ def add_api_routes(app: web.Application, daemon: "FullnodeDaemon") -> None:
         except ApiError as exc:
             hub.m_refused.labels("empty").inc()
             return web.json_response({"error": str(exc)}, status=exc.status)
-        status, doc = hub.submit(boc)
-        return web.json_response(doc, status=status)
+        status, doc = hub.submit(boc, request.remote or "")
+        headers = {"Retry-After": str(doc["retry_after"])} if "retry_after" in doc else None
+        return web.json_response(doc, status=status, headers=headers)
 
     def message_id(request: web.Request) -> bytes | web.Response:
         """The path's message id, or the 400 response for a malformed one (counted bad_id)."""
@@ -352,8 +529,10 @@ def add_api_routes(app: web.Application, daemon: "FullnodeDaemon") -> None:
                 kind, d = getter.result()
                 if kind == "status":
                     await ws.send_str(json.dumps(d))
+                elif kind == "final":
+                    await ws.send_str(json.dumps({"final": True, "message_id": mid.hex(), **d}))
                 else:
-                    await ws.close(code=1000, message=b"final")
+                    await ws.close(code=1000, message=d.encode())
                     break
             reader.cancel()
         finally:

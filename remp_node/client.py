@@ -32,8 +32,18 @@ What it does, per submitted message:
    a non-final receipt with a later timestamp takes the message up again (New after a
    session switch), a reordered older one (an AcceptedByQueue overtaken by the
    RejectedByCollator) neither reopens nor ends anything; Duplicate never changes it.
-   After `lifetime` seconds (240 s default) without a final status: a full-node Timeout
-   receipt and `FinalStatus("timeout")`.
+   After `lifetime` seconds (240 s default; None: never) without a final status: a
+   full-node Timeout receipt and `FinalStatus("timeout")`.
+5. What the chain says (the daemon feeds its ChainFollower's view): `chain_finalized(id,
+   block_id, master_id, now)`, the message is in a shard block committed by an accepted
+   master block: the full node's own Finalized (those block ids) and FinalStatus
+   ("finalized"), even when no validator's Finalized receipt reached it; `chain_session(n,
+   now)`, the chain reached master session n: a message last sent to validators in session
+   s <= n - REPLAY_WINDOW_SESSIONS - 1 and not in the chain is past every validator's replay
+   window (a message received in session s is obsolete at s + 2: DESIGN.md section 4) and
+   can no longer be included: a full-node Timeout. The daemon runs with lifetime=None, so
+   it declares Timeout only from the chain (or every validator's Timeout), never because
+   receipts are late.
 
 Time: `now` is the caller's clock in seconds (loop.time() in daemons). Receipt timestamps and
 wallet `valid_until` checks need Unix time: `wall_clock(now)` maps `now` to Unix seconds
@@ -85,10 +95,15 @@ ANSWER_GAIN, ANSWER_VAR_GAIN = 0.125, 0.25
 SILENT_SCAN = 0.05
 #: Seconds a full node tracks a message before its own Timeout (docs: Timeout after 4 min).
 MESSAGE_LIFETIME = 240.0
+#: master sessions a validator keeps a message (received in s: obsolete at s + 2); a full
+#: node declares Timeout when the chain is one session past that (chain_session)
+REPLAY_WINDOW_SESSIONS = 2
 #: Seconds a finished message id is remembered to drop late receipts quietly.
 FINISHED_MEMORY = 600.0
 #: Seconds after its final status a message's late receipts are still verified and reported
-#: (ReceiptEvent with late=True), so every status a validator produced reaches subscribers.
+#: (ReceiptEvent with late=True), so every status a validator produced reaches subscribers:
+#: the grace period of a subscription (MessageSettled). It ends earlier when every expected
+#: validator (see MessageSettled) has sent its own final status.
 LATE_MEMORY = 60.0
 
 #: groups(shard, now) -> (current group public keys, next group public keys or []).
@@ -174,6 +189,33 @@ class FinalStatus(RempClientEvent):
     datagrams: int
 
 
+@dataclass(frozen=True)
+class MessageSettled(RempClientEvent):
+    """A message's subscriptions end here (emitted once, after its FinalStatus): every
+    expected validator's final status is in, or the grace period passed. (A status that
+    still arrives within late_memory of the decision is reported, late=True, for the
+    store; none after.)
+
+    reason: "complete" when every expected validator sent its own final status (Finalized,
+    RejectedBy*, Timeout; expected = the members of the group the message was first sent to
+    plus every validator that reported it; none for a message this full node refused
+    itself), or "grace" when `late_memory` seconds passed after the final decision first."""
+
+    message_id: bytes
+    reason: str
+
+
+@dataclass
+class _Late:
+    until: float
+    keys: dict
+    seen: set
+    shard: int
+    expected: set
+    ended: set
+    settled: bool = False
+
+
 @dataclass
 class _Tracked:
     msg: ExternalMessage
@@ -191,6 +233,9 @@ class _Tracked:
     datagrams: int = 0
     reported_sent: int = 0
     early: bool = False            # its one early wave (silent_after) is used up
+    last_session: int = -1         # master session of its last datagram (session_at)
+    group0: frozenset = frozenset()  # key ids of the group its first wave went to (MessageSettled)
+    finalized_by: set = field(default_factory=set)  # validators that sent their Finalized
     rewaves: int = 0               # waves that reached no new validator (backoff exponent)
 
 
@@ -221,9 +266,11 @@ class RempClient:
                  resend_interval: float = RESEND_INTERVAL, lifetime: float = MESSAGE_LIFETIME,
                  wall_clock: Callable[[float], float] = lambda now: now,
                  extra_keys: Callable[[], Iterable[bytes]] = lambda: (),
-                 silent_after: float | None = 0.5):
-        if resend_interval <= 0 or lifetime <= 0:
+                 silent_after: float | None = 0.5, late_memory: float = LATE_MEMORY,
+                 session_at: Callable[[float], int] | None = None):
+        if resend_interval <= 0 or (lifetime is not None and lifetime <= 0):
             raise ClientError("resend_interval and lifetime must be > 0")
+        self.session_at = session_at
         self.key = key
         self.states = states
         self.groups = groups
@@ -232,6 +279,7 @@ class RempClient:
         self.wall_clock = wall_clock
         self.extra_keys = extra_keys
         self.silent_after = silent_after
+        self.late_memory = late_memory
         self._unheard_since: dict[bytes, float] = {}   # key id -> first send not answered yet
         self._heard_at = -1e18                          # last receipt from any validator
         self._srtt: float | None = None                  # first-receipt delay (ANSWER_GAIN)
@@ -249,7 +297,7 @@ class RempClient:
         #: _finished and _late expire in insertion order (now + a constant; an id is popped
         #: before it is set again), so their first item is the next to expire
         self._finished: dict[bytes, float] = {}
-        self._late: dict[bytes, tuple[float, dict, set, int]] = {}   # id -> (until, keys, seen, shard)
+        self._late: dict[bytes, _Late] = {}
         self._out: list[tuple[bytes, bytes]] = []
         self._events: deque[RempClientEvent] = deque()
         #: Counters: "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts",
@@ -260,7 +308,8 @@ class RempClient:
         #: fell silent while others answered went to the next one before its resend interval).
         self.stats: dict[str, int] = {k: 0 for k in (
             "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts", "receipts_dropped",
-            "finalized", "rejected", "timeout", "late_receipts", "receipts_preverified", "silent_skipped", "early_waves")}
+            "finalized", "rejected", "timeout", "late_receipts", "receipts_preverified", "silent_skipped", "early_waves",
+            "chain_finalized")}
 
     # -- public API ---------------------------------------------------------------------
 
@@ -297,7 +346,8 @@ class RempClient:
             self._reject_locally(msg.id, exc.reason, shard, now)
             return msg.id
         self._finished.pop(msg.id, None)
-        self._tracked[msg.id] = _Tracked(msg, shard, now, now + self.lifetime, now)
+        self._tracked[msg.id] = _Tracked(msg, shard, now, now + self.lifetime if self.lifetime else float("inf"),
+                                         now)
         heapq.heappush(self._heap, (now, msg.id))
         self._unanswered.add(msg.id)
         self._tick(now, scan=False)
@@ -353,6 +403,7 @@ class RempClient:
         kind = kind_of(receipt.status)
         st = receipt.status
         if isinstance(st, Accepted) and st.level == Level.MASTERCHAIN:
+            t.finalized_by.add(src)
             own = self._own_receipt(t.msg.id, Accepted(Level.MASTERCHAIN, st.block_id, st.master_id), now)
             self._events.append(ReceiptEvent(t.msg.id, own.open(), own.signature, "fullnode", t.shard))
             self._finish(t, "finalized", "Finalized", "", now)
@@ -385,10 +436,10 @@ class RempClient:
 
     def _late_receipt(self, dg: SignedReceipt, receipt: Receipt, now: float, authenticated: bool = False) -> None:
         late = self._late.get(receipt.message_id)
-        if late is None or late[0] < now:
+        if late is None or late.until < now:
             self.stats["receipts_dropped"] += 1
             return
-        _, keys, seen, shard = late
+        keys, seen, shard = late.keys, late.seen, late.shard
         digest = hashlib.sha256(dg.receipt + dg.signature).digest()
         if digest in seen:
             self.stats["receipts_dropped"] += 1
@@ -400,6 +451,14 @@ class RempClient:
         self._unheard_since.pop(receipt.source_id, None)
         self.stats["late_receipts"] += 1
         self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", shard, late=True))
+        st = receipt.status
+        if (isinstance(st, Accepted) and st.level == Level.MASTERCHAIN) or is_source_final(kind_of(st)):
+            late.ended.add(receipt.source_id)
+            if not late.settled and late.expected <= late.ended:
+                # subscriptions end here; later statuses (a Duplicate answering a resubmission)
+                # are still reported for GET / the store until late_memory passes
+                late.settled = True
+                self._events.append(MessageSettled(receipt.message_id, "complete"))
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, bytes]]:
         """Run due timers, then drain the outbox: [(validator key id, datagram bytes)]."""
@@ -426,7 +485,7 @@ class RempClient:
         if self._finished:
             times.append(next(iter(self._finished.values())))
         if self._late:
-            times.append(next(iter(self._late.values()))[0])
+            times.append(next(iter(self._late.values())).until)
         return min(times) if times else None
 
     def _stale(self, when: float, mid: bytes) -> bool:
@@ -444,6 +503,14 @@ class RempClient:
     def pending(self) -> list[bytes]:
         """Ids of messages still being tracked (no final status yet)."""
         return list(self._tracked)
+
+    def n_pending(self) -> int:
+        """How many messages are tracked (no final status yet); O(1)."""
+        return len(self._tracked)
+
+    def tracking(self, message_id: bytes) -> bool:
+        """True while the message is tracked (submitted, no final status yet)."""
+        return message_id in self._tracked
 
     def sent_to(self, message_id: bytes) -> list[bytes]:
         """Key ids of the validators a tracked message was sent to (in order)."""
@@ -464,6 +531,7 @@ class RempClient:
         signed = self._own_receipt(message_id, Rejected(Level.FULLNODE, ZERO_BLOCK_ID, reason), now)
         self._events.append(ReceiptEvent(message_id, signed.open(), signed.signature, "fullnode", shard))
         self._events.append(FinalStatus(message_id, "rejected", "RejectedByFullnode", reason, 0.0, 0))
+        self._events.append(MessageSettled(message_id, "complete"))
         self._finished.pop(message_id, None)
         self._finished[message_id] = now + FINISHED_MEMORY
 
@@ -473,14 +541,56 @@ class RempClient:
         self._finished.pop(t.msg.id, None)
         self._finished[t.msg.id] = now + FINISHED_MEMORY
         self._late.pop(t.msg.id, None)
-        self._late[t.msg.id] = (now + LATE_MEMORY, t.keys, t.seen, t.shard)
         self.stats[outcome] += 1
         self._events.append(FinalStatus(t.msg.id, outcome, kind, reason, now - t.submitted, t.datagrams))
+        expected = set(t.group0) | t.answered
+        ended = set(t.ended) | t.finalized_by
+        done = expected <= ended
+        self._late[t.msg.id] = _Late(now + self.late_memory, t.keys, t.seen, t.shard, expected, ended, done)
+        if done:
+            self._events.append(MessageSettled(t.msg.id, "complete"))
+
+    def chain_finalized(self, message_id: bytes, block_id, master_id, now: float) -> bool:
+        """The chain holds the message: its shard block `block_id` (tl.BlockIdExt) was
+        committed by accepted master block `master_id`. A tracked message gets the full
+        node's own Finalized with those ids and FinalStatus("finalized"); True when it did."""
+        t = self._tracked.get(message_id)
+        if t is None:
+            return False
+        own = self._own_receipt(message_id, Accepted(Level.MASTERCHAIN, block_id, master_id), now)
+        self._events.append(ReceiptEvent(message_id, own.open(), own.signature, "fullnode", t.shard))
+        self.stats["chain_finalized"] += 1
+        self._finish(t, "finalized", "Finalized", "", now)
+        return True
+
+    def chain_session(self, session: int, now: float) -> int:
+        """The chain (accepted master blocks) reached master session `session`: every tracked
+        message last sent in a session <= session - REPLAY_WINDOW_SESSIONS - 1 is past every
+        validator's replay window and not in the chain: a full-node Timeout (module doc).
+        O(tracked); called once per new session. Returns how many timed out."""
+        n = 0
+        for t in [t for t in self._tracked.values()
+                  if 0 <= t.last_session <= session - REPLAY_WINDOW_SESSIONS - 1]:
+            signed = self._own_receipt(t.msg.id, Timeout(), now)
+            self._events.append(ReceiptEvent(t.msg.id, signed.open(), signed.signature, "fullnode", t.shard))
+            self._finish(t, "timeout", "Timeout",
+                         f"not in the chain at master session {session}: last sent in session {t.last_session}, "
+                         f"past the validators' replay window", now)
+            n += 1
+        return n
+
+    def settling(self, message_id: bytes) -> bool:
+        """True while statuses of the message may still be reported: tracked, or final and
+        not settled yet (MessageSettled not emitted)."""
+        late = self._late.get(message_id)
+        return message_id in self._tracked or (late is not None and not late.settled)
 
     def _send(self, t: _Tracked, kid: bytes, now: float) -> None:
         data = encode_remp_message(t.msg.boc, t.msg.id, self._ms(now), self.key)
         self._out.append((kid, data))
         t.sent[kid] = now
+        if self.session_at is not None:
+            t.last_session = self.session_at(now)
         self._unheard_since.setdefault(kid, now)
         self._events.append(MessageSent(t.msg.id, kid, t.shard, len(data), len(t.sent)))
         t.datagrams += 1
@@ -490,6 +600,7 @@ class RempClient:
         """Send one wave; True when it only resent to validators already tried (backoff)."""
         current, nxt = self.groups(t.shard, now)
         total: set[bytes] = set()
+        first = not t.group0
         resent = False
         fresh_any = False
         for group in (current, nxt):
@@ -497,6 +608,8 @@ class RempClient:
             for pk, kid in zip(group, ids):
                 t.keys[kid] = pk
             total.update(ids)
+            if first and group is current:
+                t.group0 = frozenset(ids)
             if not ids or sum(1 for k in ids if k in t.answered) * 3 > len(ids):
                 continue
             start = int.from_bytes(t.msg.id[:4], "big") % len(ids)
@@ -624,9 +737,11 @@ class RempClient:
             del self._finished[mid]
         while self._late:
             mid, late = next(iter(self._late.items()))
-            if late[0] > now:
+            if late.until > now:
                 break
             del self._late[mid]
+            if not late.settled:
+                self._events.append(MessageSettled(mid, "grace"))
 
 
 def submitted_message_id(boc: bytes, parsed: ExternalMessage | None = None) -> bytes:

@@ -113,9 +113,13 @@ TL_LINES = {
     "remp.receiptBatchAck":
         "remp.receiptBatchAck source_id:int256 stream:long through:long seqnos:(vector long) "
         "= remp.ReceiptBatchAck;",
+    "remp.receiptBatchAckWindow":
+        "remp.receiptBatchAckWindow source_id:int256 stream:long through:long window:int "
+        "seqnos:(vector long) = remp.ReceiptBatchAck;",
 }
 RECEIPT_BATCH = tl_constructor_id(TL_LINES["remp.receiptBatch"])          # 0x3d7144f4
 RECEIPT_BATCH_ACK = tl_constructor_id(TL_LINES["remp.receiptBatchAck"])   # 0x9dd2f163
+RECEIPT_BATCH_ACK_WINDOW = tl_constructor_id(TL_LINES["remp.receiptBatchAckWindow"])
 
 #: Validator mux channel kinds (validator.CHANNEL_NAMES): byte 0 of a muxed datagram,
 #: followed by a 32-byte session id.
@@ -124,7 +128,7 @@ _MUX_PREFIX = 33
 #: What classify() returns.
 KINDS = ("client_message", "receipt", "receipt_batch", "receipt_ack", "validator_mux", "unknown")
 _BY_ID = {REMP_MESSAGE: "client_message", REMP_SIGNED_RECEIPT: "receipt",
-          RECEIPT_BATCH: "receipt_batch", RECEIPT_BATCH_ACK: "receipt_ack"}
+          RECEIPT_BATCH: "receipt_batch", RECEIPT_BATCH_ACK: "receipt_ack", RECEIPT_BATCH_ACK_WINDOW: "receipt_ack"}
 # a boxed TL object and a muxed datagram can never be confused: no constructor id we route
 # starts with a mux channel byte
 assert all((cid & 0xFF) not in _MUX for cid in _BY_ID)
@@ -132,6 +136,14 @@ assert all((cid & 0xFF) not in _MUX for cid in _BY_ID)
 MAX_BATCH_RECEIPTS = 256
 MAX_PACKET_BYTES = 65535
 MAX_ACK_SEQNOS = 512
+#: packets a sender may have beyond the receiver's cumulative ack before it heard the
+#: receiver's window (TCP's initial window, RFC 5681, in packets); a receiver advertises at
+#: least this many (the full node's --receipt-window minimum), so even the first packets of
+#: a stream always find room
+INITIAL_WINDOW = 2
+#: the window (packets) a ReceiptReceiver advertises and buffers by default
+DEFAULT_WINDOW = 32
+MAX_WINDOW = 4096
 
 
 class DeliveryError(ValueError):
@@ -241,27 +253,41 @@ def decode_batch(data: bytes) -> Batch:
 
 @dataclass(frozen=True)
 class Ack:
-    """A decoded remp.receiptBatchAck (see module doc)."""
+    """A decoded remp.receiptBatchAck or remp.receiptBatchAckWindow (see module doc);
+    window: None for the former."""
 
     source_id: bytes
     stream: int
     through: int
     seqnos: tuple
+    window: int | None = None
 
 
-def encode_ack(source_id: bytes, stream: int, through: int, seqnos: Iterable[int]) -> bytes:
+def encode_ack(source_id: bytes, stream: int, through: int, seqnos: Iterable[int],
+               window: int | None = None) -> bytes:
+    """remp.receiptBatchAckWindow when `window` (packets) is given, else remp.receiptBatchAck."""
     seqnos = tuple(seqnos)
-    return b"".join([pack_id(RECEIPT_BATCH_ACK), pack_int256(source_id), pack_long(stream), pack_long(through),
-                     pack_int(len(seqnos))] + [pack_long(s) for s in seqnos])
+    head = [pack_id(RECEIPT_BATCH_ACK if window is None else RECEIPT_BATCH_ACK_WINDOW), pack_int256(source_id),
+            pack_long(stream), pack_long(through)]
+    if window is not None:
+        head.append(pack_int(window))
+    return b"".join(head + [pack_int(len(seqnos))] + [pack_long(s) for s in seqnos])
 
 
 def decode_ack(data: bytes) -> Ack:
-    """Parse a remp.receiptBatchAck. DeliveryError("malformed")."""
+    """Parse a remp.receiptBatchAck / remp.receiptBatchAckWindow. DeliveryError("malformed")
+    (also for a window outside 1..MAX_WINDOW)."""
+    window = None
     try:
-        r = TLReader(data, 64 + 8 * MAX_ACK_SEQNOS)
-        if r.constructor() != RECEIPT_BATCH_ACK:
+        r = TLReader(data, 68 + 8 * MAX_ACK_SEQNOS)
+        cid = r.constructor()
+        if cid not in (RECEIPT_BATCH_ACK, RECEIPT_BATCH_ACK_WINDOW):
             raise TLError("not a remp.receiptBatchAck")
         source_id, stream, through = r.int256(), r.long(), r.long()
+        if cid == RECEIPT_BATCH_ACK_WINDOW:
+            window = r.int()
+            if not 1 <= window <= MAX_WINDOW:
+                raise TLError(f"window {window} (1..{MAX_WINDOW})")
         n = r.int()
         if not 0 <= n <= MAX_ACK_SEQNOS:
             raise TLError(f"{n} seqnos in one ack (max {MAX_ACK_SEQNOS})")
@@ -269,7 +295,7 @@ def decode_ack(data: bytes) -> Ack:
         r.finish()
     except TLError as exc:
         raise DeliveryError("malformed", f"remp.receiptBatchAck: {exc}") from None
-    return Ack(source_id, stream, through, seqnos)
+    return Ack(source_id, stream, through, seqnos, window)
 
 
 # --- validator side ----------------------------------------------------------------------------
@@ -302,7 +328,7 @@ class _Out:
 
 @dataclass
 class _Dst:
-    pending: list = field(default_factory=list)        # (bytes, session)
+    pending: deque = field(default_factory=deque)      # (bytes, session)
     pending_bytes: int = 0
     flush_at: float | None = None
     last_flush: float = -1e18
@@ -314,6 +340,9 @@ class _Dst:
     rtx_at: float | None = None  # when the oldest unacknowledged packets go again
     backoff: int = 0            # resends since the last acknowledged progress
     lossy_until: float = float("-inf")  # packets stay lossy_batch_bytes small until then (after a resend)
+    window: int = INITIAL_WINDOW  # packets beyond acked_through the receiver can hold (its acks say)
+    acked_through: int = 0       # the receiver's cumulative ack
+    blocked: bool = False        # receipts wait in pending for the window to open
 
 
 #: unacknowledged packets resent per full node when its retransmission timer fires (the
@@ -375,8 +404,9 @@ class ReceiptSender:
                  lossy_batch_bytes: int = 2144, loss_memory: float = 5.0,
                  resend_initial: float = 0.25, resend_max: float = 2.0, max_unacked_per_dst: int = 4096,
                  stream: int | None = None, session: int = 0, journal: bool = False,
-                 urgent_first: Callable[[bytes], bool] | None = None):
-        if max_delay < 0 or resend_initial <= 0 or resend_max < resend_initial or max_unacked_per_dst < 1:
+                 urgent_first: Callable[[bytes], bool] | None = None, initial_window: int = INITIAL_WINDOW):
+        if max_delay < 0 or resend_initial <= 0 or resend_max < resend_initial or max_unacked_per_dst < 1 \
+                or not 1 <= initial_window <= max_unacked_per_dst:
             raise DeliveryMisuse("bad ReceiptSender parameters")
         self.key = key
         self.max_delay = max_delay
@@ -392,10 +422,12 @@ class ReceiptSender:
         self._out: list[tuple[bytes, bytes]] = []
         self.journal = journal
         self.urgent_first = urgent_first
+        self.initial_window = initial_window
+        self._now = 0.0
         self._journal: list[OutboxChange] = []
         self.stats = {k: 0 for k in ("added", "packets", "resends", "acked", "receipts_acked",
                                      "abandoned_obsolete", "abandoned_overflow", "acks_bad", "restored",
-                                     "lossy_periods")}
+                                     "lossy_periods", "window_full", "receipts_abandoned")}
 
     def add(self, dst: bytes, signed: SignedReceipt | bytes, now: float, session: int | None = None) -> None:
         """Queue one signed receipt for full node `dst` (key id). signed: a SignedReceipt or
@@ -427,13 +459,15 @@ class ReceiptSender:
             self._journal.append(OutboxChange("add", bytes(dst), hashlib.sha256(data).digest(), data, session))
         d = self._dsts.get(dst)
         if d is None:
-            d = self._dsts[dst] = _Dst(rto=self.resend_initial)
+            d = self._dsts[dst] = _Dst(rto=self.resend_initial, window=self.initial_window)
         limit = self.max_batch_bytes if now >= d.lossy_until else self.lossy_batch_bytes
-        if d.pending_bytes and d.pending_bytes + len(data) > limit:
+        if d.pending_bytes and d.pending_bytes + len(data) > limit and not d.blocked:
             self._flush(dst, d, now)
         d.pending.append((data, session))
         d.pending_bytes += len(data) + 4
         self.stats["added"] += 1
+        if d.blocked:
+            return                      # the next ack that opens the window sends it
         if d.pending_bytes >= limit or self._urgent(data):
             self._flush(dst, d, now)
         elif d.flush_at is None:
@@ -446,35 +480,72 @@ class ReceiptSender:
         return mid is not None and (self.urgent_first is None or self.urgent_first(mid))
 
     def set_session(self, session: int, now: float) -> None:
-        """The validator entered master session `session`: abandon obsolete packets."""
+        """The validator entered master session `session`: abandon obsolete packets and
+        obsolete receipts waiting for the window."""
         if session > self.session:
             self.session = session
+            self._now = now
             self._expire()
 
     def _expire(self) -> None:
         for dst, d in self._dsts.items():
             for seq in [s for s, o in d.unacked.items() if self.session >= o.session + 2]:
-                self._done(dst, d.unacked.pop(seq).receipts)
+                o = d.unacked.pop(seq)
+                self._done(dst, o.receipts)
                 self.stats["abandoned_obsolete"] += 1
+                self.stats["receipts_abandoned"] += len(o.receipts)
+            if d.pending and d.pending[0][1] + 2 <= self.session:   # waiting for the window
+                keep = deque(p for p in d.pending if p[1] + 2 > self.session)
+                gone = [r for r, x in d.pending if x + 2 <= self.session]
+                d.pending = keep
+                d.pending_bytes = sum(len(r) + 4 for r, _ in keep)
+                self._done(dst, gone)
+                self.stats["receipts_abandoned"] += len(gone)
+            if d.blocked and d.pending and self._open(d):
+                self._flush(dst, d, self._now)
 
     def _base(self, d: _Dst) -> int:
         return next(iter(d.unacked)) if d.unacked else d.seqno + 1
 
+    def _open(self, d: _Dst) -> bool:
+        """True when the next packet fits the receiver's window: its seqno is at most the
+        receiver's cumulative ack (or base - 1: it skips to base) plus its window, so it
+        finds room in the receiver's reorder buffer whatever arrives before it."""
+        return d.seqno + 1 <= max(d.acked_through, self._base(d) - 1) + d.window
+
     def _flush(self, dst: bytes, d: _Dst, now: float) -> None:
+        """Pending receipts into packets while the window is open (each at most the batch
+        limit); what does not fit waits in pending until an ack opens the window (flow
+        control: a slow full node acknowledges late, so its validators send less)."""
         d.flush_at = None
-        if not d.pending:
-            return
-        d.seqno += 1
-        o = _Out(d.seqno, tuple(r for r, _ in d.pending), min(s for _, s in d.pending), now)
-        d.pending, d.pending_bytes = [], 0
-        d.unacked[o.seqno] = o
-        while len(d.unacked) > self.max_unacked:
-            self._done(dst, d.unacked.popitem(last=False)[1].receipts)
-            self.stats["abandoned_overflow"] += 1
-        d.last_flush = now
-        self._emit(dst, d, o, now)
-        if d.rtx_at is None:
-            d.rtx_at = now + d.rto
+        limit = self.max_batch_bytes if now >= d.lossy_until else self.lossy_batch_bytes
+        while d.pending:
+            if not self._open(d):
+                if not d.blocked:
+                    d.blocked = True
+                    self.stats["window_full"] += 1
+                return
+            d.blocked = False
+            take, size = [], 0
+            while d.pending and (not take or size + len(d.pending[0][0]) + 4 <= limit) \
+                    and len(take) < MAX_BATCH_RECEIPTS:
+                r = d.pending.popleft()
+                take.append(r)
+                size += len(r[0]) + 4
+            d.pending_bytes -= size
+            d.seqno += 1
+            o = _Out(d.seqno, tuple(r for r, _ in take), min(x for _, x in take), now)
+            d.unacked[o.seqno] = o
+            while len(d.unacked) > self.max_unacked:
+                gone = d.unacked.popitem(last=False)[1].receipts
+                self._done(dst, gone)
+                self.stats["abandoned_overflow"] += 1
+                self.stats["receipts_abandoned"] += len(gone)
+            d.last_flush = now
+            self._emit(dst, d, o, now)
+            if d.rtx_at is None:
+                d.rtx_at = now + d.rto
+        d.pending_bytes = 0
 
     def _emit(self, dst: bytes, d: _Dst, o: _Out, now: float) -> None:
         base = self._base(d)
@@ -517,6 +588,10 @@ class ReceiptSender:
         d = self._dsts.get(src)
         if d is None:
             return
+        if ack.window is not None:
+            d.window = min(ack.window, self.max_unacked)
+        if ack.through > d.acked_through:
+            d.acked_through = ack.through
         done = []
         while d.unacked and next(iter(d.unacked)) <= ack.through:   # seqno order
             done.append(d.unacked.popitem(last=False)[1])
@@ -544,6 +619,8 @@ class ReceiptSender:
                 if (now - head.last_sent >= d.rto
                         and now - max(o.last_sent for o in done) < self.resend_initial):
                     self._resend(src, d, now)
+        if d.pending and d.blocked and self._open(d):
+            self._flush(src, d, now)        # the window opened: what waited for it leaves
 
     def _rtt(self, d: _Dst, sample: float) -> None:
         """Jacobson/Karels (RFC 6298): rto = srtt + 4 rttvar within [resend_initial, resend_max]."""
@@ -573,7 +650,7 @@ class ReceiptSender:
 
     def handle_timer(self, now: float) -> None:
         for dst, d in self._dsts.items():
-            if d.flush_at is not None and d.flush_at <= now:
+            if (d.flush_at is not None and d.flush_at <= now) or (d.blocked and self._open(d)):
                 self._flush(dst, d, now)
             if not d.unacked:
                 d.rtx_at, d.backoff = None, 0
@@ -625,7 +702,7 @@ class ReceiptReceiver:
     (seqnos the sender abandoned), and errors by reason ("error_<reason>")."""
 
     def __init__(self, key: NodeKey, sources: Iterable[bytes] | Mapping[bytes, bytes] = (), *,
-                 ack_delay: float = 0.02, max_buffered: int = 512, dedup_memory: int = 65536,
+                 ack_delay: float = 0.02, max_buffered: int = DEFAULT_WINDOW, dedup_memory: int = 65536,
                  verify_receipts: bool = False):
         self.key = key
         self.ack_delay = ack_delay
@@ -748,7 +825,8 @@ class ReceiptReceiver:
                 # cumulative only: an ack means "released, in order, to the full node"; a
                 # packet held in the reorder buffer is not acknowledged, so a crash of either
                 # side (buffer gone) cannot lose it: the sender still has it
-                self._out.append((source, encode_ack(source, s.stream, s.next_seq - 1, ())))
+                self._out.append((source, encode_ack(source, s.stream, s.next_seq - 1, (),
+                                                     window=self.max_buffered)))
                 self.stats["acks"] += 1
 
     def packets_to_send(self, now: float) -> list[tuple[bytes, bytes]]:

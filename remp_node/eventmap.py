@@ -122,6 +122,8 @@ def client_records(ev) -> list[LogRecord]:
                           "info" if ev.outcome == "finalized" else "warning",
                           {"outcome": ev.outcome, "kind": ev.kind, "reason": ev.reason, "count": ev.datagrams,
                            "duration_ms": ev.elapsed * 1000.0})]
+    if type(ev).__name__ == "MessageSettled":
+        return []       # the end of a message's subscriptions: nothing for the trace
     raise TypeError(f"not a REMP client event: {ev!r}")
 
 

@@ -43,13 +43,16 @@ from daemon_runtime.eventlog import EventLog
 from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, run_daemon, use_event_loop
 from daemon_runtime.ratelimit import LogLimiter
 
-from .delivery import DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
+from .api import DEFAULT_MAX_PENDING
+from .client import LATE_MEMORY
+from .delivery import DEFAULT_WINDOW, INITIAL_WINDOW, MAX_WINDOW, DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
 from .endpoint import open_endpoint, parse_faults
 from .eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records, emit_records,
                        fullnode_dropped_record, peer_label, validator_records)
 from .events import REMP_EVENTS
 from .netfiles import NetFilesError, load_key, load_network
 from .receipts import ReceiptError
+from .schedule import master_session_at
 from .store import StoreError
 from .validator import (CH_CLIENT, CH_MASTER, CHANNEL_NAMES, Dropped, MasterBlockAccepted, ReceiptSent,
                         ShardBlockAccepted, ValidatorCore, ZERO32, mux)
@@ -64,6 +67,14 @@ _compact_json = json.JSONEncoder(separators=(",", ":")).encode
 STORE_ERROR_LOG_INTERVAL = 10.0
 #: most datagrams a validator holds while its journal cannot be written (oldest dropped)
 MAX_HELD = 4096
+#: seconds a full node keeps a final message (--final-retention default): a day
+FINAL_RETENTION = 86400.0
+#: --final-retention must cover this many master sessions: the validators' replay window
+#: (a message received in session N is in their message cache until N + 2 ends: 2 to 3
+#: sessions, DESIGN.md section 4), plus one
+REPLAY_SESSIONS = 3
+#: seconds between two purges of final messages past their retention
+PURGE_INTERVAL = 60.0
 
 __all__ = ["run_role", "build_validator_parser", "build_fullnode_parser", "ValidatorDaemon", "FullnodeDaemon"]
 
@@ -109,6 +120,27 @@ def build_fullnode_parser() -> argparse.ArgumentParser:
                    help="seconds between the client's waves to more validators (default: network.json's)")
     p.add_argument("--max-body", type=int, default=128 * 1024, metavar="BYTES",
                    help="largest POST /messages body (raw or base64 BOC; default 131072)")
+    p.add_argument("--max-pending", type=int, default=DEFAULT_MAX_PENDING, metavar="N",
+                   help="messages held not final yet past which POST /messages answers 503 with Retry-After "
+                        f"(postRequests: BACKPRESSURE); accepted ones are never dropped (default {DEFAULT_MAX_PENDING})")
+    p.add_argument("--client-rate", type=float, default=0.0, metavar="PER_S",
+                   help="messages per second per client address (token bucket; beyond: 503 with Retry-After); "
+                        "0 = no per-client limit (default 0)")
+    p.add_argument("--client-burst", type=float, default=0.0, metavar="N",
+                   help="the token bucket's size: messages a client may send at once (default: max(1, rate))")
+    p.add_argument("--receipt-window", type=int, default=DEFAULT_WINDOW, metavar="PACKETS",
+                   help="receipt packets per validator the full node buffers and advertises in its acks "
+                        "(flow control: a validator never has more in flight, so no receipt is refused "
+                        f"for buffer space; default {DEFAULT_WINDOW})")
+    p.add_argument("--subscription-grace", type=float, default=LATE_MEMORY, metavar="S",
+                   help="seconds after a message's final decision its subscriptions stay open for the "
+                        "statuses of validators that have not sent their own final status yet (they end "
+                        f"earlier once every one has; default {LATE_MEMORY:g})")
+    p.add_argument("--final-retention", type=float, default=FINAL_RETENTION, metavar="S",
+                   help="seconds a final message is kept in the data dir after its final outcome (its "
+                        "statuses for GET /messages/{id}; a POST of it meanwhile answers 409 and is never "
+                        "sent to the validators again); at least REPLAY_SESSIONS master sessions "
+                        f"(default {FINAL_RETENTION:g})")
     return p
 
 
@@ -494,10 +526,19 @@ class FullnodeDaemon(_Daemon):
         self.follower = ChainFollower(self.key, self.net.config, self.net.zerostate(),
                                       round_timeout=min(1.0, tm["master_round_timeout"]))
         vkeys = [v.public_key for v in self.net.config.validators]
+        cfg = self.net.config
+        # lifetime=None: a message ends as Timeout only from what the chain says (client.py,
+        # chain_session: past the validators' replay window and not in the chain) or from
+        # every validator's Timeout, never because its receipts are late
         self.client = RempClient(self.key, self.follower.state, self.follower.client_groups,
                                  resend_interval=args.resend_interval or tm["resend_interval"],
-                                 extra_keys=lambda: vkeys)
-        self.receiver = ReceiptReceiver(self.key, {v.key_id: v.public_key for v in self.net.config.validators})
+                                 extra_keys=lambda: vkeys, late_memory=args.subscription_grace,
+                                 lifetime=None, session_at=lambda now: master_session_at(cfg, now))
+        self._chain_session = -1
+        # the window it advertises is its reorder buffer: a validator never sends a packet
+        # that would not fit (delivery.py, flow control), so none is refused for space
+        self.receiver = ReceiptReceiver(self.key, {v.key_id: v.public_key for v in self.net.config.validators},
+                                        max_buffered=args.receipt_window)
         self.log = EventLog(SERVICE_FULLNODE, self.node_id, [REMP_EVENTS], sink=args.log, min_level=args.log_level)
         self.hub = StatusHub(self, redis_url=args.redis, stream=args.redis_stream, maxlen=args.redis_maxlen)
         r = self.registry
@@ -506,6 +547,15 @@ class FullnodeDaemon(_Daemon):
         self.m_dropped = PCounter("remp_fullnode_dropped", "datagrams the full node dropped, by reason",
                                   ["reason"], registry=r)
         self.m_final = PCounter("remp_final", "final outcomes", ["outcome"], registry=r)
+        # a final message is never sent to the validators again while it is retained
+        self.retention = float(args.final_retention)
+        window = REPLAY_SESSIONS * self.net.config.mc_catchain_lifetime
+        if self.retention < window:
+            raise NetFilesError(f"--final-retention {self.retention:g} s is shorter than {REPLAY_SESSIONS} master "
+                                f"sessions ({window:g} s), the validators' replay window plus one session")
+        self.resent_refused = 0
+        self.purged = 0
+        self._purge_at = 0.0
         Gauge("remp_followed_master_height", "next master block seqno the follower expects",
               registry=r).set_function(lambda: self.follower.master.height)
 
@@ -516,6 +566,7 @@ class FullnodeDaemon(_Daemon):
         return {"ok": not self.stopping, "role": "fullnode", "label": self.label, "event_loop": self.event_loop,
                 "followed_master_height": self.follower.master.height, "pending": len(self.client.pending()),
                 "resubmitted": self.resubmitted, "epoch": self.epoch,
+                "final_retention": self.retention, "resent_refused": self.resent_refused, "purged": self.purged,
                 "client": dict(self.client.stats), "follower": dict(self.follower.stats),
                 "delivery": dict(self.receiver.stats),
                 "redis": self.hub.redis_state(),
@@ -558,16 +609,39 @@ class FullnodeDaemon(_Daemon):
         self.m_dropped.labels(reason.split(":")[0][:40]).inc()
         emit_records(self.log, [fullnode_dropped_record(src, reason, size)])
 
+    def held_final(self, mid: bytes) -> dict | None:
+        """The final outcome the full node holds for `mid` (32 bytes) when that outcome came
+        from the validators or the chain (finalized, rejected by the queue / collator /
+        chain, timeout): {"final": True, "outcome", "kind", "reason", "final_at" (Unix s),
+        "retained_until" (Unix s)}; else None (unknown, in flight, refused by this full
+        node's own checks, which are run again). This step's outcomes (the hub's) first,
+        then the store. Raises store.StoreError."""
+        f = self.hub.finals.get(mid)
+        if f is None:
+            k = self.store.known(mid)
+            if k is None or not k["outcome"]:
+                return None
+            f = {"final": True, "outcome": k["outcome"], "kind": k["kind"], "reason": k["reason"],
+                 "final_at": k["final_at"]}
+        if f["kind"] == "RejectedByFullnode":
+            return None
+        return dict(f, retained_until=f.get("final_at", time.time()) + self.retention)
+
     def submit(self, boc: bytes, parsed=None) -> bytes:
         """Record a BOC in the store, then hand it to the client core (the API calls this;
         parsed: its messages.parse_external_message result when the caller has it); flushes
-        at once. Returns the 32-byte message id. Raises store.StoreError when the store
-        cannot record it: then nothing was handed to the client core or sent (the API
-        answers 503; a message the full node could not resubmit after a crash is never
-        accepted)."""
+        at once. Returns the 32-byte message id. A message the full node holds as final
+        (held_final: retained --final-retention seconds, across restarts) is not handed to
+        the client core again: nothing is sent (the API answers 409 with the outcome); one
+        in flight is a no-op of the core. Raises store.StoreError when the store cannot
+        record it: then nothing was handed to the client core or sent (the API answers 503;
+        a message the full node could not resubmit after a crash is never accepted)."""
         from .client import submitted_message_id
         now = self.now()
         mid = submitted_message_id(boc, parsed)
+        if self.held_final(mid) is not None:
+            self.resent_refused += 1
+            return mid
         self.store.add_message(mid, boc, time.time())
         self.client.submit(boc, now, parsed)
         if parsed is not None and parsed.boc == boc:
@@ -619,9 +693,11 @@ class FullnodeDaemon(_Daemon):
         out = [(dst, mux(CH_CLIENT, ZERO32, d)) for dst, d in self.client.datagrams_to_send(now)]
         out += self.follower.datagrams_to_send(now)
         acks = self.receiver.packets_to_send(now)
+        self._follow_chain(now)
         self._drain_client()
-        while self.follower.next_event() is not None:
-            pass
+        if now >= self._purge_at:
+            self._purge_at = now + min(PURGE_INTERVAL, self.retention / 10)
+            self._purge()
         # the step's statuses and outcomes (and those drained by submit() since the last step)
         # in one transaction, before this step's datagrams (the receipt acks) leave
         try:
@@ -634,8 +710,34 @@ class FullnodeDaemon(_Daemon):
             return out
         return out + acks
 
+    def _follow_chain(self, now: float) -> None:
+        """What the chain says about the tracked messages (client.chain_finalized /
+        chain_session), from the follower's applied master blocks."""
+        from .follower import ChainBlockApplied
+        while (ev := self.follower.next_event()) is not None:
+            if not isinstance(ev, ChainBlockApplied):
+                continue
+            for mid, _shard in ev.messages:
+                ids = self.follower.finalized.get(mid)
+                if ids is not None:
+                    self.client.chain_finalized(mid, ids[0], ids[1], now)
+            if ev.session > self._chain_session:
+                self._chain_session = ev.session
+                self.client.chain_session(ev.session, now)
+
+    def _purge(self) -> None:
+        """Forget final messages older than the retention (store, then the hub's memory)."""
+        try:
+            ids = self.store.purge_final(time.time() - self.retention)
+        except StoreError as exc:
+            self._store_failed(exc, "final messages past their retention are kept until it can write")
+            return
+        if ids:
+            self.purged += len(ids)
+            self.hub.forget(ids)
+
     def _drain_client(self) -> None:
-        from .client import FinalStatus, ReceiptEvent
+        from .client import FinalStatus, MessageSettled, ReceiptEvent
         rows, lines = [], []
         while (ev := self.client.next_event()) is not None:
             try:
@@ -648,8 +750,10 @@ class FullnodeDaemon(_Daemon):
                     self.hub.status(ev.message_id, d, text)
                 elif isinstance(ev, FinalStatus):
                     self._child(self.m_final, ev.outcome).inc()
-                    self.store.set_outcome(ev.message_id, ev.outcome, ev.kind, ev.reason)
+                    self.store.set_outcome(ev.message_id, ev.outcome, ev.kind, ev.reason, time.time())
                     self.hub.final(ev.message_id, ev)
+                elif isinstance(ev, MessageSettled):
+                    self.hub.settled(ev.message_id, ev.reason)
             except Exception as exc:
                 self._bug("event", exc)
         try:
@@ -686,6 +790,15 @@ def parse_role_args(role: str, argv: list[str]) -> tuple[argparse.ArgumentParser
                 parser.error(f"--{flag}: {exc}")
     if args.grace < 0:
         parser.error("--grace must be >= 0")
+    if role == "fullnode":
+        if not INITIAL_WINDOW <= args.receipt_window <= MAX_WINDOW:
+            parser.error(f"--receipt-window must be {INITIAL_WINDOW}..{MAX_WINDOW} packets")
+        if args.subscription_grace <= 0:
+            parser.error("--subscription-grace must be > 0")
+        if args.max_pending < 1 or args.client_rate < 0 or args.client_burst < 0:
+            parser.error("--max-pending must be >= 1, --client-rate and --client-burst >= 0")
+        if args.client_rate > 0 and args.client_burst == 0:
+            args.client_burst = max(1.0, args.client_rate)
     return parser, args
 
 

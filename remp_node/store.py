@@ -25,8 +25,11 @@ from its "add" record until its "done", so a SIGKILLed validator sends again, af
 restart, the statuses it had produced but no full node had acknowledged.
 
 FullnodeStore keeps what users were told: every message submitted (id, BOC, time) and every
-status (the seed's JSON, in arrival order) with the final outcome, so ``GET /messages/{id}``
-survives a restart.
+status (the seed's JSON, in arrival order) with the final outcome and when it became final
+(``final_at``, Unix seconds), so ``GET /messages/{id}`` survives a restart, and so does the
+full node's refusal to send a final message to the validators again (node.FullnodeDaemon,
+``--final-retention``): a final message is kept until purge_final() removes it, retention
+seconds after its final outcome.
 
 Errors: StoreError (not a ValueError: a local failure, e.g. a corrupt or locked file).
 """
@@ -203,6 +206,9 @@ class FullnodeStore:
                                                  json TEXT NOT NULL);
             CREATE INDEX IF NOT EXISTS statuses_id ON statuses (id, n);
         """)
+        cols = {row[1] for row in self.db.execute("PRAGMA table_info(messages)")}
+        if "final_at" not in cols:      # a store written before final_at existed
+            self.db.execute("ALTER TABLE messages ADD COLUMN final_at REAL")
         # SIGKILL-safe without an fsync per commit (module doc)
         self.db.execute("PRAGMA synchronous=NORMAL")
         self._rows: list[tuple[bytes, str]] = []
@@ -228,9 +234,10 @@ class FullnodeStore:
         encodes each once, for this store and the Redis stream) for the next commit()."""
         self._rows.extend(rows)
 
-    def set_outcome(self, mid: bytes, outcome: str, kind: str, reason: str) -> None:
-        """Queue a final outcome for the next commit()."""
-        self._outcomes.append((outcome, kind, reason, mid))
+    def set_outcome(self, mid: bytes, outcome: str, kind: str, reason: str, final_at: float | None = None) -> None:
+        """Queue a final outcome for the next commit(). final_at: Unix seconds it became
+        final, the clock of purge_final's retention (None: the submit time stands for it)."""
+        self._outcomes.append((outcome, kind, reason, final_at, mid))
 
     def commit(self) -> int:
         """Write the queued statuses and outcomes in ONE transaction (the daemon calls it at
@@ -245,7 +252,8 @@ class FullnodeStore:
             if rows:
                 self.db.executemany("INSERT INTO statuses (id, json) VALUES (?, ?)", rows)
             if outcomes:
-                self.db.executemany("UPDATE messages SET outcome = ?, kind = ?, reason = ? WHERE id = ?", outcomes)
+                self.db.executemany("UPDATE messages SET outcome = ?, kind = ?, reason = ?, final_at = ? "
+                                    "WHERE id = ?", outcomes)
             self.db.execute("COMMIT")
         except sqlite3.Error as exc:      # kept for the next commit (the step sent nothing)
             try:
@@ -263,6 +271,44 @@ class FullnodeStore:
         if row is None:
             return None
         return {"submitted": row[0], "outcome": row[1], "kind": row[2], "reason": row[3]}
+
+    def known(self, mid: bytes) -> dict | None:
+        """What the store holds about `mid` as committed (no commit first: a caller on the
+        submit path checks the daemon's in-memory outcomes of this step before):
+        {"submitted", "outcome" (None while in flight), "kind", "reason", "final_at"} or
+        None. Raises StoreError."""
+        try:
+            row = self.db.execute("SELECT submitted, outcome, kind, reason, final_at FROM messages WHERE id = ?",
+                                  (mid,)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from None
+        if row is None:
+            return None
+        return {"submitted": row[0], "outcome": row[1], "kind": row[2], "reason": row[3] or "",
+                "final_at": row[4] if row[4] is not None else row[0]}
+
+    def purge_final(self, before: float, limit: int = 5000) -> list[bytes]:
+        """Delete at most `limit` messages whose final outcome is older than `before` (Unix
+        seconds; final_at, or the submit time for rows without one) with their statuses, in
+        one transaction. Returns their ids. Raises StoreError."""
+        self.commit()
+        try:
+            ids = [bytes(i) for (i,) in self.db.execute(
+                "SELECT id FROM messages WHERE outcome IS NOT NULL AND COALESCE(final_at, submitted) < ? LIMIT ?",
+                (before, limit))]
+            if not ids:
+                return []
+            self.db.execute("BEGIN")
+            self.db.executemany("DELETE FROM statuses WHERE id = ?", [(i,) for i in ids])
+            self.db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in ids])
+            self.db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise StoreError(f"{self.path}: {exc}") from None
+        return ids
 
     def statuses(self, mid: bytes) -> list[dict]:
         self.commit()

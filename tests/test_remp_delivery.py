@@ -14,7 +14,7 @@ import random
 import pytest
 
 from remp_node.delivery import (DeliveryError, ReceiptReceiver, ReceiptSender, classify, decode_batch,
-                                encode_ack, encode_batch, RECEIPT_BATCH, RECEIPT_BATCH_ACK, TL_LINES)
+                                encode_ack, encode_batch, INITIAL_WINDOW, RECEIPT_BATCH, RECEIPT_BATCH_ACK, TL_LINES)
 from remp_node.keys import NodeKey
 from remp_node.network import SimNetwork
 from remp_node.receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, Timeout,
@@ -279,18 +279,21 @@ def test_obsolete_packets_are_abandoned_and_memory_is_bounded():
     for i in range(200):
         net.step(net.now + 0.2)                 # one packet per status
         s.add(FULLNODE.key_id, make_signed_receipt(VALIDATORS[0], bytes([i]) * 32, New(), i), net.now)
-    assert s.unacked() <= 50 and s.stats["abandoned_overflow"] >= 150
+    # flow control: no ack ever came, so at most the initial window of packets is in flight;
+    # the rest wait at the sender (nothing abandoned for space), until they are obsolete
+    assert s.unacked() == 200 and s.stats["abandoned_overflow"] == 0
+    assert s.stats["packets"] == INITIAL_WINDOW and s.stats["window_full"] >= 1
     s.set_session(1, net.now)
     assert s.unacked() > 0                      # session 0's receipts live through session 1
     s.set_session(2, net.now)                   # obsolete at N + 2
-    assert s.unacked() == 0 and s.stats["abandoned_obsolete"] > 0
+    assert s.unacked() == 0 and s.stats["abandoned_obsolete"] > 0 and s.stats["receipts_abandoned"] == 200
     net.step(net.now + 10)
     assert s.get_timer() is None
 
 
 def test_receiver_skips_what_the_sender_abandoned_and_keeps_order():
     v = VALIDATORS[0]
-    s = ReceiptSender(v, stream=7, max_delay=0.0)
+    s = ReceiptSender(v, stream=7, max_delay=0.0, initial_window=4)
     r = ReceiptReceiver(FULLNODE, [v.public])
     pk = []
     for i in range(3):
@@ -530,7 +533,7 @@ def test_resends_behind_a_silent_full_node_stay_bounded():
     base is the same signed bytes (no new signature)."""
     from remp_node.delivery import RESEND_WINDOW
     v = VALIDATORS[0]
-    s = ReceiptSender(v, stream=1, max_delay=0.0, resend_initial=0.25, resend_max=2.0)
+    s = ReceiptSender(v, stream=1, max_delay=0.0, resend_initial=0.25, resend_max=2.0, initial_window=512)
     first: dict[int, bytes] = {}
     for i in range(300):
         s.add(FULLNODE.key_id, make_signed_receipt(v, hashlib.sha256(b"%d" % i).digest(), New(), i), T0 + i * 0.01)
@@ -564,7 +567,7 @@ def test_a_prompt_ack_resends_the_next_old_packet_at_once_a_late_one_does_not():
     v = VALIDATORS[0]
 
     def sender_with(n, t0):
-        s = ReceiptSender(v, stream=1, max_delay=0.0, resend_initial=0.25, resend_max=2.0)
+        s = ReceiptSender(v, stream=1, max_delay=0.0, resend_initial=0.25, resend_max=2.0, initial_window=64)
         for i in range(n):
             s.add(FULLNODE.key_id, make_signed_receipt(v, hashlib.sha256(b"p%d" % i).digest(), New(), i),
                   t0 + i * 0.01)
@@ -598,7 +601,7 @@ def test_retransmission_timeout_follows_the_ack_round_trip():
     """Acks that come back 0.8 s after each packet (a loaded full node) raise the timeout
     above 0.8 s, so packets waiting for their ack are not resent spuriously."""
     v = VALIDATORS[0]
-    s = ReceiptSender(v, stream=1, max_delay=0.0, resend_initial=0.25, resend_max=2.0)
+    s = ReceiptSender(v, stream=1, max_delay=0.0, resend_initial=0.25, resend_max=2.0, initial_window=64)
     t = T0
     for i in range(40):
         s.add(FULLNODE.key_id, make_signed_receipt(v, hashlib.sha256(b"rtt%d" % i).digest(), New(), i), t)
@@ -623,7 +626,7 @@ def test_packets_grow_to_four_parts_on_a_clean_path_and_shrink_after_a_hole():
     receipt still arrives, once."""
     from remp_node.delivery import unwrap
     v = VALIDATORS[0]
-    snd = ReceiptSender(v, stream=1, max_delay=0.1)
+    snd = ReceiptSender(v, stream=1, max_delay=0.1, initial_window=4)
     rcv = ReceiptReceiver(FULLNODE, [v.public])
     mids = [hashlib.sha256(b"grow%d" % i).digest() for i in range(400)]
     made = [make_signed_receipt(v, m, Accepted(Level.MASTERCHAIN, SHARD_BLOCK, MC_BLOCK), 1000 + i).serialize()

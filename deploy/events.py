@@ -1,6 +1,6 @@
-"""The demo plan catalogue: what the launcher (relay-suite-demo) intends to break, logged
-before it breaks it, so the trace report can tell planned failures from unplanned ones
-(DESIGN.md section 6: planned faults labelled in the event log).
+"""The demo catalogue: what the launcher (relay-suite-demo) intends to break, logged before
+it breaks it, so the trace report can tell planned failures from unplanned ones (DESIGN.md
+section 6), and the CPU it samples while the demo runs.
 
 service = "relay-suite-demo", node = "launcher".
 
@@ -19,6 +19,21 @@ service = "relay-suite-demo", node = "launcher".
   value, e.g. "42" or "127.0.0.1:40231"; kind = the service; host = the host name of the
   machine it runs on). The report labels nodes with it, and never corrects the timestamps
   of two nodes of one host against each other: they share that host's clock.
+
+The launcher's CPU samples (deploy/cpu.py), one set per second, in `<logdir>/demo-cpu.jsonl`
+(trace_id null). The report draws them as a CPU timeline and uses them to tell an objective
+missed while the host was saturated from one missed on an idle host:
+
+- `demo.cpu.host`: the whole host over the last interval (cpu_pct = percent of ALL its
+  cores busy, 0..100, psutil.cpu_percent; cores = logical cores; demo_pct = the demo's own
+  processes (the launcher and every process it started, recursively), percent of all
+  cores; interval_ms = the interval measured).
+- `demo.cpu.process`: one process over the same interval (target = its label: the daemon
+  name for the demo's daemons, e.g. "rmb-relay-relay1", "launcher" for the launcher
+  itself, else "<process name>[<pid>]"; kind = "demo" for the demo's processes, "other"
+  for any other process of the host; pid; core_pct = percent of ONE core, so 200 = two
+  cores busy). The demo's processes are logged when they used >= 1% of a core, the host's
+  other processes only the busiest few (>= 5% of a core).
 """
 from daemon_runtime.eventlog import Catalogue, EventSpec
 
@@ -37,4 +52,11 @@ DEMO_EVENTS = Catalogue("demo", [
       "value in other events, kind = its service, host = the host name it runs on: nodes "
       "of one host share its clock)",
       {"target": "string", "peer": "string", "kind": "string", "host": "string"}),
+    E("demo.cpu.host", "host CPU over the last sampling interval (cpu_pct = percent of all "
+      "cores busy, 0..100; cores = logical cores; demo_pct = the demo's own processes, "
+      "percent of all cores; interval_ms = the interval)",
+      {"cpu_pct": "double", "cores": "long", "demo_pct": "double", "interval_ms": "double"}),
+    E("demo.cpu.process", "one process's CPU over the last sampling interval (target = its "
+      "label, kind = demo | other, pid, core_pct = percent of one core: 200 = two cores)",
+      {"target": "string", "kind": "string", "pid": "long", "core_pct": "double"}),
 ])

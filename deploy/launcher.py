@@ -57,6 +57,8 @@ import aiohttp
 
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.redis_server import EmbeddedRedis, free_port
+from deploy.cpu import CpuSampler, CpuUsage
+from deploy.events import DEMO_EVENTS
 from deploy.blocks import BlockError, BlockFile, generated_blocks, load_blocks, load_verified_blocks, verify_block
 from daemon_runtime.daemons import Daemon, LaunchError, script
 from deploy.segments import Plan, Segment
@@ -787,6 +789,9 @@ async def amain(args: argparse.Namespace) -> int:
     cluster = Cluster(cfg, workdir, blocks, plan) if "rmb" in chosen else None
     started: list[Segment] = []
     ticker = None
+    sampler = CpuSampler(names=lambda: daemon_names(cluster, segments),
+                         log=EventLog("relay-suite-demo", "launcher", [DEMO_EVENTS],
+                                      sink=str(workdir / "logs" / "demo-cpu.jsonl"))).start()
     try:
         if cluster is not None:
             await cluster.start()
@@ -796,6 +801,9 @@ async def amain(args: argparse.Namespace) -> int:
             print(f"{seg.name}: started {len(seg.daemons())} daemons", flush=True)
         ticker = asyncio.ensure_future(progress(cluster, segments))
         await drive_all(cluster, segments, int(cfg["traffic"]["requests"]))
+    except BaseException:
+        sampler.stop()
+        raise
     finally:
         if ticker:
             ticker.cancel()
@@ -807,6 +815,8 @@ async def amain(args: argparse.Namespace) -> int:
         if cluster is not None:
             await cluster.stop()
         plan.close()
+        sampler.stop_logging()
+    cluster_cpu = sampler.usage()
     counted = {}
     if cluster is not None:
         cluster.count_late()
@@ -820,6 +830,8 @@ async def amain(args: argparse.Namespace) -> int:
     if args.no_report:
         print(f"event logs: {workdir / 'logs'}")
         result["exit"] = 1 if mismatched else 0
+        result["cpu"] = cpu_figures(cluster_cpu, sampler.stop())
+        print(cpu_line(result["cpu"]))
         write_result(workdir, result)
         return result["exit"]
     import spark.report as spark_report
@@ -845,17 +857,76 @@ async def amain(args: argparse.Namespace) -> int:
             verdict = ('no data' if ok is None else 'pass' if ok else
                        'FAIL (no data: nothing to judge)' if _no_data(summary, name) else 'FAIL')
             print(f"  {name:34} {verdict:8} {sla_detail(summary, name)}".rstrip())
+    saturated = saturation_line(summary)
+    if saturated:
+        print(saturated)
     print(f"\nreport: {out / 'report.html'}\nsummary: {out / 'summary.json'}")
     failed = [r[0] for r in rows if not r[3]] + [n for n, ok in slas if ok is False]
     if mismatched:
         failed.append(f"{mismatched} answers with a wrong block hash")
     result.update(rows=[{"name": n, "launcher": m, "report": t, "ok": ok} for n, m, t, ok in rows],
-                  sla=[{"objective": n, "ok": ok} for n, ok in slas], exit=1 if failed else 0)
+                  sla=[{"objective": n, "ok": ok, **_saturation_of(summary, n)} for n, ok in slas],
+                  exit=1 if failed else 0)
+    result["cpu"] = cpu_figures(cluster_cpu, sampler.stop())
     write_result(workdir, result)
     print(f"result: {'FAIL: ' + ', '.join(failed) if failed else 'ok'} "
           f"(rows {sum(r[3] for r in rows)}/{len(rows)} ok, "
           f"SLA {sum(1 for _, ok in slas if ok)}/{sum(1 for _, ok in slas if ok is not None)} pass)")
+    print(cpu_line(result["cpu"]))
     return result["exit"]
+
+
+def daemon_names(cluster: "Cluster | None", segments: list[Segment]) -> dict[int, str]:
+    """pid -> daemon name of every running daemon (the CPU sampler's labels)."""
+    daemons = [*(cluster.daemons() if cluster else []), *(d for s in segments for d in s.daemons())]
+    out = {d.proc.pid: d.name for d in daemons if d.proc is not None}
+    redis = cluster.redis if cluster is not None else None
+    if redis is not None and redis.proc is not None:
+        out[redis.proc.pid] = "redis"
+    return out
+
+
+def cpu_figures(cluster_phase: CpuUsage, whole: CpuUsage) -> dict:
+    """launcher.json's `cpu`: the demo's own CPU while the cluster ran (start to stop of
+    every daemon) and over the whole run (the report included), each as CpuUsage.as_dict()."""
+    return {"cluster": cluster_phase.as_dict(), "run": whole.as_dict()}
+
+
+def cpu_line(cpu: dict) -> str:
+    """The demo's measured CPU, one line (printed last)."""
+    c, r = cpu["cluster"], cpu["run"]
+    return (f"cpu: the demo used {c['demo_pct']:.0f}% of {c['cores']} cores on average while "
+            f"the cluster ran ({c['cpu_s']:.0f} CPU-s in {c['wall_s']:.0f} s; host busy "
+            f"{c['host_pct']:.0f}% meanwhile), {r['demo_pct']:.0f}% over the whole run with the "
+            f"report ({r['cpu_s']:.0f} CPU-s in {r['wall_s']:.0f} s)")
+
+
+def _saturation_of(summary: dict, objective: str) -> dict:
+    for entry in summary.get("sla") or []:
+        if (entry.get("objective") or entry.get("name")) == objective and entry.get("saturation"):
+            sat = entry["saturation"]
+            return {"verdict": entry.get("verdict"), "host_pct": sat.get("host_pct"),
+                    "busiest": sat.get("busiest")}
+    return {}
+
+
+def saturation_line(summary: dict) -> str:
+    """One line naming every objective the report found missed while the host was
+    saturated (summary.json sla[].verdict "missed, host saturated"), with the host's busy
+    share during the breach and its busiest processes; "" when there is none."""
+    parts = []
+    for entry in summary.get("sla") or []:
+        if entry.get("verdict") != "missed, host saturated":
+            continue
+        sat = entry.get("saturation") or {}
+        busiest = ", ".join(f"{b['name']}{'' if b.get('kind') == 'demo' else ' (not the demo)'} "
+                            f"{b['core_pct']:.0f}%" for b in sat.get("busiest", [])[:3])
+        parts.append(f"{entry.get('objective') or entry.get('name')} (host "
+                     f"{sat.get('host_pct', 0):.0f}% of its cores busy during the breach; "
+                     f"busiest, in % of one core: {busiest})")
+    if not parts:
+        return ""
+    return "missed, host saturated: " + "; ".join(parts) + " - still a failure"
 
 
 def write_result(workdir: Path, result: dict) -> None:

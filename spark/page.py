@@ -86,6 +86,68 @@ def delivery_chart(delivery: dict) -> str:
     return _svg(fig)
 
 
+_PROTO_COLOURS = {"rmb": "#1f77b4", "remp": "#ff7f0e", "marlin": "#2ca02c"}
+
+
+def timeline_chart(timeline: list[dict], cpu: dict | None, sla: list[dict] | None = None) -> str:
+    """Two panels over one time axis (seconds since the first point): the slowest
+    end-to-end sample per second and stage (log ms) above, the host's CPU below (percent of
+    all cores busy, the demo's own share filled, the saturation threshold dashed). The
+    breach windows of objectives missed while the host was saturated are shaded red on
+    both, labelled with the objective and its verdict."""
+    samples = (cpu or {}).get("samples") or []
+    if not timeline and not samples:
+        return "<p>No latency samples and no CPU samples.</p>"
+    t_all = [r["t_us"] for r in timeline] + [s["ts_us"] for s in samples]
+    t0 = min(t_all)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 5.6), sharex=True,
+                                   gridspec_kw={"height_ratios": [3, 2]})
+    series: dict[tuple[str, str], list] = {}
+    for r in timeline:
+        series.setdefault((r["protocol"], r["stage"]), []).append(r)
+    styles = ["-", "--", ":", "-."]
+    for j, ((proto, stage), rows) in enumerate(sorted(series.items())):
+        xs = [(r["t_us"] - t0) / 1e6 for r in rows]
+        ys = [max(r["max_ms"], 0.01) for r in rows]
+        ax1.plot(xs, ys, styles[j % len(styles)], marker=".", markersize=3, linewidth=1,
+                 color=_PROTO_COLOURS.get(proto), label=f"{proto}:{stage}")
+    if timeline:
+        ax1.set_yscale("log")
+    ax1.set_ylabel("slowest per s (ms)")
+    ax1.set_title("Latency (end-to-end stages) and host CPU over time")
+    ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if samples:
+        xs = [(s["ts_us"] - t0) / 1e6 for s in samples]
+        ax2.fill_between(xs, [s["cpu_pct"] for s in samples], step="pre", color="#bbbbbb",
+                         label="host: all processes")
+        ax2.fill_between(xs, [min(s["demo_pct"], 100.0) for s in samples],
+                         step="pre", color="#1f77b4", alpha=0.7, label="the demo's processes")
+        thr = (cpu or {}).get("saturated_pct", 90)
+        ax2.axhline(thr, color="#d62728", linestyle="--", linewidth=1,
+                    label=f"saturated ({thr:g}% of the cores)")
+        ax2.set_ylim(0, 105)
+        cores = (cpu or {}).get("cores")
+        ax2.set_ylabel(f"CPU, % of {cores} cores" if cores else "CPU, % of all cores")
+        ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    else:
+        ax2.text(0.5, 0.5, "no CPU samples in the logs", ha="center", va="center",
+                 transform=ax2.transAxes, fontsize=9, color="#555")
+    ax2.set_xlabel("seconds since the first sample")
+    for res in sla or []:
+        sat = res.get("saturation")
+        if res.get("verdict") != "missed, host saturated" or not sat:
+            continue
+        for k, (a, b) in enumerate(sat.get("windows") or []):
+            for ax in (ax1, ax2):
+                ax.axvspan((a - t0) / 1e6, max((b - t0) / 1e6, (a - t0) / 1e6 + 0.2),
+                           color="#d62728", alpha=0.12, linewidth=0)
+            if k == 0:
+                ax1.text((a - t0) / 1e6, 1.0, f" {res['name']}: {res.get('verdict')}",
+                         transform=ax1.get_xaxis_transform(), fontsize=7, color="#d62728",
+                         va="top")
+    return _svg(fig)
+
+
 def waterfall(trace: dict, labels: dict[str, str] | None = None) -> str:
     hops = trace["hops"]
     if not hops:
@@ -193,6 +255,22 @@ def _skew_text(clock: dict, label, tol) -> str:
             f"d = min(receive - send) from node to peer, d_back the other way.</p>")
 
 
+def _verdict_text(s: dict) -> str:
+    """'met', 'missed', or 'missed, host saturated (host 97% busy during the breach;
+    busiest: a 95% of a core, ...)'."""
+    v = s.get("verdict")
+    if not v:
+        return ""
+    sat = s.get("saturation")
+    if v == "missed, host saturated" and sat:
+        from spark.cpu import busiest_text
+        return (f"{v} (host {sat['host_pct']:.0f}% of its cores busy during the breach; "
+                f"busiest, in % of one core: {busiest_text(sat)})")
+    if v == "missed" and sat:
+        return f"{v} (host {sat['host_pct']:.0f}% busy during the breach: not saturated)"
+    return v
+
+
 def _failure_rows(rows: list[dict], label) -> list[dict]:
     return [{"protocol": f["protocol"], "trace": f["trace_id"],
              "branch": label(f["branch"]) if f["branch"] else "",
@@ -202,11 +280,14 @@ def _failure_rows(rows: list[dict], label) -> list[dict]:
 
 def render_charts(summary: dict, slow_traces: list[dict]) -> dict[str, str]:
     """The page's charts (matplotlib, the slow part of the page) as SVG text, keyed
-    `delivery`, `latency` and `trace:<id>`; reads only summary's `delivery`, `latency` and
-    plan labels, so the report renders them in a thread while Spark writes its outputs."""
+    `delivery`, `latency`, `timeline` and `trace:<id>`; reads only summary's `delivery`,
+    `latency`, `timeline`, `cpu`, `sla` and plan labels, so the report renders them in a
+    thread while Spark writes its outputs."""
     labels = summary.get("plan", {}).get("labels", {})
     out = {"delivery": delivery_chart(summary["delivery"]),
-           "latency": latency_chart(summary["latency"])}
+           "latency": latency_chart(summary["latency"]),
+           "timeline": timeline_chart(summary.get("timeline") or [], summary.get("cpu"),
+                                      summary.get("sla"))}
     for t in slow_traces:
         if t.get("chart"):
             out["trace:" + t["trace_id"]] = waterfall(t, labels)
@@ -229,6 +310,7 @@ def render(summary: dict, slow_traces: list[dict], charts: dict[str, str] | None
     sla_rows = [{"objective": s["name"], "counts": s.get("counts"),
                  "target": s.get("target_text"), "value": s["actual"], "unit": s.get("unit"),
                  "samples": s["samples"], "status": s["status"],
+                 "verdict": _verdict_text(s),
                  "error budget spent (x budget)": s["budget_used"]} for s in sla]
     delivery_rows = []
     for p, d in sorted(summary["delivery"].items()):
@@ -245,6 +327,11 @@ def render(summary: dict, slow_traces: list[dict], charts: dict[str, str] | None
         banner = (f"<p class='banner bad'>{len(failed)} of {len(judged)} SLA objectives FAIL: "
                   f"{html.escape(', '.join(s['name'] for s in failed))}. Unplanned failures: "
                   f"{len(fails['unplanned'])}.</p>")
+        saturated = [s for s in failed if s.get("verdict") == "missed, host saturated"]
+        if saturated:
+            banner += "".join(
+                f"<p class='banner bad saturated'>{html.escape(s['name'])}: "
+                f"{html.escape(_verdict_text(s))}.</p>" for s in saturated)
     else:
         banner = (f"<p class='banner ok'>All {len(judged)} SLA objectives with data pass. "
                   f"Unplanned failures: {len(fails['unplanned'])}; planned (the demo's injected "
@@ -268,7 +355,16 @@ def render(summary: dict, slow_traces: list[dict], charts: dict[str, str] | None
         "<p class='note'>Objectives judge unplanned traffic unless their counts column says "
         "otherwise. Error budget spent: the fraction of the objective's error budget used "
         "(1 = all of it; over 1 = exceeded).</p>",
-        _table(sla_rows, left=("objective", "counts", "target", "unit", "status")),
+        _table(sla_rows, left=("objective", "counts", "target", "unit", "status", "verdict")),
+        "<h2>Latency and CPU over time</h2>",
+        "<p class='note'>Above: the slowest end-to-end sample per second of each stage. "
+        "Below: the host's CPU (percent of all its cores busy, every process of the machine) "
+        "and the demo's own processes' share, sampled every second by the launcher. "
+        f"An objective missed while the host was at or above "
+        f"{_fmt((summary.get('cpu') or {}).get('saturated_pct', 90))}% on average during its "
+        "breach (the samples over its limit: the red spans) is reported as "
+        "\"missed, host saturated\" with the busiest processes: still a failure.</p>",
+        charts.get("timeline", ""),
         "<h2>Failures</h2>",
         "<h3>Unplanned</h3>",
         _table(_failure_rows(fails["unplanned"], label), left=("protocol", "trace", "branch", "outcome")),

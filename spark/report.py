@@ -101,6 +101,7 @@ import tomllib
 from pathlib import Path
 
 from spark.clock import align
+from spark.cpu import judge as judge_cpu, timeline as cpu_timeline, verdict as cpu_verdict
 from spark.plan import parse as parse_plan
 from spark.schema import CORRUPT, SOURCE, known_events, read_events
 from spark.stages import DERIVED, PROTOCOLS, Protocol, outcome_sql
@@ -324,7 +325,7 @@ def _step_rows(spark, inputs: list[str]):
         f"CASE WHEN {CORRUPT} IS NOT NULL THEN "
         f"  CASE WHEN rtrim({CORRUPT}) LIKE '%}}' THEN 'bad' ELSE 'torn' END "
         f"WHEN ts IS NULL OR event IS NULL THEN 'bad' "
-        f"WHEN event LIKE 'demo.plan.%' THEN 'plan' "
+        f"WHEN event LIKE 'demo.%' THEN 'plan' "
         f"WHEN NOT event IN ({', '.join(_q(e) for e in known)}) THEN 'unknown' "
         f"WHEN trace_id IS NULL OR trace_id = '' THEN 'untraced' ELSE 'ok' END")
     # one projection per layer (withColumns: one analysis each, not one per column)
@@ -688,7 +689,8 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
             raise ValueError(f"more than one torn line in one file (only the last line of a "
                              f"file may be torn): {many}")
 
-    plan = parse_plan(plan_rows)
+    cpu = cpu_timeline(plan_rows)       # demo.cpu.*: the launcher's CPU samples
+    plan = parse_plan([r for r in plan_rows if r["event"].startswith("demo.plan.")])
     log_end = max((r["t1"] for r in per_proto.values()), default=0) or 0
     ok_events = tr.filter("protocol <> '_meta'")
     ttl_default = {n: float(ttl_over.get(n, p.outcomes.default_ttl_s))
@@ -756,7 +758,10 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
             (F.min(F.col("to_ts") - F.col("from_ts")) / 1000.0).alias("d_ms"),
             F.count(F.lit(1)).alias("n")),
         "failures": dl.filter("sent AND outcome IN ('errored', 'expired', 'lost_or_stuck')")
-        .select("trace_id", "protocol", "branch", "outcome", "error_code", "planned", "late")
+        .select("trace_id", "protocol", "branch", "outcome", "error_code", "planned", "late",
+                # the failure's life, for the CPU during a rate objective's breach
+                F.expr("unix_micros(start)").alias("_start_us"),
+                F.expr("unix_micros(deadline)").alias("_end_us"))
         .orderBy("protocol", "trace_id", "branch").limit(2000)})
     pairs = second["pairs"]
     pair_min = {(r["from_node"], r["to_node"]): r["d_ms"] for r in pairs}
@@ -806,7 +811,8 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     # one action: the latency table and the slowest traces with their hops (for the page)
     top_q, top_hops_q = _slowest_queries(ok_events, stages)
     third = _collect_parts({"latency": stages.groupBy("protocol", "stage", "e2e").agg(*aggs),
-                            "top": top_q, "top_hops": top_hops_q})
+                            "top": top_q, "top_hops": top_hops_q,
+                            **_timeline_queries(stages, objectives, any_planned)})
     lat_rows = third["latency"]
     latency_tbl = []
     latency_idx: dict[str, dict] = {"all": {}, "unplanned": {}}
@@ -881,6 +887,10 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     unplanned_delivery = {p_: d["unplanned"] for p_, d in delivery.items()}
     sla_results = evaluate_sla(objectives, latency_idx, {"all": delivery,
                                                          "unplanned": unplanned_delivery}, within)
+    _judge_saturation(sla_results, objectives, cpu, third["breach"], failures)
+    for f in failures:
+        f.pop("_start_us", None)
+        f.pop("_end_us", None)
     timings["aggregates_s"] = round(time.time() - t_start, 3)
 
     # the page's charts (matplotlib: ~2 s of Python CPU on the demo's logs) in a thread
@@ -888,8 +898,10 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     from concurrent.futures import ThreadPoolExecutor
     sample = _slowest_traces(third["top"], third["top_hops"], clock.corrections)
     pool = ThreadPoolExecutor(1, thread_name_prefix="report-charts")
+    timeline = _latency_timeline(third["timeline"])
     charts = pool.submit(_charts, {"delivery": delivery, "latency": latency_tbl,
-                                   "plan": {"labels": plan.labels}}, sample)
+                                   "plan": {"labels": plan.labels}, "timeline": timeline,
+                                   "cpu": cpu.as_dict(), "sla": sla_results}, sample)
     pool.shutdown(wait=False)
 
     # hops: ordered steps per trace with corrected ts
@@ -980,6 +992,8 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
             "planned": [f for f in failures if f["planned"]][:200],
             "unplanned": [f for f in failures if not f["planned"]][:200]},
         "sla": sla_results,
+        "cpu": cpu.as_dict(),
+        "timeline": timeline,
         "outputs": outputs,
         "spark": {"version": spark.version, "master": spark.sparkContext.master,
                   "app_id": spark.sparkContext.applicationId,
@@ -994,6 +1008,71 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     summary["timings"] = timings
     _write_text(spark, _join(out, "summary.json"), json.dumps(summary, indent=2, default=str))
     return summary
+
+
+#: breach samples collected per objective (the CPU judgement needs their times only)
+BREACH_ROWS_MAX = 5000
+
+
+def _timeline_queries(stages, objectives: list[dict], any_planned: bool) -> dict:
+    """The Spark side of the latency timeline and of the breach windows (collected with the
+    latency table): `timeline` = per end-to-end (protocol, stage) and second of its start,
+    the slowest duration and the count; `breach` = per quantile / within objective (its
+    index `i`) the samples over its limit in its scope (start us, duration ms), at most
+    BREACH_ROWS_MAX each."""
+    from pyspark.sql import functions as F
+    parts = {"timeline": stages.filter("e2e").groupBy(
+        "protocol", "stage", F.expr("floor(unix_micros(from_ts) / 1000000)").alias("sec")).agg(
+        F.max("duration_ms").alias("max_ms"), F.count(F.lit(1)).alias("n"))}
+    breach = None
+    for i, ob in enumerate(objectives):
+        limit = ob.get("max_ms", ob.get("within_ms"))
+        if "stage" not in ob or limit is None:
+            continue
+        cond = (f"protocol = {_q(ob['protocol'])} AND stage = {_q(ob['stage'])} "
+                f"AND duration_ms > {float(limit)}")
+        if ob.get("count", "unplanned") == "unplanned" and any_planned:
+            cond += " AND NOT planned"
+        part = (stages.filter(cond).select(F.lit(i).alias("i"),
+                                           F.expr("unix_micros(from_ts)").alias("start_us"),
+                                           "duration_ms")
+                .limit(BREACH_ROWS_MAX))
+        breach = part if breach is None else breach.unionAll(part)
+    if breach is None:
+        breach = stages.limit(0).select(F.lit(0).alias("i"), F.lit(0).cast("long").alias("start_us"),
+                                        "duration_ms")
+    parts["breach"] = breach
+    return parts
+
+
+def _latency_timeline(rows: list[dict]) -> list[dict]:
+    """The page's latency timeline: per second and end-to-end stage, the slowest sample."""
+    return sorted(({"protocol": r["protocol"], "stage": r["stage"], "t_us": int(r["sec"]) * 1_000_000,
+                    "max_ms": r["max_ms"], "n": r["n"]} for r in rows),
+                  key=lambda r: (r["protocol"], r["stage"], r["t_us"]))
+
+
+def _judge_saturation(results: list[dict], objectives: list[dict], cpu, breach_rows: list[dict],
+                      failures: list[dict]) -> None:
+    """Adds `verdict` and `saturation` (spark/cpu.py judge) to every SLA result: a missed
+    objective's breach is when its samples over the limit ran (quantile, within), or the
+    unplanned failures of its protocol lived (rate); without CPU samples `saturation` is
+    None and a miss is plain "missed"."""
+    windows: dict[int, list[tuple[int, int]]] = {}
+    for r in breach_rows:
+        s = int(r["start_us"])
+        windows.setdefault(int(r["i"]), []).append((s, s + int(float(r["duration_ms"]) * 1000)))
+    for i, (res, ob) in enumerate(zip(results, objectives)):
+        sat = None
+        if res["passed"] is False and cpu:
+            win = windows.get(i, [])
+            if "rate" in ob:
+                win = [(f["_start_us"], f["_end_us"] or f["_start_us"]) for f in failures
+                       if f["protocol"] == ob["protocol"] and f.get("_start_us") is not None
+                       and (not f["planned"] or ob.get("count") == "all")]
+            sat = judge_cpu(cpu, win) if win else None
+        res["saturation"] = sat
+        res["verdict"] = cpu_verdict(res["passed"], sat)
 
 
 def _charts(summary: dict, sample: list[dict]) -> dict[str, str]:

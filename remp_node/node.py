@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge
+from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from daemon_runtime.config import add_common_args, load_args
@@ -160,6 +160,15 @@ class _Traffic:
             b.add_metric([direction, channel], float(size))
         yield n
         yield b
+
+
+#: Buckets (seconds) of remp_fullnode_first_receipt_seconds: around the 1 s objective
+#: remp-first-receipt-p99 (spark/sla.toml; validators acknowledge in 100-200 ms, DESIGN.md
+#: section 4). The objective's threshold must stay a bucket bound (tests/test_prom_rules.py).
+FIRST_RECEIPT_BUCKETS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+#: Buckets (seconds) of remp_fullnode_finalized_seconds: around the 25 s objective
+#: remp-finalized-p99 (REMP docs: Finalized after 5-25 s; Timeout after 4 min).
+FINALIZED_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 60.0, 120.0, 240.0)
 
 
 class _Daemon:
@@ -509,6 +518,14 @@ class FullnodeDaemon(_Daemon):
         self.m_final = PCounter("remp_final", "final outcomes", ["outcome"], registry=r)
         Gauge("remp_followed_master_height", "next master block seqno the follower expects",
               registry=r).set_function(lambda: self.follower.master.height)
+        self.m_first_receipt = Histogram(
+            "remp_fullnode_first_receipt_seconds",
+            "message received by the full node -> its first status from a validator",
+            buckets=FIRST_RECEIPT_BUCKETS, registry=r)
+        self.m_finalized = Histogram(
+            "remp_fullnode_finalized_seconds", "message received by the full node -> Finalized",
+            buckets=FINALIZED_BUCKETS, registry=r)
+        self._first_wait: dict[bytes, float] = {}    # message id -> received (loop s), until answered
 
     def log_error(self, text: str) -> None:
         self.log.emit("remp.node.error", None, "error", reason=text[:2000])
@@ -636,18 +653,27 @@ class FullnodeDaemon(_Daemon):
         return out + acks
 
     def _drain_client(self) -> None:
-        from .client import FinalStatus, ReceiptEvent
+        from .client import FinalStatus, MessageReceived, ReceiptEvent
         rows, lines = [], []
         while (ev := self.client.next_event()) is not None:
             try:
                 lines += client_records(ev)
                 if isinstance(ev, ReceiptEvent):
+                    if ev.origin == "validator" and self._first_wait:
+                        t0 = self._first_wait.pop(ev.message_id, None)
+                        if t0 is not None:
+                            self.m_first_receipt.observe(self.loop.time() - t0)
                     self._child(self.m_statuses, ev.kind, ev.origin).inc()
                     d = ev.to_json()
                     text = _compact_json(d)         # once: for the store and the Redis stream
                     rows.append((ev.message_id, text))
                     self.hub.status(ev.message_id, d, text)
+                elif isinstance(ev, MessageReceived):
+                    self._first_wait[ev.message_id] = self.loop.time()
                 elif isinstance(ev, FinalStatus):
+                    self._first_wait.pop(ev.message_id, None)
+                    if ev.outcome == "finalized":
+                        self.m_finalized.observe(ev.elapsed)
                     self._child(self.m_final, ev.outcome).inc()
                     self.store.set_outcome(ev.message_id, ev.outcome, ev.kind, ev.reason)
                     self.hub.final(ev.message_id, ev)

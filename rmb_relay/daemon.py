@@ -419,6 +419,11 @@ class RelayServer:
         self.table = _SessionView(self.core)
         self._last_outcome = QUEUED
         self.metrics = _Metrics()
+        Gauge("rmb_relay_redis_down_seconds", "seconds since Redis first did not answer within "
+              "--redis-timeout (0 while it answers; /health redis.down_s)",
+              registry=self.metrics.registry).set_function(
+            lambda: 0.0 if self._redis_down is None
+            else asyncio.get_running_loop().time() - self._redis_down)
         self._qprefix = f"rmb.relay.{self.domains[0]}.queue."
         self._http: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None

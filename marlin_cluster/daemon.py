@@ -79,6 +79,9 @@ def parse_channel(value: str | None, block: bytes) -> int:
 #: Buckets (seconds) of marlin_consumer_rebuild_seconds: around the 1 s objective
 #: marlin-rebuild-p99 (spark/sla.toml). The objective's threshold must stay a bucket bound
 #: (tests/test_prom_rules.py).
+#: labelled counters exported at 0 before they first count (the alert rules' increase() of a
+#: series that appears at 1 would miss that first one)
+ZERO_LABELS = {"delivery_errors": ("dir", "redis")}
 REBUILD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0)
 
 
@@ -138,6 +141,9 @@ class Metrics:
         for name, doc in self.HELP.items():
             if name in labelled:
                 fam = CounterMetricFamily(f"marlin_{name}", doc, labels=[labelled[name]])
+                for label in ZERO_LABELS.get(name, ()):   # at 0 from the start (alert rules)
+                    if (name, label) not in self.counts:
+                        fam.add_metric([label], 0)
                 for (k, label), v in sorted(self.counts.items()):
                     if k == name:
                         fam.add_metric([label], v)

@@ -199,6 +199,7 @@ class _Daemon:
         self.registry.register(_Transport(self))
         self.m_errors = PCounter("remp_errors", "unexpected exceptions caught at the daemon boundary",
                                  ["where"], registry=self.registry)
+        self.m_errors.labels("store")   # exported at 0 from the start: increase() sees the first
         # payloads and their bytes by (direction, channel): plain counters bumped per payload,
         # exported as remp_datagrams_total / remp_datagram_bytes_total by _Traffic at scrape
         self.traffic: dict[tuple[str, str], list[int]] = {}
@@ -516,6 +517,8 @@ class FullnodeDaemon(_Daemon):
         self.m_dropped = PCounter("remp_fullnode_dropped", "datagrams the full node dropped, by reason",
                                   ["reason"], registry=r)
         self.m_final = PCounter("remp_final", "final outcomes", ["outcome"], registry=r)
+        for outcome in ("finalized", "rejected", "timeout"):   # at 0 from the start (rate() of
+            self.m_final.labels(outcome)                        # a new series misses its first)
         Gauge("remp_followed_master_height", "next master block seqno the follower expects",
               registry=r).set_function(lambda: self.follower.master.height)
         self.m_first_receipt = Histogram(
@@ -525,7 +528,7 @@ class FullnodeDaemon(_Daemon):
         self.m_finalized = Histogram(
             "remp_fullnode_finalized_seconds", "message received by the full node -> Finalized",
             buckets=FINALIZED_BUCKETS, registry=r)
-        self._first_wait: dict[bytes, float] = {}    # message id -> received (loop s), until answered
+        self._first_wait: dict[bytes, float] = {}    # message id -> received (monotonic s), until answered
 
     def log_error(self, text: str) -> None:
         self.log.emit("remp.node.error", None, "error", reason=text[:2000])
@@ -662,14 +665,14 @@ class FullnodeDaemon(_Daemon):
                     if ev.origin == "validator" and self._first_wait:
                         t0 = self._first_wait.pop(ev.message_id, None)
                         if t0 is not None:
-                            self.m_first_receipt.observe(self.loop.time() - t0)
+                            self.m_first_receipt.observe(time.monotonic() - t0)
                     self._child(self.m_statuses, ev.kind, ev.origin).inc()
                     d = ev.to_json()
                     text = _compact_json(d)         # once: for the store and the Redis stream
                     rows.append((ev.message_id, text))
                     self.hub.status(ev.message_id, d, text)
                 elif isinstance(ev, MessageReceived):
-                    self._first_wait[ev.message_id] = self.loop.time()
+                    self._first_wait[ev.message_id] = time.monotonic()
                 elif isinstance(ev, FinalStatus):
                     self._first_wait.pop(ev.message_id, None)
                     if ev.outcome == "finalized":

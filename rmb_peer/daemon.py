@@ -227,6 +227,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 ROUND_TRIP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 300.0)
 
 
+#: rmb_peer_events_total kinds the alert rules read, exported at 0 before they first count
+ZERO_KINDS = ("app_answered", "app_errored", "app_expired", "twin_stale")
+
+
 class _StatsCollector:
     """Exposes PeerCore.stats and connection state as Prometheus metrics."""
 
@@ -250,6 +254,9 @@ class _StatsCollector:
         if core is not None:
             for kind, value in sorted(core.stats.items()):
                 c.add_metric([kind], value)
+            for kind in ZERO_KINDS:   # at 0 from the start: rate() of a new series misses its first
+                if kind not in core.stats:
+                    c.add_metric([kind], 0)
             g.add_metric([], len(core.live_relays()))
             p.add_metric([], core.pending_count)
         writer = self.daemon.writer

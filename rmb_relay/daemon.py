@@ -313,6 +313,7 @@ class _Metrics:
         self.queue_full = Counter("rmb_relay_queue_full",
                                   "envelopes refused because the destination's offline queue "
                                   "was full (the sender got an error)", ["via"], registry=r)
+        self.queue_full.labels("peer")   # exported at 0 from the start: increase() sees the first
         self.accept_failed = Counter("rmb_relay_accept_failed",
                                      "connections the relay could not accept (fd limit)",
                                      ["reason"], registry=r)

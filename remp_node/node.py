@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge
+from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from daemon_runtime.config import add_common_args, load_args
@@ -195,6 +195,15 @@ class _Traffic:
         yield b
 
 
+#: Buckets (seconds) of remp_fullnode_first_receipt_seconds: around the 1 s objective
+#: remp-first-receipt-p99 (spark/sla.toml; validators acknowledge in 100-200 ms, DESIGN.md
+#: section 4). The objective's threshold must stay a bucket bound (tests/test_prom_rules.py).
+FIRST_RECEIPT_BUCKETS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+#: Buckets (seconds) of remp_fullnode_finalized_seconds: around the 25 s objective
+#: remp-finalized-p99 (REMP docs: Finalized after 5-25 s; Timeout after 4 min).
+FINALIZED_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 60.0, 120.0, 240.0)
+
+
 class _Daemon:
     """Shared adapter loop: receive -> core, flush -> store -> send, one timer."""
 
@@ -223,6 +232,7 @@ class _Daemon:
         self.registry.register(_Transport(self))
         self.m_errors = PCounter("remp_errors", "unexpected exceptions caught at the daemon boundary",
                                  ["where"], registry=self.registry)
+        self.m_errors.labels("store")   # exported at 0 from the start: increase() sees the first
         # payloads and their bytes by (direction, channel): plain counters bumped per payload,
         # exported as remp_datagrams_total / remp_datagram_bytes_total by _Traffic at scrape
         self.traffic: dict[tuple[str, str], list[int]] = {}
@@ -556,8 +566,18 @@ class FullnodeDaemon(_Daemon):
         self.resent_refused = 0
         self.purged = 0
         self._purge_at = 0.0
+        for outcome in ("finalized", "rejected", "timeout"):   # at 0 from the start (rate() of
+            self.m_final.labels(outcome)                        # a new series misses its first)
         Gauge("remp_followed_master_height", "next master block seqno the follower expects",
               registry=r).set_function(lambda: self.follower.master.height)
+        self.m_first_receipt = Histogram(
+            "remp_fullnode_first_receipt_seconds",
+            "message received by the full node -> its first status from a validator",
+            buckets=FIRST_RECEIPT_BUCKETS, registry=r)
+        self.m_finalized = Histogram(
+            "remp_fullnode_finalized_seconds", "message received by the full node -> Finalized",
+            buckets=FINALIZED_BUCKETS, registry=r)
+        self._first_wait: dict[bytes, float] = {}    # message id -> received (monotonic s), until answered
 
     def log_error(self, text: str) -> None:
         self.log.emit("remp.node.error", None, "error", reason=text[:2000])
@@ -737,18 +757,27 @@ class FullnodeDaemon(_Daemon):
             self.hub.forget(ids)
 
     def _drain_client(self) -> None:
-        from .client import FinalStatus, MessageSettled, ReceiptEvent
+        from .client import FinalStatus, MessageReceived, MessageSettled, ReceiptEvent
         rows, lines = [], []
         while (ev := self.client.next_event()) is not None:
             try:
                 lines += client_records(ev)
                 if isinstance(ev, ReceiptEvent):
+                    if ev.origin == "validator" and self._first_wait:
+                        t0 = self._first_wait.pop(ev.message_id, None)
+                        if t0 is not None:
+                            self.m_first_receipt.observe(time.monotonic() - t0)
                     self._child(self.m_statuses, ev.kind, ev.origin).inc()
                     d = ev.to_json()
                     text = _compact_json(d)         # once: for the store and the Redis stream
                     rows.append((ev.message_id, text))
                     self.hub.status(ev.message_id, d, text)
+                elif isinstance(ev, MessageReceived):
+                    self._first_wait[ev.message_id] = time.monotonic()
                 elif isinstance(ev, FinalStatus):
+                    self._first_wait.pop(ev.message_id, None)
+                    if ev.outcome == "finalized":
+                        self.m_finalized.observe(ev.elapsed)
                     self._child(self.m_final, ev.outcome).inc()
                     self.store.set_outcome(ev.message_id, ev.outcome, ev.kind, ev.reason, time.time())
                     self.hub.final(ev.message_id, ev)

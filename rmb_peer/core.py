@@ -193,6 +193,8 @@ class DropBacklog(PeerEvent):
     bench/bench_roundtrip.py when a throughput run's records all expired at once)."""
     key: str
     uid: str
+    elapsed: float | None = None
+    """seconds from the app's request to this end (its last reply or its expiry)"""
 
 
 @dataclass
@@ -836,6 +838,10 @@ class PeerCore:
                     stamp: int, err: tuple[int, str] | None, uid: str | None = None) -> None:
         if isinstance(pending_or_ret, _Pending):
             ret, ref, uid = pending_or_ret.ret, pending_or_ret.ref, pending_or_ret.uid
+            # outcome per (request, destination), the trace report's rule (spark/stages.py):
+            # no code or 0 = answered, 102 = expired, any other code = errored
+            self.stats["app_answered" if err is None or err[0] == 0 else
+                       "app_expired" if err[0] == ERR_EXPIRED else "app_errored"] += 1
         else:
             ret, ref = pending_or_ret
         msg = {"ver": 1, "ref": ref, "dat": b64(data), "src": src, "shm": schema, "now": stamp}
@@ -862,7 +868,8 @@ class PeerCore:
         """Remember a finished request until its TTL is over, so late or duplicated
         replies are dropped without a backlog lookup, and delete its Redis backlog record
         (DropBacklog: the DEL rides in the writer's next pipeline with the reply push)."""
-        self._events.append(DropBacklog(BACKLOG_PREFIX + pending.uid, pending.uid))
+        self._events.append(DropBacklog(BACKLOG_PREFIX + pending.uid, pending.uid,
+                                        now - pending.started))
         done, order = self._done, self._done_order
         done[pending.uid] = pending.deadline
         order.append((pending.deadline, pending.uid))

@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import WSMsgType
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from redis.exceptions import RedisError
 from yarl import URL
@@ -221,6 +221,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+#: Buckets (seconds) of rmb_peer_app_round_trip_seconds: around the 2 s objective
+#: rmb-round-trip-p99 (spark/sla.toml), up to the default TTL (300 s: an expiry lands there).
+#: The objective's threshold must stay a bucket bound (tests/test_prom_rules.py).
+ROUND_TRIP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 300.0)
+
+
+#: rmb_peer_events_total kinds the alert rules read, exported at 0 before they first count
+ZERO_KINDS = ("app_answered", "app_errored", "app_expired", "twin_stale")
+
+
 class _StatsCollector:
     """Exposes PeerCore.stats and connection state as Prometheus metrics."""
 
@@ -244,6 +254,9 @@ class _StatsCollector:
         if core is not None:
             for kind, value in sorted(core.stats.items()):
                 c.add_metric([kind], value)
+            for kind in ZERO_KINDS:   # at 0 from the start: rate() of a new series misses its first
+                if kind not in core.stats:
+                    c.add_metric([kind], 0)
             g.add_metric([], len(core.live_relays()))
             p.add_metric([], core.pending_count)
         writer = self.daemon.writer
@@ -358,6 +371,10 @@ class PeerDaemon:
         self._connected = asyncio.Event()
         self.metrics = CollectorRegistry()
         self.metrics.register(_StatsCollector(self))
+        self.m_round_trip = Histogram(
+            "rmb_peer_app_round_trip_seconds",
+            "an app's request sent to its destinations -> its last reply (or expiry) pushed to the app",
+            buckets=ROUND_TRIP_BUCKETS, registry=self.metrics)
         self.status_port: int | None = None
 
     # ------------------------------------------------------------------ startup
@@ -631,6 +648,8 @@ class PeerDaemon:
                 writer.set(ev.key, ev.record, ev.ttl)
             elif isinstance(ev, DropBacklog):
                 writer.delete(ev.key)
+                if ev.elapsed is not None:
+                    self.m_round_trip.observe(ev.elapsed)
             elif isinstance(ev, LookupTwin):
                 self._spawn(self._lookup_twin(ev))
             elif isinstance(ev, LookupBacklog):

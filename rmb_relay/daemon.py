@@ -313,6 +313,7 @@ class _Metrics:
         self.queue_full = Counter("rmb_relay_queue_full",
                                   "envelopes refused because the destination's offline queue "
                                   "was full (the sender got an error)", ["via"], registry=r)
+        self.queue_full.labels("peer")   # exported at 0 from the start: increase() sees the first
         self.accept_failed = Counter("rmb_relay_accept_failed",
                                      "connections the relay could not accept (fd limit)",
                                      ["reason"], registry=r)
@@ -419,6 +420,11 @@ class RelayServer:
         self.table = _SessionView(self.core)
         self._last_outcome = QUEUED
         self.metrics = _Metrics()
+        Gauge("rmb_relay_redis_down_seconds", "seconds since Redis first did not answer within "
+              "--redis-timeout (0 while it answers; /health redis.down_s)",
+              registry=self.metrics.registry).set_function(
+            lambda: 0.0 if self._redis_down is None
+            else asyncio.get_running_loop().time() - self._redis_down)
         self._qprefix = f"rmb.relay.{self.domains[0]}.queue."
         self._http: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None

@@ -4,14 +4,24 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$ROOT"
 # the report-page screenshot test (tests/test_spark_screenshot.py) renders the page in
-# headless Chromium: on a Debian machine where we are root, install Debian's chromium once
-# (~40 s; its output goes to $VENV/setup-apt.log); elsewhere, or with RELAYSUITE_NO_APT=1,
-# that one test skips and says why
-if ! command -v chromium >/dev/null 2>&1 && [ -z "${RELAYSUITE_NO_APT:-}" ] \
+# headless Chromium, and the Prometheus rule tests (tests/test_prom_*.py) run promtool and
+# prometheus: on a Debian machine where we are root, install Debian's chromium and prometheus
+# (which brings promtool) once (~40 s; the output goes to $VENV/setup-apt.log); elsewhere, or
+# with RELAYSUITE_NO_APT=1, those tests skip and say why
+# (prometheus without its recommends: no node exporter; on a host run by systemd the package
+# also starts its own service on :9090, which these tests do not use)
+apt_missing=()
+command -v chromium >/dev/null 2>&1 || apt_missing+=(chromium)
+command -v promtool >/dev/null 2>&1 || apt_missing+=(prometheus)
+if [ "${#apt_missing[@]}" -gt 0 ] && [ -z "${RELAYSUITE_NO_APT:-}" ] \
    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "setup: installing Debian's chromium for the report-page screenshot test (apt-get, once)" >&2
-  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } \
+  echo "setup: installing Debian's ${apt_missing[*]} for the screenshot and Prometheus tests (apt-get, once)" >&2
+  { apt-get update -q \
+    && { [[ " ${apt_missing[*]} " != *" chromium "* ]] \
+         || DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } \
+    && { [[ " ${apt_missing[*]} " != *" prometheus "* ]] \
+         || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }; } \
     >"$VENV/setup-apt.log" 2>&1 \
-    || echo "setup: note: chromium was not installed (see $VENV/setup-apt.log); the screenshot test will skip" >&2
+    || echo "setup: note: ${apt_missing[*]} not installed (see $VENV/setup-apt.log); the tests that need them will skip" >&2
 fi
 exec python -m pytest -q -p no:cacheprovider "$@"

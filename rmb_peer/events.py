@@ -93,4 +93,9 @@ RMB_EVENTS = Catalogue("rmb", [
     E("rmb.registry.twin_created", "a twin was registered", {"twin": "long"}),
     E("rmb.registry.twin_updated", "a twin's relays or pk changed", {"twin": "long"}),
     E("rmb.registry.refused", "a registry request was refused", {"status": "long", "reason": "string"}),
+    E("rmb.registry.storage", "where the registry keeps the twin table, logged once at "
+      "start: store sqlite (path: its data directory, durable) or redis (path: the URL; "
+      "durable true only when that Redis has appendonly on; false: a Redis restart erases "
+      "every twin; null: the Redis refused CONFIG GET)",
+      {"store": "string", "path": "string", "durable": "boolean"}),
 ])

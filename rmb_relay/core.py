@@ -663,7 +663,8 @@ class Forward(Verdict):
     """Route the envelope to its destination (twin lookup, then `route`)."""
 
 
-_FORWARD = Forward()
+#: the one Forward verdict (no fields: shared)
+FORWARD = Forward()
 
 
 @dataclass
@@ -748,7 +749,7 @@ class RelayRouter:
             return Reply(pong_for(env), "ping")
         if env.timestamp + env.expiration <= now:
             return Drop(ERR_EXPIRED)
-        return _FORWARD
+        return FORWARD
 
     def is_local(self, relays: Iterable[str]) -> bool:
         return any(normalize_domain(r) in self.domains for r in relays)

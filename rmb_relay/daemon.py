@@ -99,15 +99,13 @@ from rmb_peer.events import RMB_EVENTS
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
 from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
 from rmb_relay.core import (
-    ERR_DOMAIN_FULL, ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE,
-    ERR_QUEUE_FULL, ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, FederationScheduler,
-    FixedWindowLimiter, LogLimiter, NoLimit, Ranker, Session, session_str,
+    ERR_EXPIRED, ERR_OFFLINE, TAG_FAIL_FAST, FederationScheduler, FixedWindowLimiter,
+    LogLimiter, NoLimit, Ranker, Session, session_str,
 )
+from rmb_relay.eventmap import effects_of, reason_label
 from rmb_relay.events import RELAY_EVENTS
 from rmb_relay.lookups import TwinLookups
 from rmb_relay.relay_core import (
-    ERR_BAD_SIGNATURE, ERR_FED_RATE, ERR_NOT_HERE, ERR_SHARE_FULL, ERR_UNKNOWN_SOURCE,
-    ERR_UNSIGNED,
     CloseConnection, Enqueue, FederationAnswer, Log, LookupTwin, PostFederation, RelayCore,
     ReplayQueue, WriteFrame,
 )
@@ -665,7 +663,7 @@ class RelayServer:
         if emit:
             self.events.emit(event, uid, level=level, **attrs)
         else:
-            self.metrics.suppressed.labels(_reason_label(key)).inc()
+            self.metrics.suppressed.labels(reason_label(key)).inc()
 
     def health(self) -> dict:
         """/health: ok = not closing and Redis answering; `redis.down_s`: seconds since it
@@ -1153,7 +1151,7 @@ class RelayServer:
                 cmd.conn.replay_task = self._spawn(self._replay(cmd.conn), "offline replay")
             elif t is FederationAnswer:
                 if cmd.status >= 400 and cmd.text != ERR_OFFLINE and cmd.text != ERR_EXPIRED:
-                    label = _reason_label(cmd.text)
+                    label = reason_label(cmd.text)
                     self.metrics.fed_refused.labels(label).inc()
                     self._warn("federation in: " + label, "rmb.relay.rejected", cmd.uid,
                                reason=cmd.text[:200],
@@ -1175,39 +1173,17 @@ class RelayServer:
         return closed
 
     def _emit(self, cmd: Log) -> None:
-        """A core Log command -> metrics + one event line (warnings rate-limited)."""
-        ev, a = cmd.event, cmd.attrs
-        if ev == "rmb.relay.rejected":
-            label = _reason_label(a.get("reason", ""))
-            self.metrics.rejected.labels(label).inc()
-            self._warn(label, ev, cmd.uid, level=cmd.level, **a)
-            return
-        if ev == "rmb.relay.rate_limited":
-            self.metrics.rejected.labels("rate limit").inc()
-            self._warn("rate limit", ev, cmd.uid, level=cmd.level, **a)
-            return
-        if ev == "rmb.relay.expired":
-            self.metrics.expired.inc()
-        elif ev == "rmb.relay.queued":
-            self.metrics.queued.inc()
-        elif ev == "rmb.relay.federated":
-            self.metrics.federated.inc()
-        elif ev == "rmb.relay.federation_failed":
-            self.metrics.fed_failed.labels(a.get("domain", "")).inc()
-            self._warn(f"federation to {a.get('domain', '')} failed", ev, cmd.uid,
-                       level=cmd.level, **a)
-            return
-        elif ev == "rmb.relay.circuit":
-            if str(a.get("reason", "")).startswith("open"):
-                self.metrics.circuit_opened.labels(a.get("domain", "")).inc()
-        elif ev == "rmb.relay.twin_stale":
-            self.metrics.stale_served.inc()
-            self._warn(f"stale twin {a.get('twin')}", ev, cmd.uid, level=cmd.level, **a)
-            return
-        if cmd.level == "warning":
-            self._warn(f"{ev} {a.get('reason', '')[:60]}", ev, cmd.uid, level=cmd.level, **a)
+        """A core Log command -> its counter and one event line, rate-limited as
+        rmb_relay.eventmap says."""
+        a = cmd.attrs
+        metric, label, key = effects_of(cmd.event, a, cmd.level)
+        if metric is not None:
+            counter = getattr(self.metrics, metric)
+            (counter.labels(label) if label is not None else counter).inc()
+        if key is not None:
+            self._warn(key, cmd.event, cmd.uid, level=cmd.level, **a)
         else:
-            self.events.emit(ev, cmd.uid, level=cmd.level, **a)
+            self.events.emit(cmd.event, cmd.uid, level=cmd.level, **a)
 
     async def _lookup(self, twin: int) -> None:
         """LookupTwin executor (a task: only envelopes for this twin wait for it)."""
@@ -1441,7 +1417,7 @@ class RelayServer:
 
     def _fed_refuse(self, status: int, text: str, env: Envelope | None, origin: str) -> web.Response:
         """A refused federation POST: counted (label = reason), one rate-limited line."""
-        label = _reason_label(text)
+        label = reason_label(text)
         self.metrics.fed_refused.labels(label).inc()
         self._warn("federation in: " + label, "rmb.relay.rejected",
                    env.uid if env is not None and env.uid else None, reason=text[:200],
@@ -1472,25 +1448,6 @@ class RelayServer:
             status, text = 503, "twin lookup timed out"
         # `destination offline` without a newline, as rmb-rs's fail-fast answer
         return web.Response(status=status, text=text if text == ERR_OFFLINE else text + "\n")
-
-
-_KNOWN_REASONS = {ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE,
-                  ERR_QUEUE_FULL, ERR_SHARE_FULL, ERR_DOMAIN_FULL, ERR_UNSIGNED, ERR_NOT_HERE, ERR_UNKNOWN_SOURCE, ERR_FED_RATE,
-                  ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, "message wrong source",
-                  "relay info is not set for this twin"}
-
-
-def _reason_label(reason: str) -> str:
-    """A bounded set of metric label values (reasons with variable text are grouped)."""
-    if reason in _KNOWN_REASONS:
-        return reason
-    if reason.startswith(ERR_BAD_SIGNATURE):
-        return ERR_BAD_SIGNATURE
-    if reason.startswith("envelope too large"):
-        return "envelope too large"
-    if reason.startswith("failed to get twin details"):
-        return "twin lookup failed"
-    return "other"
 
 
 def _src(env: Envelope) -> str:

@@ -80,6 +80,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import time
 import traceback
 from typing import Callable
@@ -242,26 +243,27 @@ class _HttpServerLog(logging.Logger):
 
     A request aiohttp cannot parse (a request line or header over its 8190-byte limit,
     non-ASCII or malformed request line, bad method: aiohttp.http_exceptions
-    HttpProcessingError) is answered 400 by aiohttp itself; here it is logged as
-    rmb.relay.bad_request with the reason and the client address, rate-limited per reason
-    (RelayServer._warn). Anything else aiohttp reports ("Unhandled exception" out of a
-    handler) is a bug: rmb.relay.bug. Debug messages are dropped."""
+    HttpProcessingError, logged by aiohttp at debug level for a bad method, else as an
+    error) is answered 400 by aiohttp itself; here it is logged as rmb.relay.bad_request
+    with the reason and the client address, rate-limited per reason (RelayServer._warn)
+    and counted in rmb_relay_bad_requests_total. Anything else aiohttp reports at
+    warning level or above ("Unhandled exception" out of a handler) is a bug:
+    rmb.relay.bug. Other debug and info messages are dropped."""
 
     def __init__(self, relay: "RelayServer"):
         super().__init__("rmb.relay.http", logging.DEBUG)
         self.relay = relay
 
     def isEnabledFor(self, level: int) -> bool:     # noqa: N802 - logging's name
-        return level > logging.DEBUG
+        return True        # aiohttp logs a bad method at debug: _log sorts them out
 
     def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False,
              stacklevel=1):
-        if level <= logging.DEBUG:
-            return
         exc = exc_info if isinstance(exc_info, BaseException) else None
         if exc is None and exc_info:
-            import sys
             exc = sys.exc_info()[1]
+        if level < logging.WARNING and not isinstance(exc, HttpProcessingError):
+            return
         try:
             text = (msg % args) if args else str(msg)
         except (TypeError, ValueError):

@@ -131,6 +131,7 @@ async def test_bad_request_lines_answered_400_without_tracebacks(relay_proc):
     for i in range(97):
         heads.append(b"GET /" + b"a" * (9000 + i) + b" HTTP/1.1\r\nHost: x\r\n\r\n")
         heads.append("GET /\u00e9t\u00e9\u2603 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    heads += [b"G{T / HTTP/1.1\r\nHost: x\r\n\r\n"] * 3        # bad method (aiohttp: debug)
     statuses = [(await _http(port, h))[0] for h in heads]
     assert statuses == [400] * len(heads)
     metrics = await asyncio.to_thread(

@@ -1,6 +1,6 @@
 """rmb-peer's durable twin table: the last known twin records in SQLite
 (`<--data-dir>/twins.sqlite3`), so a peer restarted while the registry is down starts from
-its last known state (issue 11, finding 1 / build 3).
+its last known state.
 
 One row per twin: id, the registry JSON form of the record (rmb_peer.twins.Twin.to_json),
 and the wall-clock unix time it was fetched (ages survive restarts; the core's TTL and

@@ -45,7 +45,7 @@ ERR_NO_RELAYS = "relay info is not set for this twin"
 ERR_EXPIRED = "message has expired"
 ERR_OFFLINE = "destination offline"
 ERR_FEDERATION_FULL = "federation queue is full, dropping message"
-#: our texts (rmb-rs drops the oldest silently instead; issue #11 finding 4)
+#: our texts (rmb-rs drops the oldest silently instead)
 ERR_QUEUE_FULL = "destination offline queue is full, dropping message"
 ERR_DOMAIN_FULL = "federation queue for the destination's relay is full, dropping message"
 ERR_TOO_LARGE = "envelope too large"
@@ -321,8 +321,8 @@ class _Circuit:
 
 class FederationScheduler:
     """The federation retry plan (DESIGN.md section 3; rmb-rs federation/router.rs), with
-    per-domain bounds (issue #11 finding 5: one twin pointing its relay at a dead address
-    saturated the relay).
+    per-domain bounds (one twin pointing its relay at a dead address must not saturate the
+    relay).
 
     A job is one envelope for a twin whose relays are not ours. Each pass tries the twin's
     relays once, in the ranker's order at the start of the pass. A 202 ends the job
@@ -779,8 +779,8 @@ def pong_for(ping: Envelope) -> Envelope:
 # --------------------------------------------------------------------------- log limiter
 
 class LogLimiter:
-    """Rate limit for warning lines (issue #11: "every refusal is one log line with a
-    reason, rate-limited"; 27,000 warnings in 45 s must become a handful plus counters).
+    """Rate limit for warning lines: every refusal is one log line with a reason,
+    rate-limited (27,000 warnings in 45 s must become a handful plus counters).
 
     Per key (a reason), at most `burst` lines per `window` s are allowed. `allow(key, now)`
     returns (emit, suppressed): emit=True means log this one; `suppressed` is how many

@@ -6,7 +6,7 @@ ONE aiohttp server port serves everything, like rmb-rs v1.5.1 (relay/api.rs):
                  HTTP answers before the upgrade: no query 400, bad or expired token 401,
                  unknown twin 401, twin lookup failure 500 (DESIGN.md section 3).
   POST /         federation from other relays: body = the raw envelope bytes.
-                 Authenticated and bounded (issue #11): the envelope signature is verified
+                 Authenticated and bounded: the envelope signature is verified
                  with the source twin's account key before anything is queued.
                  202 accepted (delivered or queued), 400 unparsable / expired,
                  401 unsigned, unknown source twin or bad signature, 404 unknown
@@ -50,7 +50,7 @@ the trace report) or `rmb.relay.received` and then `delivered` / `queued` / `fed
 error (the peer_to_relay and relay_transit stages need both). Event loop: uvloop
 when installed (--event-loop).
 
-Robustness (issue #11): twin records are served stale-while-revalidate up to
+Robustness: twin records are served stale-while-revalidate up to
 --twin-max-stale past their TTL (rmb_relay/lookups.py) and a lookup that must reach the
 registry delays only envelopes for that twin; federation out is bounded per domain
 (circuit, in-flight cap, job cap: rmb_relay/core.py FederationScheduler); warnings are
@@ -121,14 +121,14 @@ CLOSE_REPLACED = 4000          # a newer connection with the same (twin, sid) to
 FED_CONTENT_TYPE = "application/x-protobuf"
 #: seconds between the relay's WebSocket pings to each peer (rmb-peer itself pings every 20 s);
 #: a peer that does not answer within half of it is closed, so a vanished peer (no FIN) is
-#: freed within 1.5 x HEARTBEAT (was 60 s: ~90 s per dead socket, issue #11 finding 7)
+#: freed within 1.5 x HEARTBEAT (was 60 s: ~90 s per dead socket)
 HEARTBEAT = 20.0
 #: seconds aiohttp waits for the peer's close frame after we close (its default is 10 s)
 CLOSE_TIMEOUT = 2.0
 #: The only WebSocket protocol version the relay speaks (RFC 6455 section 4.1: 13)
 WS_VERSION = "13"
 #: frames up to this multiple of --max-size are read and answered with a relay error when
-#: too large; only larger frames close the connection with 1009 (issue #11 finding 6)
+#: too large; only larger frames close the connection with 1009
 FRAME_FACTOR = 4
 #: longest a federation POST waits for the twin lookups its checks need, seconds
 FEDERATION_ANSWER_TIMEOUT = 15.0
@@ -138,7 +138,7 @@ DEFAULT_FEDERATION_LIMIT = (120_000, 512 * 1024 * 1024)
 QUEUED, FULL, FAILED, SHARE_FULL = "queued", "full", "failed", "share"
 
 #: XADD only below the cap: a full queue refuses the new envelope instead of trimming the
-#: oldest (XADD MAXLEN did that silently; issue #11 finding 4). Returns the new length or -1.
+#: oldest (XADD MAXLEN did that silently). Returns the new length or -1.
 #: A second bound per sender twin (KEYS[2]: hash sender -> entries it has in the stream):
 #: one sender cannot take more than --queue-per-source entries of a twin's queue, so it
 #: cannot crowd the others out either (-2).
@@ -1430,7 +1430,7 @@ class RelayServer:
 
     async def _federation_in(self, request: web.Request) -> web.Response:
         """POST / from another relay: the core decides (RelayCore.receive_federation:
-        authenticated and bounded, issue #11 finding 3); this executes its commands and
+        authenticated and bounded); this executes its commands and
         answers with its FederationAnswer (413 for a body over --max-size is aiohttp's)."""
         if self._closing:
             return web.Response(status=503, text="relay shutting down\n")

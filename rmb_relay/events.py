@@ -1,5 +1,5 @@
 """Events rmb-relay emits beyond rmb_peer.events.RMB_EVENTS (DESIGN.md section 6): the
-hardening of issue #11 (refusals rate-limited, fd exhaustion, stale twin records, bugs
+relay's hardening (refusals rate-limited, fd exhaustion, stale twin records, bugs
 caught by an entry-point guard, federation circuits).
 
 Kept next to the relay because rmb_peer/events.py belongs to the peer side; the relay's

@@ -1,4 +1,4 @@
-"""The relay's twin lookups survive the registry (issue #11 finding 1, relay side).
+"""The relay's twin lookups survive the registry (relay side).
 
 `TwinLookups` sits on rmb_peer.twins.TwinDirectory (which already dedups concurrent
 lookups per twin and serves stale-if-error up to its max_stale) and adds what the relay's

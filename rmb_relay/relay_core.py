@@ -1,5 +1,5 @@
 """The relay core: per-session state, routing, lookups and federation for envelopes from
-connected peers, without I/O and without a clock (DESIGN.md section 2; issue #11 build 1).
+connected peers, without I/O and without a clock (DESIGN.md section 2).
 
 Inputs (aioquic style; `now` is float unix seconds from the caller, the daemon's wall
 clock, because envelope expiry compares with the envelopes' unix timestamps; the daemon
@@ -451,7 +451,7 @@ class RelayCore:
                                  message_kind(env), _src(env)))
 
     def receive_federation(self, request: Any, data: bytes, origin: str, now: float) -> None:
-        """POST / from another relay (issue #11 finding 3: authenticated and bounded);
+        """POST / from another relay (authenticated and bounded);
         answered with one FederationAnswer(request, status, text), possibly after
         LookupTwin commands. In order: per-source-relay window (`federation_limiter`, key
         = `origin`, the remote address: 429), parse (400), expired (400), source present

@@ -95,10 +95,17 @@ async def test_closed_connections_are_released_at_close(redis_url, how, count):
         proc = psutil.Process()
         rss_start = proc.memory_info().rss
         connected_before = len(relay.test_events.of("rmb.relay.connected"))
+        gone_before = len(relay.test_events.of("rmb.relay.disconnected"))
         gc.disable()
         try:
             before = _census(relay.port)
             await _clients(relay.port, twin, seed, count, "s", how)
+            # the count starts when the relay has seen every close (a loaded machine may
+            # take longer than the clients to get there; bounded, not a timing assertion)
+            for _ in range(600):
+                if len(relay.test_events.of("rmb.relay.disconnected")) - gone_before >= count:
+                    break
+                await asyncio.sleep(0.1)
             await asyncio.sleep(2.0)
             after = _census(relay.port)
             rss_end = proc.memory_info().rss

@@ -131,13 +131,15 @@ class MessageReceived(RempClientEvent):
 @dataclass(frozen=True)
 class MessageSent(RempClientEvent):
     """One tonNode.rempMessage datagram for the message went to validator `peer` (key id,
-    32 bytes); size: datagram bytes; count: distinct validators reached so far."""
+    32 bytes); size: datagram bytes; count: distinct validators reached so far; datagram:
+    this datagram's number (1-based) among the message's rempMessage datagrams."""
 
     message_id: bytes
     peer: bytes
     shard: int
     size: int
     count: int
+    datagram: int = 1
 
 
 @dataclass(frozen=True)
@@ -592,8 +594,8 @@ class RempClient:
         if self.session_at is not None:
             t.last_session = self.session_at(now)
         self._unheard_since.setdefault(kid, now)
-        self._events.append(MessageSent(t.msg.id, kid, t.shard, len(data), len(t.sent)))
         t.datagrams += 1
+        self._events.append(MessageSent(t.msg.id, kid, t.shard, len(data), len(t.sent), t.datagrams))
         self.stats["datagrams_sent"] += 1
 
     def _wave(self, t: _Tracked, now: float) -> bool:

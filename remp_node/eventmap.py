@@ -17,7 +17,7 @@ section 4 (kinds, levels, shard as 16 hex digits).
 | validator ShardBlockAccepted | remp.shardchain.accepted | - | shard, block_seqno, session, count |
 | validator MasterBlockAccepted | remp.masterchain.committed | - | block_seqno, count (shard blocks) |
 | client MessageReceived | remp.fullnode.received | message id | size, shard |
-| client MessageSent | remp.fullnode.sent | message id | peer, shard, size, count |
+| client MessageSent | remp.fullnode.sent | message id | peer, shard, size, count, datagram |
 | client ReceiptEvent | remp.fullnode.status | message id | kind, level, peer, shard, block_seqno, block_id, reason, count |
 | client FinalStatus | remp.fullnode.final | message id | outcome, kind, reason, count, duration_ms |
 | full node drop (adapter) | remp.fullnode.dropped (warning) | - | peer, reason, size |
@@ -116,7 +116,7 @@ def client_records(ev) -> list[LogRecord]:
     if isinstance(ev, MessageSent):
         return [LogRecord("remp.fullnode.sent", ev.message_id.hex(), "info",
                           {"peer": peer_label(ev.peer), "shard": shard_hex(ev.shard), "size": ev.size,
-                           "count": ev.count})]
+                           "count": ev.count, "datagram": ev.datagram})]
     if isinstance(ev, FinalStatus):
         return [LogRecord("remp.fullnode.final", ev.message_id.hex(),
                           "info" if ev.outcome == "finalized" else "warning",

@@ -21,8 +21,10 @@ REMP_EVENTS = Catalogue("remp", [
       {"block_seqno": "long", "count": "long"}),
     # full node (REMP client, remp_node/client.py)
     E("remp.fullnode.sent", "the full node sent the message (tonNode.rempMessage) to a "
-      "validator (peer = validator key id prefix, count = distinct validators reached so far)",
-      {"peer": "string", "shard": "string", "size": "long", "count": "long"}),
+      "validator (peer = validator key id prefix, count = distinct validators reached so far, "
+      "datagram = this datagram's number among the message's rempMessage datagrams, so that a "
+      "resend to the same validator is a line of its own, not a duplicate)",
+      {"peer": "string", "shard": "string", "size": "long", "count": "long", "datagram": "long"}),
     E("remp.fullnode.final", "the full node's final status for a message (outcome = finalized, "
       "rejected or timeout, kind = deciding JSON kind, reason = error texts, count = rempMessage "
       "datagrams sent for it, duration_ms = submit to final)",

@@ -439,6 +439,7 @@ class _Ann:
 
     origins: set = field(default_factory=set)
     said_new: bool = False
+    said_queue: bool = False    # Accepted(QUEUE) sent: the RMQ accepts a message once per record
     ended: bool = False         # source-final (Rejected*/Timeout/Finalized) on this node
     last: object = None         # last SignedReceipt
     shard: int = 0
@@ -1054,7 +1055,10 @@ class ValidatorCore:
         elif isinstance(ev, MessageAcceptedByQueue):
             a = self._ann(ev.message_id, ev.origin, shard, n)
             e = self.cache.get(ev.message_id)
-            if a.said_new and e is not None and e.status is CacheStatus.PENDING:
+            # a message that reached this validator both from a full node and through another
+            # member's record is accepted by the queue twice: one status tells it
+            if a.said_new and not a.said_queue and e is not None and e.status is CacheStatus.PENDING:
+                a.said_queue = True
                 self._send_receipt(ev.message_id, Accepted(Level.QUEUE), shard)
         elif isinstance(ev, MessageDuplicate):
             a = self._ann(ev.message_id, ev.origin, shard, n)
@@ -1137,7 +1141,7 @@ class ValidatorCore:
         q = self.rmqs.get((s.shard, s.session))
         if q is None or not q.local_is_current:
             return
-        a.said_new = True
+        a.said_new = a.said_queue = True
         self._send_receipt(mid, New(), s.shard)
         self._send_receipt(mid, Accepted(Level.QUEUE), s.shard)
 
@@ -1549,7 +1553,7 @@ class ValidatorCore:
         a = self._ann(m.message_id, m.origin, MASTERCHAIN_KEY, e.master_seqno)
         a.ended = False
         if not a.said_new and (MASTERCHAIN_KEY, self.session) in self.rmqs:
-            a.said_new = True
+            a.said_new = a.said_queue = True
             self._send_receipt(m.message_id, New(), MASTERCHAIN_KEY)
             self._send_receipt(m.message_id, Accepted(Level.QUEUE), MASTERCHAIN_KEY)
         self._send_receipt(m.message_id, Accepted(Level.COLLATOR, bid), MASTERCHAIN_KEY)

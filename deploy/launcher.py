@@ -188,6 +188,7 @@ class Cluster:
         self.sent_refs: dict[str, str] = {}     # ref (= envelope uid) -> requesting twin
         self.slow_replies = 0                   # block.slow replies the services sent (late by design)
         self.planned_late: list[str] = []       # refs of the expiring requests
+        self._expected: dict[bytes, str | None] = {}   # sha256 of a payload -> its block hash
 
     # -- start ---------------------------------------------------------------------
 
@@ -343,10 +344,7 @@ class Cluster:
         ids = [self.twin_ids[d] for d in dst]
         self.counters.requests += 1
         self.counters.envelopes += len(ids)
-        try:
-            expect = verify_block(block.data)["hash"]
-        except BlockError:
-            expect = None
+        expect = self._expected_hash(block)
         # the request's ref, chosen here: a fresh UUID, which rmb-peer makes the envelope
         # uid (rmb_peer/client.py), so the planned outcome is logged under the uid before
         # the request can fail, and late replies are found by it
@@ -370,6 +368,18 @@ class Cluster:
             else:
                 self.counters.errored[str(code)] = self.counters.errored.get(str(code), 0) + 1
         self.counters.expired += len(ids) - got  # no reply within the TTL
+
+    def _expected_hash(self, block: BlockFile) -> str | None:
+        """The hash the service must answer for `block` (None: the block is refused),
+        computed once per payload: the payloads repeat, and parsing the 1 MB Bitcoin
+        block costs tens of ms of the launcher's CPU, which also serves the requests."""
+        key = hashlib.sha256(block.data).digest()
+        if key not in self._expected:
+            try:
+                self._expected[key] = verify_block(block.data)["hash"]
+            except BlockError:
+                self._expected[key] = None
+        return self._expected[key]
 
     async def run_phase(self, name: str, jobs: list, concurrency: int) -> None:
         self.phase = name
@@ -601,12 +611,23 @@ def build_segments(cfg: dict, chosen: set[str], workdir: Path, plan: Plan,
     return out
 
 
+#: seconds between two /health polls of the RMB daemons for the progress line (the line is
+#: printed every second; each poll is an HTTP request to every daemon)
+HEALTH_POLL_S = 5.0
+
+
 async def progress(cluster: Cluster | None, segments: list[Segment]) -> None:
     async with aiohttp.ClientSession() as http:
+        states: dict[str, bool] = {}
+        polled = -HEALTH_POLL_S
         while True:
             parts = []
             if cluster is not None:
-                parts.append(cluster.progress_line(await cluster.health(http)))
+                if time.monotonic() - polled >= HEALTH_POLL_S:
+                    states, polled = await cluster.health(http), time.monotonic()
+                # a daemon that exited shows DOWN at once (the watchdog fails the run)
+                live = {d.name: d.alive() for d in cluster.daemons()}
+                parts.append(cluster.progress_line({k: ok and live.get(k, True) for k, ok in states.items()}))
             for seg in segments:
                 up = " ".join(f"{d.name}:{'up' if d.alive() else 'DOWN'}" for d in seg.daemons())
                 parts.append(f"{seg.name}: {seg.progress()} | {up}".rstrip(" |"))

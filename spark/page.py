@@ -357,7 +357,8 @@ def render(summary: dict, slow_traces: list[dict], charts: dict[str, str] | None
         "(1 = all of it; over 1 = exceeded).</p>",
         _table(sla_rows, left=("objective", "counts", "target", "unit", "status", "verdict")),
         "<h2>Latency and CPU over time</h2>",
-        "<p class='note'>Above: the slowest end-to-end sample per second of each stage. "
+        "<p class='note'>Above: the slowest end-to-end sample per second of each stage (every "
+        "message, the planned faults' included, as in the latency table below). "
         "Below: the host's CPU (percent of all its cores busy, every process of the machine) "
         "and the demo's own processes' share, sampled every second by the launcher. "
         f"An objective missed while the host was at or above "

@@ -122,6 +122,17 @@ def test_default_demo_counts_match_the_report_and_planned_faults_are_logged(tmp_
     planned = {e["attrs"]["fault"] for e in plan if e["event"] == "demo.plan.fault"}
     assert {"validator_kill", "member_kill"} <= planned, planned
     assert "MISMATCH" not in out
+    # the CPU, sampled every second into logs/demo-cpu.jsonl (demo.cpu.*), read by the report
+    # (the timeline; a verdict per objective) and summed up in the demo's last line
+    cpu = events(logs / "demo-cpu.jsonl")
+    assert any(e["event"] == "demo.cpu.host" and e["attrs"]["cores"] == os.cpu_count() for e in cpu)
+    assert "launcher" in {e["attrs"]["target"] for e in cpu if e["event"] == "demo.cpu.process"
+                          and e["attrs"]["kind"] == "demo"}
+    assert out.rstrip().splitlines()[-1].startswith("cpu: the demo used "), out[-2000:]
+    assert result["cpu"]["cluster"]["cores"] == os.cpu_count() and result["cpu"]["run"]["cpu_s"] > 0
+    assert summary["cpu"]["samples"] and summary["timeline"]
+    for s in summary["sla"]:
+        assert s["verdict"] in (("met",) if s["ok"] else ("missed", "missed, host saturated")), s
     if slow:   # the launcher says so and exits 1: the verdict is honest, the machine was slow
         said = out.split("result: FAIL: ", 1)[1].split(" (rows", 1)[0]
         assert result["exit"] == 1 and proc.returncode == 1 and sorted(said.split(", ")) == slow, out[-3000:]

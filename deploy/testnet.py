@@ -1,9 +1,9 @@
 """relay-suite-testnet: a multi-host testnet on one Linux machine, from a topology file.
 
-    relay-suite-testnet [--topology lan|wan|thin|FILE] [--check | --job remp,marlin,rmb | --hold]
-                        [--nodes a,b,...] [--workdir DIR]
-    relay-suite-testnet --cleanup          # remove what an interrupted run left behind
-    (also: python -m deploy.testnet ...)
+    python -m deploy.testnet [--topology lan|wan|thin|FILE] [--check | --job remp,marlin,rmb | --hold]
+                             [--nodes a,b,...] [--workdir DIR]
+    python -m deploy.testnet --cleanup     # remove what an interrupted run left behind
+    (a console script `relay-suite-testnet = "deploy.testnet:main"` can be added to pyproject.toml)
 
 Every node runs in its own network namespace with its own IPv4 address; nodes of a region
 share one bridge, regions meet in one router namespace. Layout (objects named with the
@@ -236,7 +236,7 @@ def unavailable() -> str | None:
         return "the testnet needs Linux network namespaces"
     if os.geteuid() != 0:
         return ("the testnet needs root (it creates network namespaces, veth pairs, bridges and tc "
-                "qdiscs): run it as root, e.g. `sudo .venv/bin/relay-suite-testnet ...`")
+                "qdiscs): run it as root, e.g. `sudo .venv/bin/python -m deploy.testnet ...`")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"the testnet needs `{tool}` (iproute2) on PATH"
@@ -322,6 +322,8 @@ class Testnet:
     a context manager. exec_argv(node, argv) runs a command inside a node's namespace with
     its link model; url(node, port) the node's HTTP address; partition / heal / isolate
     change reachability (router policy rules)."""
+
+    __test__ = False
 
     def __init__(self, topology: Topology, names: list[str], *, lock_timeout: float = 900.0):
         self.topo = topology
@@ -610,7 +612,7 @@ print(time.monotonic() - t)
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="relay-suite-testnet",
+        prog="python -m deploy.testnet",
         description="Build a multi-region testnet of network namespaces on this machine (root only) "
                     "from a topology file, run the suite's daemons in it, and remove it all on exit. "
                     "See docs/testnet.md.")
@@ -641,6 +643,24 @@ def _install_signals() -> None:
     signal.signal(signal.SIGTERM, on_signal)
 
 
+def _lock_holder() -> str | None:
+    """The pid text in the lock file when another process holds the lock, else None."""
+    try:
+        fh = open(LOCK_PATH, "a+")
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        return fh.read().strip() or "?"
+    else:
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return None
+    finally:
+        fh.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     why = unavailable()
@@ -648,6 +668,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"relay-suite-testnet: {why}", file=sys.stderr)
         return 2
     if args.cleanup:
+        holder = _lock_holder()
+        if holder:
+            print(f"relay-suite-testnet: a testnet is running (pid {holder} holds {LOCK_PATH}); "
+                  f"stop it (SIGINT) instead of --cleanup", file=sys.stderr)
+            return 1
         cleanup(verbose=True)
         return 0
     try:
@@ -657,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _install_signals()
     if args.job:
+        from deploy.daemons import LaunchError
         from deploy.testnet_job import run_job
         try:
             return run_job(topo, [x.strip() for x in args.job.split(",") if x.strip()], Path(args.workdir),
@@ -664,9 +690,12 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("relay-suite-testnet: interrupted; testnet removed", file=sys.stderr)
             return 130
-        except TestnetError as exc:
+        except (TestnetError, LaunchError) as exc:
             print(f"relay-suite-testnet: {exc}", file=sys.stderr)
             return 1
+        finally:
+            if leftovers() and not _lock_holder():
+                cleanup(verbose=True)
     names = [x.strip() for x in args.nodes.split(",")] if args.nodes else (topo.example or ["a", "b"])
     try:
         with Testnet(topo, names) as net:

@@ -2,7 +2,7 @@
 with a region partitioned and healed while they carry traffic, every outcome accounted for.
 
     run_job(topology, ["remp", "marlin", "rmb"], workdir, partition_s=None) -> exit code
-    (CLI: relay-suite-testnet --topology wan --job remp,marlin,rmb)
+    (CLI: python -m deploy.testnet --topology wan --job remp,marlin,rmb)
 
 What runs where (node names are placed by the topology's [placement]):
 - REMP: the main job's REMP segment (remp_node/localnet.py RempSegment: real wallet and
@@ -374,16 +374,12 @@ class NsRmb:
         client = RmbClient(self.redis_url["alice"], name="testnet-app")
         ids = {self.twin_ids[t]: t for t in ("bob", "carol")}
 
-        async def one(i: int) -> None:
-            payload = f"testnet request {i} ".encode() * 8
+        async def one(i: int, dst: str) -> None:
+            """One request to one twin (one call each, so the round trip is per destination)."""
+            payload = f"testnet request {i} to {dst} ".encode() * 8
             t0 = time.monotonic()
-            replies = await client.call(list(ids), "testnet.echo", payload, ttl=ttl, ref=new_uid())
-            got = set()
-            for rep in replies:
-                dst = ids.get(int(str(rep.src).split(":")[0])) if str(rep.src).split(":")[0].isdigit() else None
-                if dst is None:
-                    continue
-                got.add(dst)
+            replies = await client.call([self.twin_ids[dst]], "testnet.echo", payload, ttl=ttl, ref=new_uid())
+            for rep in replies[:1]:
                 if rep.code is None:
                     ok = rep.data == payload
                     self.outcomes[(str(i), dst)] = "answered" if ok else "mismatched"
@@ -391,13 +387,13 @@ class NsRmb:
                         self.rtt[dst].append((time.monotonic() - t0) * 1e3)
                 else:
                     self.outcomes[(str(i), dst)] = "expired" if rep.code == 102 else f"errored {rep.code}"
-            for dst in ids.values():
-                self.outcomes.setdefault((str(i), dst), "missing")
+            self.outcomes.setdefault((str(i), dst), "missing")
 
         try:
             tasks = []
             for i in range(n):
-                tasks.append(asyncio.ensure_future(one(i)))
+                for dst in ids.values():
+                    tasks.append(asyncio.ensure_future(one(i, dst)))
                 await asyncio.sleep(gap)
             await asyncio.gather(*tasks)
         finally:

@@ -428,8 +428,8 @@ class Testnet:
 
     @staticmethod
     def _tbf(ns: str, dev: str, bits: int) -> list[str]:
-        # burst: 10 ms at the rate (at least 16 KiB, well above rate / HZ); queue: 100 ms
-        burst = max(16384, bits // 8 // 100)
+        # burst: 4 ms at the rate (at least 64 KiB; rate / HZ is 4 ms at HZ=250); queue: 100 ms
+        burst = max(65536, bits // 8 // 250)
         return ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
                 "rate", f"{bits}bit", "burst", str(burst), "latency", "100ms"]
 
@@ -587,6 +587,43 @@ class Testnet:
                 p.wait()
 
 
+    def throughput(self, a: str, b: str, nbytes: int = 8 << 20, timeout: float = 60.0) -> float | None:
+        """Bits per second of one TCP transfer of `nbytes` from node a to node b through the
+        kernel path (the tbf / htb caps, no link model); None when it failed."""
+        srv = subprocess.Popen(["ip", "netns", "exec", self.nodes[b].ns, sys.executable, "-c", _SINK_SERVER,
+                                self.nodes[b].address], stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(srv.stdout.readline())
+            r = _run(["ip", "netns", "exec", self.nodes[a].ns, sys.executable, "-c", _SINK_CLIENT,
+                      self.nodes[b].address, str(port), str(nbytes), str(timeout)], check=False)
+            return nbytes * 8 / float(r.stdout) if r.returncode == 0 and r.stdout.strip() else None
+        finally:
+            srv.kill()
+            srv.wait()
+
+
+_SINK_SERVER = """
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(4)
+print(s.getsockname()[1], flush=True)
+while True:
+    c, _ = s.accept()
+    n = int.from_bytes(c.recv(8, socket.MSG_WAITALL), "big")
+    while n > 0:
+        d = c.recv(1 << 20)
+        if not d:
+            break
+        n -= len(d)
+    c.sendall(b"k"); c.close()
+"""
+_SINK_CLIENT = """
+import socket, sys, time
+n = int(sys.argv[3])
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[4]))
+t = time.monotonic()
+c.sendall(n.to_bytes(8, "big")); c.sendall(b"\\0" * n); assert c.recv(1) == b"k"
+print(time.monotonic() - t)
+"""
 _ECHO_SERVER = """
 import socket, sys, threading
 s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(64)
@@ -709,6 +746,13 @@ def main(argv: list[str] | None = None) -> int:
             ok = [v for v in res.values() if v is not None]
             print(f"kernel path (TCP connect + echo, no link model): {len(ok)} of {len(res)} node pairs answer"
                   + (f", slowest {max(ok) * 1e3:.1f} ms" if ok else "") + (f"; failed: {bad}" if bad else ""))
+            names_ = list(net.nodes)
+            if len(names_) >= 2:
+                for a, b in ((names_[0], names_[1]), (names_[-1], names_[0])):
+                    bps = net.throughput(a, b)
+                    cap = min(net.nodes[a].bandwidth, net.nodes[b].bandwidth)
+                    print(f"throughput {a} -> {b} (8 MiB over TCP): "
+                          + (f"{bps / 1e6:.1f} Mbit/s" if bps else "failed") + f", node links capped at {cap / 1e6:g} Mbit/s")
             return 1 if bad else 0
     except KeyboardInterrupt:
         print("relay-suite-testnet: interrupted; testnet removed", file=sys.stderr)

@@ -226,7 +226,17 @@ def marlin_figures(seg) -> dict:
             if t in produced and t in seg.sent:
                 lat.append((_ts(e["ts"]) - produced[t]) * 1e3)
         out[c] = _stats(lat)
-    return {"produce_to_rebuilt": out, "block_sizes": {n: len(b.data) for b in seg.honest for n in [b.name]}}
+    # the largest block (the 1 MB Bitcoin block of ../shared/data) at each consumer
+    big = max(seg.honest, key=lambda b: len(b.data), default=None)
+    largest = {}
+    if big is not None:
+        traces = [t for t, name in seg.sent.items() if name == big.name]
+        for c in seg.net.names("consumer"):
+            for e in seg.net.events(c, "marlin.consumer.block_rebuilt"):
+                if e.get("trace_id") in traces and e.get("trace_id") in produced:
+                    largest[c] = (_ts(e["ts"]) - produced[e["trace_id"]]) * 1e3
+    return {"produce_to_rebuilt": out, "largest_block": {"name": big.name if big else None,
+                                                         "bytes": len(big.data) if big else 0, "ms": largest}}
 
 
 # --------------------------------------------------------------------------- RMB
@@ -563,6 +573,10 @@ def report(result: dict) -> str:
     if "marlin" in result:
         for c, s in result["marlin"]["figures"]["produce_to_rebuilt"].items():
             lines.append(f"Marlin produce -> rebuilt at {c}: {fmt(s)}")
+        lb = result["marlin"]["figures"]["largest_block"]
+        if lb["name"]:
+            lines.append(f"Marlin largest block {lb['name']} ({lb['bytes']} B) produce -> rebuilt: "
+                         + ", ".join(f"{c} {v:.0f} ms" for c, v in lb["ms"].items()))
         lines.append(f"Marlin counts {result['marlin']['counts']}")
     if "rmb" in result:
         for d, s in result["rmb"]["round_trip"].items():

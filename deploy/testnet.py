@@ -332,6 +332,7 @@ class Testnet:
         self._lock_fh = None
         self._up = False
         self._rules: set[tuple[str, str, str]] = set()
+        self._isolated: set[str] = set()
         counters: dict[str, int] = {}
         used: dict[str, set[str]] = {r: set() for r in topology.regions}
         for name, (region, addr) in topology.nodes.items():
@@ -542,11 +543,11 @@ class Testnet:
                 self._add(str(other.subnet), sub)
 
     def isolate(self, node: str) -> None:
-        """Make one node unreachable from every region (its host is down for the network)."""
-        addr = self.nodes[node].address + "/32"
-        for r in self.topo.regions.values():
-            self._add(str(r.subnet), addr)
-            self._add(addr, str(r.subnet))
+        """Make one node's host unreachable from everywhere (its own region and the control
+        link included): its bridge port goes down, its processes keep running."""
+        n = self.nodes[node]
+        _run(["ip", "-n", self.region_ns(n.region), "link", "set", n.port_if, "down"])
+        self._isolated.add(node)
 
     def _add(self, src: str, dst: str) -> None:
         if (src, dst, "bh") not in self._rules:
@@ -554,10 +555,14 @@ class Testnet:
             self._rules.add((src, dst, "bh"))
 
     def heal(self) -> None:
-        """Remove every partition / isolation rule."""
+        """Remove every partition rule and bring isolated hosts back."""
         for src, dst, _ in list(self._rules):
             self._rule("del", src, dst)
         self._rules.clear()
+        for node in list(self._isolated):
+            n = self.nodes[node]
+            _run(["ip", "-n", self.region_ns(n.region), "link", "set", n.port_if, "up"])
+        self._isolated.clear()
         # a blackholed flow's cached route would outlive the rule
         _run(["ip", "-n", ROUTER_NS, "route", "flush", "cache"], check=False)
 

@@ -119,6 +119,13 @@ def test_build_caps_partition_heal_and_remove():
         net.heal()
         healed = net.probe([(others[0], inside[0]), (inside[0], others[0])])
         assert all(v is not None for v in healed.values()), healed
+        # one host unreachable from everywhere, its neighbours still reachable
+        net.isolate("c1m1")                          # eu, like the producer
+        res = net.probe([("producer", "c1m1"), ("c1m1", "consumer1"), ("producer", "consumer1")], timeout=1.0)
+        assert res[("producer", "c1m1")] is None and res[("c1m1", "consumer1")] is None
+        assert res[("producer", "consumer1")] is not None
+        net.heal()
+        assert net.probe([("producer", "c1m1")])[("producer", "c1m1")] is not None
     assert tn.leftovers() == []
     # no rstn- name anywhere: namespaces, links, root routes
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout

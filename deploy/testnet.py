@@ -29,8 +29,8 @@ and an `htb` class per source region on each router interface (the inter-region 
 Delay, jitter, loss and duplication: this kernel has no `netem`, so every daemon applies them
 itself from the link model the testnet hands it (RELAY_SUITE_LINKS, daemon_runtime/linkmodel.py:
 one rule per destination region, built from the topology). Partitions: blackhole policy
-rules in the router namespace (`partition`, `heal`, `isolate`), so the control link keeps
-working.
+rules in the router namespace (`partition`, also one way), so the control link keeps
+working; an unreachable host: its bridge port down (`isolate`); `heal` undoes both.
 
 Lifecycle: `Testnet.up()` creates everything (any failure removes what was made and raises
 TestnetError), `down()` kills every process still inside its namespaces and deletes them;

@@ -60,6 +60,8 @@ import struct
 import time
 from typing import Callable, Iterable, Mapping
 
+from daemon_runtime.linkmodel import delay_transport
+
 from .crypto import BadSignature, NodeKey, recover_signer
 from .wire import (DEFAULT_MAX_FRAME, HELLO_ACCEPTOR, HELLO_DIALLER, KIND_HELLO, KIND_HELLO_PROOF, KIND_HELLO_REPLY,
                    NONCE_LEN, Hello, HelloReply, MarlinLocalError, MarlinWireError, decode_frame, encode_frame,
@@ -401,6 +403,7 @@ class Transport:
                 await asyncio.sleep(backoff * random.uniform(0.75, 1.25))
                 backoff = min(backoff * 2, self.backoff_max)
                 continue
+            delay_transport(writer.transport, host)     # test only: RELAY_SUITE_LINKS
             try:
                 await dial_handshake(reader, writer, self.key, box.peer, timeout=self.hello_timeout,
                                      max_frame=self.max_frame)

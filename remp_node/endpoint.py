@@ -109,6 +109,9 @@ async def open_endpoint(key, peers: dict[bytes, tuple[bytes, tuple[str, int]]], 
     if faults is not None:
         uf = UdpFaults(loss=faults.loss, duplicate=faults.duplicate, reorder=faults.reorder,
                        reorder_delay=faults.reorder_delay, seed=faults.seed)
+    else:   # test only: per-destination delay / loss from RELAY_SUITE_LINKS (the testnet)
+        from daemon_runtime.linkmodel import DatagramFaults, from_env
+        uf = DatagramFaults(from_env()) if from_env() is not None else None
     ep = await UdpEndpoint.create(core, bind, on_payload, faults=uf, on_drop=on_drop)
     _grow_buffers(ep.transport.get_extra_info("socket"))
     return AuthEndpoint(core, ep)

@@ -62,8 +62,9 @@ class Faults:
         self.rng = random.Random(self.seed)
         self.stats = {"lost": 0, "duplicated": 0, "reordered": 0}
 
-    def plan(self) -> list[float]:
-        """Delays (seconds) of the copies to deliver for one datagram ([] = lost)."""
+    def plan(self, addr=None) -> list[float]:
+        """Delays (seconds) of the copies to deliver for one datagram ([] = lost); `addr`
+        (its destination) is for per-destination models (daemon_runtime.linkmodel)."""
         if self.loss and self.rng.random() < self.loss:
             self.stats["lost"] += 1
             return []
@@ -197,7 +198,7 @@ class UdpEndpoint(asyncio.DatagramProtocol):
             if f is None:
                 tr.sendto(data, addr)
                 continue
-            for delay in f.plan():
+            for delay in f.plan(addr):
                 if delay:
                     self.loop.call_later(delay, self._sendto_late, data, addr)
                 else:

@@ -65,6 +65,7 @@ from yarl import URL
 
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.lifecycle import use_event_loop
+from daemon_runtime.linkmodel import delay_transport
 from daemon_runtime.redis_server import reconnecting_redis
 from rmb_peer.core import (
     LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, LookupBacklog, LookupTwin, PeerCore,
@@ -894,6 +895,7 @@ class PeerDaemon:
             core.relay_failed(relay, attempt, self._now(), f"connect failed: {why}"[:200])
             self._after()
             return
+        delay_transport(raw._conn.transport, URL(relay).host or "")   # test only: RELAY_SUITE_LINKS
         ws = _RelaySocket(raw)
         conn = _Conn(ws, attempt)
         conn.writer = self._spawn(self._writer(relay, conn))

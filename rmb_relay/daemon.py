@@ -94,6 +94,7 @@ from prometheus_client.core import CounterMetricFamily
 from websockets.frames import Frame, Opcode
 
 from daemon_runtime.eventlog import EventLog
+from daemon_runtime.linkmodel import delay_transport, pause as linkmodel_pause
 from daemon_runtime.redis_server import reconnecting_redis
 from rmb_peer.envelope import MAX_ENVELOPE_SIZE, Envelope, address_str, message_kind
 from rmb_peer.events import RMB_EVENTS
@@ -977,6 +978,7 @@ class RelayServer:
             return self._refuse_auth(400, "expected a WebSocket upgrade")
         await ws.prepare(request)
         transport = request.transport
+        delay_transport(transport, request.remote or "")   # test only: RELAY_SUITE_LINKS
         try:
             await self._serve_peer(ws, (twin_id, sid), transport)
         finally:
@@ -1395,6 +1397,7 @@ class RelayServer:
         """PostFederation executor."""
         status, reason = 0, ""
         try:
+            await linkmodel_pause(att.domain.rpartition(":")[0])   # test only: RELAY_SUITE_LINKS
             async with self._http.post(f"http://{att.domain}/", data=att.data,
                                        headers={"Content-Type": FED_CONTENT_TYPE},
                                        timeout=aiohttp.ClientTimeout(total=att.timeout)) as resp:

@@ -1,0 +1,587 @@
+"""The testnet job: the suite's protocols running in network namespaces (deploy/testnet.py),
+with a region partitioned and healed while they carry traffic, every outcome accounted for.
+
+    run_job(topology, ["remp", "marlin", "rmb"], workdir, partition_s=None) -> exit code
+    (CLI: python -m deploy.testnet --topology wan --job remp,marlin,rmb)
+
+What runs where (node names are placed by the topology's [placement]):
+- REMP: the main job's REMP segment (remp_node/localnet.py RempSegment: real wallet and
+  recorded messages, collator rejects, a validator SIGKILLed and restarted) with its
+  network file rewritten so validator i and the full node listen on their namespace's
+  address; labels "v1".., "fullnode1".
+- Marlin: the main job's Marlin segment (marlin_cluster/localnet.py MarlinSegment: blocks
+  from ../shared/data, a member SIGKILLed and restarted, a corrupted block that must be
+  disputed), node hosts rewritten likewise; names "producer", "c<i>m<j>", "consumer<k>".
+- RMB: registry, relay1, relay2 (federated), twins alice (client), bob and carol (an echo
+  service each, run in this process against the twin's own Redis); every Redis runs inside
+  the namespace of the node that owns it. alice calls bob and carol `requests` times.
+
+Fault plan (logged with deploy.segments.Plan before it is injected, as the main job does):
+`region_partition` of the last region of the topology (both directions, blackhole rules in
+the router namespace) `partition_at` s after traffic starts, healed `partition_s` s later;
+plus each segment's own planned faults. A one-region topology gets no partition.
+
+Accounting, the loopback job's rules: REMP: every submitted message reaches a final outcome
+(finalized, rejected, timeout), none left without one ("none"), rejections as planned;
+Marlin: every (block, consumer) pair rebuilt, the corrupted block disputed by every
+consumer; RMB: every (request, destination) answered, errored or expired (the peer told the
+app), none silently missing, answers carry the payload back. Figures (ms, from the daemons'
+own logs and this process's clock; one machine, one clock): REMP first receipt (submit ->
+first PutIntoQueue at the full node) and Finalized p50/p99, Marlin produce -> rebuilt p50/p99
+per consumer, RMB round trip p50/p99 per destination. Written to WORKDIR/testnet.json with the
+link model (Testnet.describe()).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import time
+from datetime import datetime
+from pathlib import Path
+
+from deploy.daemons import Daemon, LaunchError, script
+from deploy.segments import Plan
+from deploy.testnet import Testnet, TestnetError, Topology
+
+__all__ = ["run_job", "job_nodes", "NsRempSegment", "NsMarlinSegment", "NsRmb", "DEFAULTS"]
+
+SHARED_DATA = Path(os.environ.get("RELAYSUITE_SHARED_DATA",
+                                  Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
+
+#: the job's defaults (tests shrink them)
+DEFAULTS = {
+    "remp": {"shards": 2, "validators_per_shard": 4, "wallet_messages": 20, "collator_rejects": 2,
+             "mc_catchain_lifetime": 20.0, "block_interval": 0.2, "master_block_interval": 0.1,
+             "kill": "v3", "kill_after": 6.0, "kill_for": 3.0, "deadline": 180.0, "rate": 10.0},
+    "marlin": {"clusters": 3, "members": 2, "kill": "c2m1", "kill_at": 0.5, "kill_duration": 3.0,
+               "deadline": 150.0, "interval": 0.5, "tolerable_latency": 30, "max_clock_skew": 2},
+    "rmb": {"requests": 40, "ttl": 40, "interval": 0.25},
+    "partition_at": 4.0, "partition_s": 30.0, "start_timeout": 90.0, "grace": 10.0,
+}
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, int(round(q * (len(v) - 1)))))]
+
+
+def _stats(values: list[float]) -> dict:
+    return {"n": len(values), "p50_ms": _pct(values, 0.50), "p99_ms": _pct(values, 0.99),
+            "max_ms": max(values) if values else None}
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _events(paths, event: str | None = None) -> list[dict]:
+    out = []
+    for p in paths:
+        try:
+            lines = Path(p).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if event is None or d.get("event") == event:
+                out.append(d)
+    return out
+
+
+# --------------------------------------------------------------------------- REMP
+
+
+def remp_labels(cfg: dict) -> list[str]:
+    n = int(cfg["shards"]) * int(cfg["validators_per_shard"])
+    return [f"v{i}" for i in range(1, n + 1)] + ["fullnode1"]
+
+
+def _make_remp_segment(net: Testnet, cfg: dict, workdir: Path, plan: Plan, timeout: float, grace: float):
+    from remp_node.localnet import LocalNet, RempSegment
+    from remp_node.netfiles import load_network
+
+    class NsLocalNet(LocalNet):
+        """LocalNet whose nodes listen on their namespace's address and run inside it."""
+
+        async def init(self):
+            await super().init()
+            path = self.netdir / "network.json"
+
+            def move(n: dict) -> None:
+                ip = net.address(n["label"])
+                n["address"] = f"{ip}:{n['address'].rsplit(':', 1)[1]}"
+                n["http"] = f"{ip}:{n['http'].rsplit(':', 1)[1]}"
+            doc = json.loads(path.read_text())
+            for n in doc["nodes"]:
+                move(n)
+            mode = path.stat().st_mode & 0o777
+            path.write_text(json.dumps(doc, indent=1))
+            os.chmod(path, mode)
+            self.net = load_network(self.netdir)
+            for label, d in self.daemons.items():
+                d.argv = net.exec_argv(label, d.argv)
+            return self.net
+
+        @property
+        def api(self) -> str:
+            return self.http("fullnode1")
+
+        def http(self, label: str) -> str:
+            return net.url(label, self.daemons[label].info["port"])
+
+    seg = RempSegment(cfg, workdir, plan, SHARED_DATA if SHARED_DATA.is_dir() else None, [],
+                      start_timeout=timeout, grace=grace)
+    old = seg.local
+    seg.local = NsLocalNet(old.workdir, shards=old.shards, validators_per_shard=old.vps,
+                           masterchain_validators=old.mcv, mc_catchain_lifetime=old.lifetime,
+                           block_interval=old.block_interval, master_block_interval=old.master_block_interval,
+                           ext_messages=old.ext_messages, start_timeout=timeout, grace=grace,
+                           genesis_delay=8.0 + 0.6 * len(remp_labels(cfg)))
+    seg.local.logdir = seg.logdir
+    return seg
+
+
+def remp_figures(seg) -> dict:
+    logs = sorted(seg.logdir.glob("fullnode1.jsonl*"))
+    rec, first, final = {}, {}, {}
+    for e in _events(logs):
+        t, ev = e.get("trace_id"), e.get("event")
+        if not t:
+            continue
+        if ev == "remp.fullnode.received":
+            rec.setdefault(t, _ts(e["ts"]))
+        elif ev == "remp.fullnode.status" and (e.get("attrs") or {}).get("kind") == "PutIntoQueue":
+            first.setdefault(t, _ts(e["ts"]))
+        elif ev == "remp.fullnode.final":
+            final[t] = e.get("attrs") or {}
+    fr = [(first[t] - rec[t]) * 1e3 for t in first if t in rec]
+    fin = [a.get("duration_ms") for a in final.values() if a.get("outcome") == "finalized"
+           and a.get("duration_ms") is not None]
+    return {"first_receipt": _stats(fr), "finalized": _stats(fin)}
+
+
+# --------------------------------------------------------------------------- Marlin
+
+
+def marlin_names(cfg: dict) -> list[str]:
+    names = ["producer", "producer2"]
+    names += [f"c{i}m{j}" for i in range(1, int(cfg["clusters"]) + 1) for j in range(1, int(cfg["members"]) + 1)]
+    return names + ["consumer1", "consumer2"]
+
+
+def _make_marlin_segment(net: Testnet, cfg: dict, workdir: Path, plan: Plan, timeout: float, grace: float):
+    from deploy.launcher import corrupted_block, default_blocks
+    from marlin_cluster.localnet import MarlinNet, MarlinSegment
+
+    class NsMarlinNet(MarlinNet):
+        """MarlinNet whose nodes listen on their namespace's address and run inside it."""
+
+        def init(self) -> dict:
+            nodes = super().init()
+            path = self.netdir / "network.json"
+            mode = path.stat().st_mode & 0o777
+            doc = json.loads(path.read_text())
+            for n in doc["nodes"]:
+                n["host"] = net.address(n["name"])
+            path.write_text(json.dumps(doc, indent=1))
+            os.chmod(path, mode)
+            self.nodes = {n["name"]: n for n in doc["nodes"]}
+            return self.nodes
+
+        def _argv(self, name: str) -> list[str]:
+            argv = super()._argv(name)
+            argv[argv.index("--status") + 1] = f"{net.address(name)}:0"
+            return net.exec_argv(name, argv)
+
+        def _url(self, name: str, path: str) -> str:
+            return net.url(name, self.procs[name].info["status_port"]) + path
+
+    blocks = default_blocks() + [corrupted_block()]
+    seg = MarlinSegment(cfg, workdir, plan, SHARED_DATA if SHARED_DATA.is_dir() else None, blocks,
+                        start_timeout=timeout, grace=grace)
+    old = seg.net
+    seg.net = NsMarlinNet(workdir, clusters=old.shape["clusters"], members=old.shape["members"],
+                          producers=2, consumers=2, params=old.params, logdir=old.logdir,
+                          start_timeout=timeout)
+    return seg
+
+
+def marlin_figures(seg) -> dict:
+    produced = {}
+    for e in seg.net.events("producer", "marlin.producer.produced"):
+        produced.setdefault(e.get("trace_id"), _ts(e["ts"]))
+    out = {}
+    for c in seg.net.names("consumer"):
+        lat = []
+        for e in seg.net.events(c, "marlin.consumer.block_rebuilt"):
+            t = e.get("trace_id")
+            if t in produced and t in seg.sent:
+                lat.append((_ts(e["ts"]) - produced[t]) * 1e3)
+        out[c] = _stats(lat)
+    # the largest block (the 1 MB Bitcoin block of ../shared/data) at each consumer
+    big = max(seg.honest, key=lambda b: len(b.data), default=None)
+    largest = {}
+    if big is not None:
+        traces = [t for t, name in seg.sent.items() if name == big.name]
+        for c in seg.net.names("consumer"):
+            for e in seg.net.events(c, "marlin.consumer.block_rebuilt"):
+                if e.get("trace_id") in traces and e.get("trace_id") in produced:
+                    largest[c] = (_ts(e["ts"]) - produced[e["trace_id"]]) * 1e3
+    return {"produce_to_rebuilt": out, "largest_block": {"name": big.name if big else None,
+                                                         "bytes": len(big.data) if big else 0, "ms": largest}}
+
+
+# --------------------------------------------------------------------------- RMB
+
+
+RMB_NODES = ["registry", "relay1", "relay2", "alice", "bob", "carol"]
+TWINS = {"alice": ["relay1"], "bob": ["relay2"], "carol": ["relay2", "relay1"]}
+
+
+class NsRmb:
+    """RMB in namespaces: registry, two federated relays, three twins' peers, each with its
+    own Redis in its namespace; echo services on bob and carol; alice's app is this process."""
+
+    def __init__(self, net: Testnet, cfg: dict, workdir: Path, plan: Plan, timeout: float, grace: float):
+        self.net, self.cfg, self.plan = net, cfg, plan
+        self.workdir = Path(workdir) / "rmb"
+        self.logdir = Path(workdir) / "logs"
+        self.timeout, self.grace = timeout, grace
+        self.daemons: dict[str, Daemon] = {}
+        self.redis: dict[str, Daemon] = {}
+        self.redis_url: dict[str, str] = {}
+        self.twin_ids: dict[str, int] = {}
+        self.domains: dict[str, str] = {}
+        self.outcomes: dict[tuple[str, str], str] = {}
+        self.rtt: dict[str, list[float]] = {"bob": [], "carol": []}
+        self.stop_apps = asyncio.Event()
+        self.app_tasks: list[asyncio.Task] = []
+        self.state = "new"
+
+    async def _redis(self, node: str, bind: str) -> str:
+        from daemon_runtime.ports import free_ports
+        from daemon_runtime.redis_server import redis_server_binary
+        port = free_ports("127.0.0.1", 1)[0]
+        d = self.workdir / "redis" / node
+        d.mkdir(parents=True, exist_ok=True)
+        argv = self.net.exec_argv(node, [redis_server_binary(), "--bind", bind, "--port", str(port),
+                                         "--dir", str(d), "--save", "", "--appendonly", "yes"])
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=open(self.logdir / f"redis-{node}.log", "ab"),
+                                                    stderr=asyncio.subprocess.STDOUT)
+        self.redis[node] = Daemon(f"redis-{node}", argv, self.logdir, proc=proc)
+        self.redis[node].expected_exit = False
+        return f"redis://{bind}:{port}"
+
+    async def _wait_redis(self, url: str) -> None:
+        import redis.asyncio as aioredis
+        deadline = time.monotonic() + self.timeout
+        r = aioredis.Redis.from_url(url)
+        try:
+            while True:
+                try:
+                    await r.ping()
+                    return
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise LaunchError(f"redis {url} did not answer within {self.timeout:.0f} s")
+                    await asyncio.sleep(0.1)
+        finally:
+            await r.aclose()
+
+    def _wait_redis_in(self, node: str, url: str):
+        # a relay's Redis listens on 127.0.0.1 inside its namespace: probe it from there
+        async def probe():
+            deadline = time.monotonic() + self.timeout
+            host, port = url[len("redis://"):].split(":")
+            while time.monotonic() < deadline:
+                p = await asyncio.create_subprocess_exec(
+                    "ip", "netns", "exec", self.net.nodes[node].ns, "python3", "-c",
+                    f"import socket; socket.create_connection(('{host}', {port}), 1)",
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+                if await p.wait() == 0:
+                    return
+                await asyncio.sleep(0.1)
+            raise LaunchError(f"redis of {node} did not listen within {self.timeout:.0f} s")
+        return probe()
+
+    async def start(self) -> None:
+        from daemon_runtime.ports import free_ports
+        from rmb_peer.identity import Identity
+        from rmb_peer.twins import TwinDirectory
+        from deploy.launcher import seed_for
+        self.state = "starting"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        net = self.net
+        reg = Daemon("rmb-registry", net.exec_argv("registry", [
+            script("rmb-registry"), "--listen", f"{net.address('registry')}:0",
+            "--data-dir", str(self.workdir / "registry"), "--log", str(self.logdir / "rmb-registry.jsonl")]),
+            self.logdir)
+        self.daemons["registry"] = reg
+        info = await reg.start(self.timeout)
+        self.registry_url = net.url("registry", info["port"])
+        self.plan.node("registry", f"{net.address('registry')}:{info['port']}", "rmb-registry")
+        for relay in ("relay1", "relay2"):
+            url = await self._redis(relay, "127.0.0.1")
+            await self._wait_redis_in(relay, url)
+            port = free_ports("127.0.0.1", 1)[0]
+            domain = f"{net.address(relay)}:{port}"
+            self.domains[relay] = domain
+            self.daemons[relay] = Daemon(f"rmb-relay-{relay}", net.exec_argv(relay, [
+                script("rmb-relay"), "--domain", domain, "--listen", domain, "--redis", url + "/0",
+                "--registry", self.registry_url, "--event-loop", "asyncio",
+                "--log", str(self.logdir / f"rmb-relay-{relay}.jsonl")]), self.logdir)
+            self.plan.node(relay, domain, "rmb-relay")
+        await asyncio.gather(*(self.daemons[r].start(self.timeout) for r in ("relay1", "relay2")))
+        directory = TwinDirectory(self.registry_url, cache_ttl=0)
+        try:
+            for twin, relays in TWINS.items():
+                ident = Identity.from_seed(seed_for(twin), "sr25519")
+                rec = await directory.create(ident, [self.domains[r] for r in relays], None)
+                self.twin_ids[twin] = rec.id
+        finally:
+            await directory.close()
+        for twin, relays in TWINS.items():
+            url = await self._redis(twin, net.address(twin))
+            await self._wait_redis(url)
+            self.redis_url[twin] = url + "/0"
+            argv = [script("rmb-peer"), "--seed", seed_for(twin), "--key-type", "sr25519",
+                    "--twin", str(self.twin_ids[twin]), "--redis", url + "/0", "--registry", self.registry_url,
+                    "--status-listen", f"{net.address(twin)}:0", "--event-loop", "asyncio",
+                    "--data-dir", str(self.workdir / f"peer-{twin}"),
+                    "--log", str(self.logdir / f"rmb-peer-{twin}.jsonl")]
+            for r in relays:
+                argv += ["--relay", f"ws://{self.domains[r]}"]
+            self.daemons[twin] = Daemon(f"rmb-peer-{twin}", net.exec_argv(twin, argv), self.logdir)
+            self.plan.node(twin, str(self.twin_ids[twin]), "rmb-peer")
+        await asyncio.gather(*(self.daemons[t].start(self.timeout) for t in TWINS))
+        from rmb_peer.client import RmbService
+        for twin in ("bob", "carol"):
+            svc = RmbService(self.redis_url[twin], name=f"echo@{twin}")
+
+            @svc.handler("testnet.echo")
+            async def _echo(data: bytes) -> bytes:
+                return data
+            self.app_tasks.append(asyncio.ensure_future(svc.run(self.stop_apps)))
+        self.state = "started"
+
+    def all_daemons(self) -> list[Daemon]:
+        return list(self.daemons.values()) + list(self.redis.values())
+
+    async def drive(self) -> None:
+        from rmb_peer.client import RmbClient
+        from rmb_peer.envelope import new_uid
+        self.state = "sending"
+        n, ttl, gap = int(self.cfg["requests"]), int(self.cfg["ttl"]), float(self.cfg["interval"])
+        client = RmbClient(self.redis_url["alice"], name="testnet-app")
+        ids = {self.twin_ids[t]: t for t in ("bob", "carol")}
+
+        async def one(i: int, dst: str) -> None:
+            """One request to one twin (one call each, so the round trip is per destination)."""
+            payload = f"testnet request {i} to {dst} ".encode() * 8
+            t0 = time.monotonic()
+            replies = await client.call([self.twin_ids[dst]], "testnet.echo", payload, ttl=ttl, ref=new_uid())
+            for rep in replies[:1]:
+                if rep.code is None:
+                    ok = rep.data == payload
+                    self.outcomes[(str(i), dst)] = "answered" if ok else "mismatched"
+                    if ok:
+                        self.rtt[dst].append((time.monotonic() - t0) * 1e3)
+                else:
+                    self.outcomes[(str(i), dst)] = "expired" if rep.code == 102 else f"errored {rep.code}"
+            self.outcomes.setdefault((str(i), dst), "missing")
+
+        try:
+            tasks = []
+            for i in range(n):
+                for dst in ids.values():
+                    tasks.append(asyncio.ensure_future(one(i, dst)))
+                await asyncio.sleep(gap)
+            await asyncio.gather(*tasks)
+        finally:
+            await client.close()
+        self.state = "done"
+
+    def progress(self) -> str:
+        return f"rmb: {self.state}, {len(self.outcomes)} outcomes"
+
+    async def stop(self) -> None:
+        self.stop_apps.set()
+        await asyncio.gather(*self.app_tasks, return_exceptions=True)
+        order = [self.daemons[k] for k in ("alice", "bob", "carol", "relay1", "relay2", "registry")
+                 if k in self.daemons]
+        await asyncio.gather(*(d.stop(self.grace) for d in order if d.proc is not None), return_exceptions=True)
+        await asyncio.gather(*(d.stop(5) for d in self.redis.values()), return_exceptions=True)
+
+    def counts(self) -> dict:
+        c: dict[str, int] = {}
+        for o in self.outcomes.values():
+            c[o] = c.get(o, 0) + 1
+        return c
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def job_nodes(protocols: list[str], cfg: dict = DEFAULTS) -> list[str]:
+    names = []
+    if "rmb" in protocols:
+        names += RMB_NODES
+    if "remp" in protocols:
+        names += remp_labels(cfg["remp"])
+    if "marlin" in protocols:
+        names += marlin_names(cfg["marlin"])
+    return names
+
+
+async def _partition(net: Testnet, plan: Plan, region: str | None, at: float, duration: float,
+                     log: list) -> None:
+    if region is None or duration <= 0:
+        return
+    await asyncio.sleep(at)
+    plan.fault("region_partition", region, duration)
+    await asyncio.to_thread(net.partition, region)
+    log.append({"fault": "region_partition", "region": region, "at": time.time(), "duration_s": duration})
+    print(f"testnet: region {region} partitioned for {duration:.0f} s", flush=True)
+    await asyncio.sleep(duration)
+    await asyncio.to_thread(net.heal)
+    plan.recovered("region_partition", region)
+    print(f"testnet: region {region} healed", flush=True)
+
+
+async def run_async(topo: Topology, protocols: list[str], workdir: Path, cfg: dict) -> dict:
+    """Build the testnet, run the protocols with the partition, tear everything down.
+    Returns the result dict (module doc); raises TestnetError / LaunchError."""
+    unknown = set(protocols) - {"remp", "marlin", "rmb"}
+    if unknown or not protocols:
+        raise TestnetError(f"--job: unknown protocols {sorted(unknown)} (choose from remp, marlin, rmb)")
+    workdir = Path(workdir)
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    net = Testnet(topo, job_nodes(protocols, cfg))
+    await asyncio.to_thread(net.up)
+    plan = Plan(workdir / "logs")
+    timeout, grace = float(cfg["start_timeout"]), float(cfg["grace"])
+    segs: dict = {}
+    result: dict = {"topology": net.describe(), "protocols": protocols, "faults": []}
+    try:
+        if "rmb" in protocols:
+            segs["rmb"] = NsRmb(net, cfg["rmb"], workdir, plan, timeout, grace)
+        if "remp" in protocols:
+            segs["remp"] = _make_remp_segment(net, dict(cfg["remp"]), workdir, plan, timeout, grace)
+        if "marlin" in protocols:
+            segs["marlin"] = _make_marlin_segment(net, dict(cfg["marlin"]), workdir, plan, timeout, grace)
+        for name, s in segs.items():
+            print(f"testnet: starting {name}", flush=True)
+            await s.start()
+        region = list(topo.regions)[-1] if len(topo.regions) > 1 else None
+        t0 = time.monotonic()
+        await asyncio.gather(_partition(net, plan, region, float(cfg["partition_at"]), float(cfg["partition_s"]),
+                                        result["faults"]),
+                             *(s.drive() for s in segs.values()))
+        result["drive_s"] = time.monotonic() - t0
+    finally:
+        for s in segs.values():
+            try:
+                await s.stop()
+            except Exception as exc:    # noqa: BLE001 - tear-down goes on
+                print(f"testnet: stopping {type(s).__name__}: {exc}", flush=True)
+        plan.close()
+        await asyncio.to_thread(net.down)
+    from deploy.testnet import leftovers
+    result["leftovers"] = leftovers()
+    if "remp" in segs:
+        s = segs["remp"]
+        result["remp"] = {"counts": s.counters(), "figures": remp_figures(s)}
+    if "marlin" in segs:
+        s = segs["marlin"]
+        result["marlin"] = {"counts": s.counters(), "refused": s.refused, "figures": marlin_figures(s)}
+    if "rmb" in segs:
+        s = segs["rmb"]
+        result["rmb"] = {"counts": s.counts(), "round_trip": {k: _stats(v) for k, v in s.rtt.items()},
+                         "requests": int(cfg["rmb"]["requests"]), "destinations": 2}
+    result["verdict"] = verdict(result)
+    return result
+
+
+def verdict(result: dict) -> dict:
+    """{check: (ok, detail)}: every outcome accounted for (module doc)."""
+    out = {}
+    r = result.get("remp")
+    if r:
+        c = r["counts"]
+        out["remp.every_message_final"] = (c.get("none", 0) == 0 and c.get("messages", 0) > 0,
+                                           f"none={c.get('none')} of {c.get('messages')} messages")
+        out["remp.no_timeout"] = (c.get("timeout", 0) == 0, f"timeout={c.get('timeout')}")
+        out["remp.rejections_as_planned"] = (c.get("rejected", 0) >= c.get("expected_rejections", 0),
+                                             f"rejected={c.get('rejected')} expected>={c.get('expected_rejections')}")
+    m = result.get("marlin")
+    if m:
+        c = m["counts"]
+        out["marlin.every_block_rebuilt"] = (c.get("expected_rebuilt", -1) > 0
+                                             and c.get("rebuilt", 0) >= c.get("expected_rebuilt", 0),
+                                             f"rebuilt={c.get('rebuilt')} expected={c.get('expected_rebuilt')}")
+        out["marlin.corrupted_disputed"] = (c.get("disputes", 0) >= 2, f"disputes={c.get('disputes')}")
+        out["marlin.none_refused"] = (not m["refused"], f"refused={m['refused']}")
+    b = result.get("rmb")
+    if b:
+        c = b["counts"]
+        total = b["requests"] * b["destinations"]
+        told = sum(v for k, v in c.items() if k == "answered" or k == "expired" or k.startswith("errored"))
+        out["rmb.every_request_accounted"] = (told == total and not c.get("missing") and not c.get("mismatched"),
+                                              f"{c} of {total}")
+    out["no_leftovers"] = (not result.get("leftovers"), f"leftovers={result.get('leftovers')}")
+    return out
+
+
+def run_job(topo: Topology, protocols: list[str], workdir: Path, partition_s: float | None = None,
+            cfg: dict | None = None) -> int:
+    """CLI entry: run the job, print the figures, write WORKDIR/testnet.json; 0 when every
+    verdict row is ok."""
+    cfg = json.loads(json.dumps(cfg or DEFAULTS))
+    if partition_s is not None:
+        cfg["partition_s"] = partition_s
+    result = asyncio.run(run_async(topo, protocols, Path(workdir), cfg))
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    (Path(workdir) / "testnet.json").write_text(json.dumps(result, indent=1, default=str))
+    print(report(result))
+    return 0 if all(ok for ok, _ in result["verdict"].values()) else 1
+
+
+def report(result: dict) -> str:
+    lines = [f"testnet job on topology {result['topology']['topology']}: link model = "
+             f"{result['topology']['link_model']}"]
+    for p in result["topology"]["paths"]:
+        lines.append(f"  path {p['from']} -> {p['to']}: {p['one_way_ms']:g} ms one way +- {p['jitter_ms']:g}, "
+                     f"loss {p['loss']:g}, {p['mbit']:g} Mbit/s")
+    for f in result.get("faults", []):
+        lines.append(f"  fault: {f['fault']} {f['region']} for {f['duration_s']:g} s")
+
+    def fmt(s):
+        return (f"p50 {s['p50_ms']:.0f} ms, p99 {s['p99_ms']:.0f} ms (n={s['n']})" if s and s.get("n") else "no data")
+    if "remp" in result:
+        f = result["remp"]["figures"]
+        lines.append(f"REMP: first receipt {fmt(f['first_receipt'])}; Finalized {fmt(f['finalized'])}; "
+                     f"counts {result['remp']['counts']}")
+    if "marlin" in result:
+        for c, s in result["marlin"]["figures"]["produce_to_rebuilt"].items():
+            lines.append(f"Marlin produce -> rebuilt at {c}: {fmt(s)}")
+        lb = result["marlin"]["figures"]["largest_block"]
+        if lb["name"]:
+            lines.append(f"Marlin largest block {lb['name']} ({lb['bytes']} B) produce -> rebuilt: "
+                         + ", ".join(f"{c} {v:.0f} ms" for c, v in lb["ms"].items()))
+        lines.append(f"Marlin counts {result['marlin']['counts']}")
+    if "rmb" in result:
+        for d, s in result["rmb"]["round_trip"].items():
+            lines.append(f"RMB round trip alice -> {d}: {fmt(s)}")
+        lines.append(f"RMB outcomes {result['rmb']['counts']}")
+    for k, (ok, detail) in result["verdict"].items():
+        lines.append(f"  {'ok  ' if ok else 'FAIL'} {k}: {detail}")
+    return "\n".join(lines)

@@ -483,7 +483,7 @@ class RebuildPool:
 
     def close(self) -> None:
         if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.executor.shutdown(wait=True, cancel_futures=True)
             self.executor = None
 
 

@@ -59,15 +59,16 @@ from daemon_runtime.eventlog import EventLog  # noqa: E402
 from marlin_cluster.cluster import ClusterMemberCore  # noqa: E402
 from marlin_cluster.consumer import ConsumerCore  # noqa: E402
 from marlin_cluster.crypto import NodeKey  # noqa: E402
-from marlin_cluster.daemon import CoreRunner, Metrics  # noqa: E402
-from marlin_cluster.events import MARLIN_EVENTS, BlockRebuilt  # noqa: E402
+from marlin_cluster.daemon import CoreRunner, Metrics, RebuildPool  # noqa: E402
+from marlin_cluster.events import MARLIN_EVENTS, BlockRebuilt, Dispute  # noqa: E402
 from marlin_cluster.membership import Membership  # noqa: E402
-from marlin_cluster.params import CHANNEL_RAW, ChannelParams, Params  # noqa: E402
+from marlin_cluster.params import CHANNEL_BTC, CHANNEL_RAW, ChannelParams, Params  # noqa: E402
 from marlin_cluster.producer import ProducerCore  # noqa: E402
 from marlin_cluster.transport import LpfDecoder, Transport, encode_lpf  # noqa: E402
 from marlin_cluster.wire import KIND_ATTESTED_CHUNK, peek_chunk_ids  # noqa: E402
 
 MIB = 1024 * 1024
+DEFAULT_BTC = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "btc" / "block413567.raw"
 
 
 def pct(values, q):
@@ -78,16 +79,18 @@ def pct(values, q):
     return s[k]
 
 
-def route_filter(runner, t, producer: bytes, consumer: bytes, count) -> None:
-    """The member does not send the consumer a copy of a chunk it got from the producer
-    (so the consumer only gets it from the other member: three hops)."""
+def route_filter(runner, t, producer, consumer: bytes, count) -> None:
+    """The member does not send the consumer a copy of a chunk it got from a producer
+    (`producer`: an address or a set of them), so the consumer only gets it from the other
+    member: three hops."""
     first_hop: set = set()
     receive, send = runner.receive, t.send
+    producers = producer if isinstance(producer, (set, frozenset)) else {producer}
 
     def receive_(peer, frame):
-        if peer == producer and frame[:1] == bytes((KIND_ATTESTED_CHUNK,)):
+        if peer in producers and frame[:1] == bytes((KIND_ATTESTED_CHUNK,)):
             mid, _, cid = peek_chunk_ids(memoryview(frame)[1:])
-            first_hop.add((mid, cid))
+            first_hop.add((mid, cid, peer))
             if len(first_hop) > 100_000:
                 first_hop.clear()
         receive(peer, frame)
@@ -95,7 +98,7 @@ def route_filter(runner, t, producer: bytes, consumer: bytes, count) -> None:
     def send_(peer, frame):
         if peer == consumer:
             mid, _, cid = peek_chunk_ids(memoryview(frame)[1:])
-            if (mid, cid) in first_hop:
+            if any((mid, cid, p) in first_hop for p in producers):
                 count()
                 return True
         return send(peer, frame)
@@ -104,7 +107,16 @@ def route_filter(runner, t, producer: bytes, consumer: bytes, count) -> None:
     t.send = send_
 
 
-def bench_params() -> Params:
+def bench_params(btc: bool = False) -> Params:
+    """Channel raw (and btc) 12 chunks of which any 8 rebuild. The Bitcoin mode sends the same
+    block again and again (its id is its hash), rotating over several producers: a message
+    (id, producer) may come again once the caches forget it, after TOLERABLE_LATENCY +
+    max_clock_skew (3.5 s here), and once the producer purged it, ack_retention (0.5 s here)
+    after its last acknowledgement."""
+    if btc:
+        return Params(channels={CHANNEL_RAW: ChannelParams(12, 8, 2 * MIB), CHANNEL_BTC: ChannelParams(12, 8, 2 * MIB)},
+                      tolerable_latency=3.0, max_clock_skew=0.5, ack_timeout=5.0, max_messages=1024,
+                      ack_retention=0.5)
     return Params(channels={CHANNEL_RAW: ChannelParams(12, 8, 2 * MIB)}, tolerable_latency=60,
                   ack_timeout=5.0, max_messages=1024)
 
@@ -314,33 +326,42 @@ async def _child(spec: dict) -> None:
         server.close()
         return
     membership = Membership.from_dict(spec["membership"])
-    params = bench_params()
+    params = bench_params(spec.get("btc", False))
     key = NodeKey.from_secret(bytes.fromhex(spec["secret"]))
     addrs = {n: bytes.fromhex(a) for n, a in spec["addrs"].items()}
     t = Transport(key, {addrs[n]: ("127.0.0.1", ports[n]) for n in addrs if n != name},
                   on_frame=lambda p, f: None, known=[a for n, a in addrs.items() if n != name],
                   max_frame=params.max_frame)
     await t.start("127.0.0.1", ports[name])
+    pool = None
     if role == "cluster":
         core = ClusterMemberCore(key, membership, params, 100)
     else:
-        core = ConsumerCore(key, membership, params)
+        pool = RebuildPool(spec.get("validate_pool", "inline"), spec.get("validate_workers", 1))
+        core = ConsumerCore(key, membership, params, offload=pool.offload)
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in pool.warm()))
 
     def on_event(ev):
         if type(ev) is BlockRebuilt:
-            report.sendto(f"rebuilt {ev.message_id} {time.perf_counter()}".encode(), dest)
+            report.sendto(f"rebuilt {ev.message_id} {ev.producer.hex()} {time.perf_counter()}".encode(), dest)
+        elif type(ev) is Dispute:
+            report.sendto(f"dispute {ev.message_id} {ev.producers[0].hex()} {ev.reason}".encode(), dest)
 
     log = EventLog(f"marlin-{role}", name, [MARLIN_EVENTS], sink=spec["log"])
-    runner = CoreRunner(role, core, t, log, Metrics(), on_event)
+    runner = CoreRunner(role, core, t, log, Metrics(), on_event, pool if pool is not None and pool.offload else None)
     if role == "cluster":
-        route_filter(runner, t, addrs["producer"], addrs["consumer"], lambda: None)
+        route_filter(runner, t, {a for n, a in addrs.items() if n.startswith("producer")}, addrs["consumer"],
+                     lambda: None)
         t.warm([a for n, a in addrs.items() if n != name])
     gc.collect()
     gc.freeze()
     await asyncio.sleep(0.3)
-    report.sendto(f"ready {name}".encode(), dest)
+    report.sendto(f"ready {name} {','.join(str(c.pid) for c in psutil.Process().children(recursive=True))}".encode(),
+                  dest)
     await stop.wait()
     await t.close()
+    if pool is not None:
+        pool.close()
     log.close()
 
 
@@ -361,34 +382,55 @@ class _Reports(asyncio.DatagramProtocol):
 
 
 class ProcPath:
-    """m1, m2 and the consumer as their own processes; the producer in this one. Same
-    interface as MarlinPath; the consumer reports each rebuild (message id,
-    time.perf_counter(), a system-wide monotonic clock) over UDP."""
+    """m1, m2 and the consumer as their own processes; the producer(s) in this one. Same
+    interface as MarlinPath; the consumer reports each rebuild (message id, producer,
+    time.perf_counter(), a system-wide monotonic clock) over UDP.
 
-    def __init__(self, logdir: Path):
-        self.keys = {n: NodeKey.generate() for n in ("producer", "m1", "m2", "consumer")}
+    btc=True: channel btc, `producers` producers taking turns, each sending again only after
+    the caches forgot its previous message (pace()); the consumer's RebuildPool is
+    `validate_pool` x `validate_workers`, like marlin-node consumer's flags."""
+
+    def __init__(self, logdir: Path, btc: bool = False, producers: int = 1, validate_pool: str = "inline",
+                 validate_workers: int = 1):
+        self.pnames = ["producer"] + [f"producer{i}" for i in range(1, producers)]
+        self.keys = {n: NodeKey.generate() for n in self.pnames + ["m1", "m2", "consumer"]}
         self.addr = {n: k.address for n, k in self.keys.items()}
-        self.params = bench_params()
+        self.btc = btc
+        self.channel = CHANNEL_BTC if btc else CHANNEL_RAW
+        self.params = bench_params(btc)
+        self.horizon = self.params.tolerable_latency + self.params.max_clock_skew
+        self.validate_pool, self.validate_workers = validate_pool, validate_workers
         a = self.addr
-        self.membership = Membership(producers={a["producer"]: self.keys["producer"].public_key},
+        self.membership = Membership(producers={a[n]: self.keys[n].public_key for n in self.pnames},
                                      clusters={100: [a["m1"], a["m2"]]},
                                      members={a["m1"]: self.keys["m1"].public_key,
                                               a["m2"]: self.keys["m2"].public_key},
                                      consumers={a["consumer"]: self.keys["consumer"].public_key})
         self.logdir = logdir
-        self.waiters: dict[int, asyncio.Future] = {}
+        self.waiters: dict[tuple, asyncio.Future] = {}
         self.raw_waiters: dict[int, asyncio.Future] = {}
         self.ready: set[str] = set()
+        self.child_pids: dict[str, list[int]] = {}
+        self.disputes: list = []
         self.procs = []
         self.filtered = 0
+        self.turn = 0
+        self.last_sent: dict[str, float] = {}
 
     def datagram(self, parts) -> None:
         if parts[0] == "ready":
             self.ready.add(parts[1])
+            if len(parts) > 2 and parts[2]:
+                self.child_pids[parts[1]] = [int(x) for x in parts[2].split(",")]
         elif parts[0] == "rebuilt":
-            fut = self.waiters.pop(int(parts[1]), None)
+            fut = self.waiters.pop((int(parts[1]), parts[2]), None)
             if fut is not None and not fut.done():
-                fut.set_result(float(parts[2]))
+                fut.set_result(float(parts[3]))
+        elif parts[0] == "dispute":
+            self.disputes.append(parts[1:])
+            fut = self.waiters.pop((int(parts[1]), parts[2]), None)
+            if fut is not None and not fut.done():
+                fut.set_exception(RuntimeError(f"consumer disputed {int(parts[1]):08x}: {parts[3]}"))
         elif parts[0] == "raw":
             fut = self.raw_waiters.pop(int(parts[1]), None)
             if fut is not None and not fut.done():
@@ -399,48 +441,72 @@ class ProcPath:
         loop = asyncio.get_running_loop()
         self._udp, _ = await loop.create_datagram_endpoint(lambda: _Reports(self), local_addr=("127.0.0.1", 0))
         report_port = self._udp.get_extra_info("sockname")[1]
-        names = ["producer", "m1", "m2", "consumer", "raw1", "raw2", "rawsink"]
+        names = self.pnames + ["m1", "m2", "consumer", "raw1", "raw2", "rawsink"]
         self.ports = dict(zip(names, _free_ports(len(names))))
         ctx = mp.get_context("spawn")
         common = {"ports": self.ports, "report_port": report_port, "membership": self.membership.to_dict(),
-                  "addrs": {n: a.hex() for n, a in self.addr.items()}, "frames_per_block": frames_per_block}
+                  "addrs": {n: a.hex() for n, a in self.addr.items()}, "frames_per_block": frames_per_block,
+                  "btc": self.btc}
         specs = [dict(common, name=n, role="cluster" if n.startswith("m") else "consumer",
-                      secret=self.keys[n].secret.hex(), log=str(self.logdir / f"{n}.jsonl"))
+                      secret=self.keys[n].secret.hex(), log=str(self.logdir / f"{n}.jsonl"),
+                      validate_pool=self.validate_pool, validate_workers=self.validate_workers)
                  for n in ("m1", "m2", "consumer")]
         specs += [dict(common, name="rawsink", role="raw-sink"), dict(common, name="raw2", role="raw-hop", next="rawsink"),
                   dict(common, name="raw1", role="raw-hop", next="raw2")]
         for spec in specs:
-            proc = ctx.Process(target=child_main, args=(spec,), daemon=True)
+            # not daemonic: the consumer starts its rebuild pool's worker processes
+            proc = ctx.Process(target=child_main, args=(spec,), daemon=False)
             proc.start()
             self.procs.append(proc)
-        deadline = loop.time() + 60
+        deadline = loop.time() + 90
         while len(self.ready) < len(specs):
-            if loop.time() > deadline:
+            if loop.time() > deadline or any(p.exitcode is not None for p in self.procs):
+                for proc in self.procs:
+                    proc.terminate()
                 raise RuntimeError(f"node processes not ready: {sorted(self.ready)}")
             await asyncio.sleep(0.05)
-        key = self.keys["producer"]
-        self.transport = Transport(key, {self.addr[n]: ("127.0.0.1", self.ports[n]) for n in ("m1", "m2", "consumer")},
-                                   on_frame=lambda p, f: None, known=[self.addr[n] for n in ("m1", "m2", "consumer")],
-                                   max_frame=self.params.max_frame)
-        await self.transport.start("127.0.0.1", self.ports["producer"])
-        self.log = EventLog("marlin-producer", "producer", [MARLIN_EVENTS], sink=str(self.logdir / "producer.jsonl"))
-        self.runner = CoreRunner("producer", ProducerCore(key, self.membership, self.params), self.transport,
-                                 self.log, Metrics())
-        self.transport.warm([self.addr["m1"], self.addr["m2"]])
+        self.transports, self.runners, self.logs = {}, {}, []
+        nodes = ("m1", "m2", "consumer")
+        for n in self.pnames:
+            key = self.keys[n]
+            t = Transport(key, {self.addr[x]: ("127.0.0.1", self.ports[x]) for x in nodes},
+                          on_frame=lambda p, f: None, known=[self.addr[x] for x in nodes],
+                          max_frame=self.params.max_frame)
+            await t.start("127.0.0.1", self.ports[n])
+            log = EventLog("marlin-producer", n, [MARLIN_EVENTS], sink=str(self.logdir / f"{n}.jsonl"))
+            self.logs.append(log)
+            self.transports[n] = t
+            self.runners[n] = CoreRunner("producer", ProducerCore(key, self.membership, self.params), t, log, Metrics())
+            t.warm([self.addr["m1"], self.addr["m2"]])
+        self.runner = self.runners["producer"]
         _, self.raw_writer = await asyncio.open_connection("127.0.0.1", self.ports["raw1"])
         self.raw_count = 0
         await asyncio.sleep(0.5)
 
+    async def pace(self) -> None:
+        """Bitcoin mode: wait until the next producer's previous message is forgotten by the
+        caches (its id repeats: the block is always the same)."""
+        if not self.btc:
+            return
+        name = self.pnames[self.turn % len(self.pnames)]
+        wait = self.last_sent.get(name, -1e9) + self.horizon + 0.3 - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
     def produce(self, block: bytes):
-        mid = self.runner.core.produce(block, CHANNEL_RAW, time.time())
+        name = self.pnames[self.turn % len(self.pnames)]
+        self.turn += 1
+        self.last_sent[name] = time.perf_counter()
+        runner = self.runners[name]
+        mid = runner.core.produce(block, self.channel, time.time())
         fut = asyncio.get_running_loop().create_future()
-        self.waiters[mid] = fut
-        self.runner.pump()
+        self.waiters[(mid, self.addr[name].hex())] = fut
+        runner.pump()
         return mid, fut
 
     def capture_frames(self, block: bytes) -> list[bytes]:
         core = ProducerCore(self.keys["producer"], self.membership, self.params)
-        core.produce(block, CHANNEL_RAW, time.time())
+        core.produce(block, self.channel, time.time())
         return [f for _, f in core.frames_to_send(time.time())]
 
     async def raw_send(self, frames: list[bytes]) -> float:
@@ -455,8 +521,10 @@ class ProcPath:
 
     async def close(self) -> None:
         self.raw_writer.close()
-        await self.transport.close()
-        self.log.close()
+        for t in self.transports.values():
+            await t.close()
+        for log in self.logs:
+            log.close()
         for proc in self.procs:
             proc.terminate()
         for proc in self.procs:
@@ -479,10 +547,12 @@ def fresh_block(size: int) -> bytes:
     return _SEQ[0].to_bytes(8, "big") + base
 
 
-async def latency(path: MarlinPath, n: int, size: int) -> list[float]:
+async def latency(path: MarlinPath, n: int, size: int, make_block=None) -> list[float]:
     out = []
     for _ in range(n):
-        block = fresh_block(size)
+        block = make_block() if make_block is not None else fresh_block(size)
+        if hasattr(path, "pace"):
+            await path.pace()
         t0 = time.perf_counter()
         _, fut = path.produce(block)
         t1 = await asyncio.wait_for(fut, 30)
@@ -516,11 +586,48 @@ async def rate_run(path: MarlinPath, rate: float, seconds: float, size: int) -> 
     return pct(lat, 99), ok, n
 
 
+def _git_commit() -> str:
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_result(args, figures: dict, baseline: dict, ratio: dict) -> Path:
+    """bench/results/marlin_relay-<UTC timestamp>.json with command, commit, date, cores,
+    loadavg, figures, baseline, ratio."""
+    import datetime
+    import json
+    now = datetime.datetime.now(datetime.timezone.utc)
+    out_dir = Path(__file__).resolve().parent / "results"
+    out_dir.mkdir(exist_ok=True)
+    path = out_dir / f"marlin_relay-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps({
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": _git_commit(),
+        "date": now.isoformat(timespec="seconds"), "cores": os.cpu_count(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()], "figures": figures, "baseline": baseline,
+        "ratio": ratio}, indent=2) + "\n")
+    return path
+
+
 async def main_async(args) -> None:
     size = args.size
+    btc_block = args.btc.read_bytes() if args.btc else None
+    if btc_block is not None:
+        size = len(btc_block)
+
+    def make_block() -> bytes:
+        return btc_block if btc_block is not None else fresh_block(size)
     with tempfile.TemporaryDirectory(prefix="bench-marlin-") as tmp:
         if args.layout == "processes":
-            path = ProcPath(Path(tmp))
+            path = ProcPath(Path(tmp), btc=btc_block is not None, producers=args.producers,
+                            validate_pool=args.validate_pool, validate_workers=args.validate_workers)
             await path.start(frames_per_block=12)
             raw = path
             raw.send = path.raw_send
@@ -533,46 +640,77 @@ async def main_async(args) -> None:
             gc.collect()
             gc.freeze()
             # warm-up
-            await latency(path, 5, size)
-            frames = path.capture_frames(fresh_block(size))
+            await latency(path, 5, size, make_block)
+            frames = path.capture_frames(make_block())
             for _ in range(5):
                 await raw.send(frames)
-            pids = {"producer": None}
+            pids = {"producer": [None]}
             if args.layout == "processes":
-                pids.update({n: p.pid for n, p in zip(("m1", "m2", "consumer"), path.procs)})
-            cpu0 = {n: cpu_seconds(pid) for n, pid in pids.items()}
-            lat = await latency(path, args.blocks, size)
-            cpu = {n: (cpu_seconds(pid) - cpu0[n]) * 1000 / len(lat) for n, pid in pids.items()}
-            base = [await raw.send(path.capture_frames(fresh_block(size))) for _ in range(min(args.blocks, 100))]
+                pids.update({n: [p.pid] for n, p in zip(("m1", "m2", "consumer"), path.procs)})
+                workers = path.child_pids.get("consumer", [])
+                if workers:
+                    pids["consumer workers"] = workers
+
+            def cpu_of(n):
+                return sum(cpu_seconds(pid) for pid in pids[n])
+            cpu0 = {n: cpu_of(n) for n in pids}
+            lat = await latency(path, args.blocks, size, make_block)
+            cpu = {n: (cpu_of(n) - cpu0[n]) * 1000 / len(lat) for n in pids}
+            base = [await raw.send(path.capture_frames(make_block())) for _ in range(min(args.blocks, 100))]
             p50, p99 = statistics.median(lat), pct(lat, 99)
             b50, b99 = statistics.median(base), pct(base, 99)
             wire = sum(len(f) for f in frames)
             where = ("4 processes (producer here; m1, m2, consumer each its own; baseline hops too)"
                      if args.layout == "processes" else "one process, 4 nodes as tasks")
-            print(f"block {size} bytes ({wire} bytes in {len(frames)} chunk frames), path producer -> member -> "
+            what = (f"Bitcoin block {args.btc.name} ({size} bytes, channel btc, validated by the consumer: "
+                    f"--validate-pool {args.validate_pool} x {args.validate_workers}; {args.producers} producers "
+                    f"taking turns, each block after {path.horizon + 0.3:.1f} s)" if btc_block is not None
+                    else f"block {size} bytes")
+            p50_target, p99_target = (50, 150) if btc_block is not None else (50, 120)
+            print(f"{what} ({wire} bytes in {len(frames)} chunk frames), path producer -> member -> "
                   f"member -> consumer, {where}, loopback TCP; members' direct copies to the consumer removed "
                   f"by the route filter")
-            print(f"latency over {len(lat)} blocks: p50 {p50:.1f} ms (target <= 50), p99 {p99:.1f} ms "
-                  f"(target <= 120), max {max(lat):.1f} ms")
-            if args.layout == "processes":
-                print("CPU per block (ms, from /proc; what a quiet machine's latency is built from): "
-                      + ", ".join(f"{n} {v:.1f}" for n, v in cpu.items()) + f"; total {sum(cpu.values()):.1f}")
-            else:
-                print(f"CPU per block (ms, all four nodes in this process): {cpu['producer']:.1f}")
+            print(f"rebuild latency (first chunk sent -> block delivered{', validation included' if btc_block else ''})"
+                  f" over {len(lat)} blocks: p50 {p50:.1f} ms (target <= {p50_target}), p99 {p99:.1f} ms "
+                  f"(target <= {p99_target}), max {max(lat):.1f} ms")
             print(f"baseline raw TCP, same frames and hops, {len(base)} blocks: p50 {b50:.2f} ms, p99 {b99:.2f} ms")
             print(f"ratio marlin/baseline: p50 {p50 / b50:.1f}x, p99 {p99 / b99:.1f}x")
+            if args.layout == "processes":
+                print("CPU per block (ms, from /proc; what a quiet machine's latency is built from) and the "
+                      "rate at which that process would saturate one core (1 s / its CPU per block):")
+                for n, v in cpu.items():
+                    print(f"  {n:17s} {v:7.1f} ms/block  -> {1000 / v if v > 0 else float('inf'):7.1f} blocks/s")
+                print(f"  {'total':17s} {sum(cpu.values()):7.1f} ms/block")
+            else:
+                print(f"CPU per block (ms, all four nodes in this process): {cpu['producer']:.1f}")
+            if getattr(path, "disputes", None):
+                print(f"disputes: {len(path.disputes)} (first: {path.disputes[0]})")
             best = None
-            for rate in args.rates:
-                p99r, ok, n = await rate_run(path, rate, args.rate_seconds, size)
-                print(f"rate {rate:g} blocks/s ({rate * size / MIB:.1f} MiB/s) for {args.rate_seconds:g} s: "
-                      f"{ok}/{n} rebuilt, p99 {p99r:.1f} ms")
-                if ok == n and p99r <= 200:
-                    best = rate
-                else:
-                    break
-                await asyncio.sleep(0.5)
-            print(f"highest rate with p99 <= 200 ms: {best if best is not None else 0:g} blocks/s of "
-                  f"{size / MIB:g} MiB (target >= 5); ratio to target {((best or 0) / 5):.2f}")
+            if btc_block is None:
+                for rate in args.rates:
+                    p99r, ok, n = await rate_run(path, rate, args.rate_seconds, size)
+                    print(f"rate {rate:g} blocks/s ({rate * size / MIB:.1f} MiB/s) for {args.rate_seconds:g} s: "
+                          f"{ok}/{n} rebuilt, p99 {p99r:.1f} ms")
+                    if ok == n and p99r <= 200:
+                        best = rate
+                    else:
+                        break
+                    await asyncio.sleep(0.5)
+                print(f"highest rate with p99 <= 200 ms: {best if best is not None else 0:g} blocks/s of "
+                      f"{size / MIB:g} MiB (target >= 5); ratio to target {((best or 0) / 5):.2f}")
+            figures = {"mode": "btc" if btc_block is not None else "raw", "block_bytes": size,
+                       "layout": args.layout, "blocks": len(lat), "p50_ms": round(p50, 2), "p99_ms": round(p99, 2),
+                       "max_ms": round(max(lat), 2), "targets_ms": {"p50": p50_target, "p99": p99_target},
+                       "cpu_ms_per_block": {n: round(v, 2) for n, v in cpu.items()},
+                       "saturating_blocks_per_s": {n: round(1000 / v, 1) if v > 0 else None for n, v in cpu.items()},
+                       "validate_pool": args.validate_pool, "validate_workers": args.validate_workers}
+            if btc_block is None:
+                figures["highest_rate_p99_200ms"] = best or 0
+            else:
+                figures.update(producers=args.producers, disputes=len(path.disputes))
+            out = write_result(args, figures, {"p50_ms": round(b50, 3), "p99_ms": round(b99, 3), "blocks": len(base)},
+                               {"p50": round(p50 / b50, 2), "p99": round(p99 / b99, 2)})
+            print(f"result: {out}")
         finally:
             if raw is not path:
                 await raw.close()
@@ -590,9 +728,29 @@ def main() -> None:
     ap.add_argument("--layout", choices=("processes", "one"), default="processes",
                     help="processes: each node (and each baseline hop) its own process, like the daemons "
                          "(default); one: all four nodes as tasks of one event loop")
+    ap.add_argument("--btc", nargs="?", type=Path, const=DEFAULT_BTC, default=None, metavar="PATH",
+                    help="send a real Bitcoin block on channel btc (default block: ../shared/data/btc/"
+                         "block413567.raw, 1 MB), validated by the consumer; latency only, no rate ladder "
+                         "(needs --layout processes)")
+    ap.add_argument("--producers", type=int, default=None,
+                    help="producers taking turns (default: 16 with --btc, so that the same block can be sent "
+                         "again without waiting for the caches each time; 1 otherwise)")
+    ap.add_argument("--validate-pool", choices=RebuildPool.KINDS, default="process",
+                    help="the consumer's rebuild pool, as marlin-node consumer --validate-pool (default: process)")
+    ap.add_argument("--validate-workers", type=int, default=1,
+                    help="the consumer's rebuild workers, as marlin-node consumer --validate-workers (default: 1)")
     ap.add_argument("--short", action="store_true",
                     help="quick look: 40 latency blocks, 3 s per rate step (not enough for a p99 claim)")
     args = ap.parse_args()
+    if args.btc is not None:
+        if args.layout != "processes":
+            ap.error("--btc needs --layout processes")
+        if not args.btc.is_file():
+            ap.error(f"no Bitcoin block at {args.btc} (../shared/data absent?)")
+    if args.producers is None:
+        args.producers = 16 if args.btc is not None else 1
+    if args.layout != "processes" and args.producers != 1:
+        ap.error("--producers needs --layout processes")
     if args.short:
         args.blocks = min(args.blocks, 40)
         args.rate_seconds = 3.0

@@ -15,7 +15,10 @@ frame from the transport goes to `core.receive_frame(frame, peer, now)` with now
 (the cores compare attestation timestamps, unix seconds, across machines); then
 `frames_to_send` is flushed to the transport, events are drained into the event log
 (events.records) and the metrics, and one timer is re-armed at `core.get_timer()` (a unix
-deadline, scheduled with loop.call_later).
+deadline, scheduled with loop.call_later). A consumer's blocks are decoded and validated in a
+`RebuildPool` (`--validate-pool process|thread|inline`, `--validate-workers N`): the core
+hands out RebuildJobs and gets their outcomes back on the loop, so chunks of other blocks
+keep flowing while a block is validated.
 
 Producer inputs: files in `--blocks-dir` (each file one block, produced once, new files
 picked up every `--poll` s; write them elsewhere and rename in), LPF records on stdin
@@ -25,6 +28,8 @@ input or refused block, 409 stake exhausted, 429 too many messages in flight, 41
 Consumer outputs: `--out-dir DIR` (one file `<message id>_<producer>.<channel>` per rebuilt
 block, written atomically) and/or `--redis URL` (XADD to `--redis-stream`, fields trace_id,
 channel, block; MAXLEN ~ `--redis-maxlen`).
+/health of every role has "duplicates" ({reason: frames dropped as duplicates or replays});
+/metrics has them as marlin_duplicates_total{reason} (docs/marlin-operations.md).
 """
 from __future__ import annotations
 
@@ -494,7 +499,7 @@ class RebuildPool:
 
     def close(self) -> None:
         if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.executor.shutdown(wait=True, cancel_futures=True)
             self.executor = None
 
 

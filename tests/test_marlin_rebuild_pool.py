@@ -142,3 +142,28 @@ def test_inline_validation_holds_every_other_block(tmp_path, shared_data):
     btc = (shared_data / "btc" / "block413567.raw").read_bytes()
     delivered = asyncio.run(_run("inline", tmp_path, btc, 1.0))
     assert delivered == [(CHANNEL_BTC, True), (CHANNEL_RAW, True)]
+
+
+def test_offloaded_core_hands_out_the_job_and_counts_its_bytes():
+    """ConsumerCore(offload=True) in memory: at MIN_CHUNKS the block becomes a RebuildJob
+    (later chunks are duplicates of a finished message), its chunk bytes still count against
+    max_pending_bytes until rebuild_done, which gives the BlockRebuilt."""
+    from marlin_cluster.consumer import rebuild_block
+    nodes = Nodes()
+    now = time.time()
+    block = os.urandom(100_000)
+    frames = nodes.consumer_frames(block, CHANNEL_RAW, now)
+    core = ConsumerCore(nodes.consumer, nodes.membership, nodes.params, offload=True)
+    for f in frames:
+        core.receive_frame(f, nodes.m1.address, now)
+    job = core.next_job()
+    assert job is not None and core.next_job() is None and core.rebuilding() == 1
+    assert core._inflight_bytes == job.size > len(block)
+    core.receive_frame(frames[0], nodes.m1.address, now)             # a late copy
+    assert core.duplicates()["replayed_attestation"] == 1
+    while core.next_event() is not None:
+        pass
+    core.rebuild_done(job, rebuild_block(*job.args(core.validate)), now + 0.01)
+    ev = core.next_event()
+    assert type(ev) is BlockRebuilt and ev.block == block and core.rebuilding() == 0
+    assert core._inflight_bytes == 0

@@ -68,7 +68,7 @@ CTL_ROUTER = "198.19.255.254"
 CTL_NET = ipaddress.ip_network("198.19.255.252/30")
 BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
 TOPOLOGIES = Path(__file__).with_name("topologies")
-LOCK_PATH = Path(os.environ.get("RELAY_SUITE_TESTNET_LOCK", "/tmp/relay-suite-testnet.lock"))
+LOCK_PATH = Path(os.environ.get("RELAY_SUITE_TESTNET_LOCK", "/run/relay-suite-testnet.lock"))
 
 
 class TestnetError(RuntimeError):

@@ -206,6 +206,8 @@ class Submitter:
                         self.bocs[mid] = boc
                 return Placed(mid, node.url, status, doc, attempts)
             if status in FINAL_REFUSALS:
+                if doc.get("message_id"):       # the full node holds this outcome (GET)
+                    self.where[doc["message_id"]] = node
                 return Placed(doc.get("message_id", ""), node.url, status, doc, attempts)
             if status in LOAD_REFUSALS:
                 delay = parse_retry_after(retry_after, time.time())

@@ -159,6 +159,12 @@ async def test_full_nodes_at_their_bound_answer_503_and_the_clients_retried_mess
                 total += sum(float(x.split()[-1]) for x in text.splitlines()
                              if x.startswith("remp_api_refused_total") and 'reason="pending_full"' in x)
             assert total == refused
+            # and logged per full node (remp.fullnode.refused, at most one line per reason per
+            # second: the counts add up to every refusal once the last line is flushed)
+            await asyncio.sleep(1.5)
+            logged = sum(e["attrs"]["count"] for f in ln.fullnode_labels()
+                         for e in ln.events(f, "remp.fullnode.refused") if e["attrs"]["reason"] == "pending_full")
+            assert logged == refused
     finally:
         await ln.stop()
 

@@ -3,7 +3,7 @@
 3,000 wallet transfers are POSTed 200 at a time over 10 s; then it waits until every
 accepted message is final.
 
-    flock /tmp/bench.lock .venv/bin/python bench/bench_remp_burst.py [--messages 3000]
+    .venv/bin/python bench/bench_remp_burst.py [--messages 3000]
         [--seconds 10] [--batch 200] [--session 20] [--drain 900] [--receipt-window N]
         [--baseline results.json] [--out bench/results]
 
@@ -183,6 +183,18 @@ def report(f: dict) -> None:
     print(f"{'all':<12} {f['cpu_ms_per_message_all']:>10.3f}")
 
 
+def flatten(d: dict, prefix: str = "") -> dict:
+    """A nested figures dict as the flat name -> value dict result_file takes
+    ({"cpu_ms_per_message": {"fullnode": 3.1}} -> {"cpu_ms_per_message.fullnode": 3.1})."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=3000)
@@ -192,7 +204,7 @@ def main() -> None:
     p.add_argument("--drain", type=float, default=900.0, help="seconds to wait for every message to be final")
     p.add_argument("--receipt-window", type=int, default=0, help="the full node's --receipt-window (0: default)")
     p.add_argument("--baseline", default=None, help="an earlier result JSON whose figures are the baseline")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--out", default=None, help="directory for the JSON result (default: bench/results)")
     args = p.parse_args()
     figures = asyncio.run(run(args))
     report(figures)
@@ -203,19 +215,10 @@ def main() -> None:
                                                              "receipt_packets_refused", "cpu_ms_per_message_all")
              if isinstance(baseline.get(k), (int, float)) and baseline.get(k) and
              isinstance(figures.get(k), (int, float))}
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    now = datetime.now(timezone.utc)
-    doc = {"command": " ".join([Path(sys.executable).name] + sys.argv), "commit": commit,
-           "date": now.isoformat(timespec="seconds"), "cores": os.cpu_count(), "loadavg": list(os.getloadavg()),
-           "figures": figures, "baseline": baseline, "ratio": ratio}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"remp_burst-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"result: {path}")
+    from result_file import write_result       # bench/ is sys.path[0] when run as a script
+    if args.out:
+        os.environ["RELAY_BENCH_RESULTS"] = args.out
+    write_result("remp_burst", flatten(figures), baseline=flatten(baseline), ratio=ratio)
 
 
 if __name__ == "__main__":

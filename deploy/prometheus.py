@@ -44,7 +44,7 @@ import aiohttp
 import psutil
 import yaml
 
-from deploy.daemons import Daemon, LaunchError
+from daemon_runtime.daemons import Daemon, LaunchError
 
 PROM_DIR = Path(__file__).with_name("prometheus")
 RULES = PROM_DIR / "relay-suite.rules.yml"

@@ -553,28 +553,32 @@ def add_api_routes(app: web.Application, daemon: "FullnodeDaemon") -> None:
         ws = web.WebSocketResponse(heartbeat=20)
         await ws.prepare(request)
         q = hub.subscribe(mid)
+        getter = None
+        reader = asyncio.ensure_future(ws.receive())
         try:
-            reader = asyncio.ensure_future(ws.receive())
             while True:
-                getter = asyncio.ensure_future(q.get())
+                if getter is None:
+                    getter = asyncio.ensure_future(q.get())
                 done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:          # an item taken is always sent, even if the client spoke too
+                    kind, d = getter.result()
+                    getter = None
+                    if kind == "status":
+                        await ws.send_str(json.dumps(d))
+                    elif kind == "final":
+                        await ws.send_str(json.dumps({"final": True, "message_id": mid.hex(), **d}))
+                    else:
+                        await ws.close(code=1000, message=d.encode())
+                        break
                 if reader in done:
-                    getter.cancel()
                     msg = reader.result()
                     if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.ERROR):
                         break
                     reader = asyncio.ensure_future(ws.receive())
-                    continue
-                kind, d = getter.result()
-                if kind == "status":
-                    await ws.send_str(json.dumps(d))
-                elif kind == "final":
-                    await ws.send_str(json.dumps({"final": True, "message_id": mid.hex(), **d}))
-                else:
-                    await ws.close(code=1000, message=d.encode())
-                    break
-            reader.cancel()
         finally:
+            for t in (getter, reader):
+                if t is not None and not t.done():
+                    t.cancel()
             hub.unsubscribe(mid, q)
         return ws
 

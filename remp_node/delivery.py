@@ -48,6 +48,19 @@ Validator side: `ReceiptSender` (one per validator, per-full-node state inside)
   received in N is obsolete at N + 2; a Timeout produced at the switch to N + 2 therefore
   still has two sessions to arrive). Bounded memory: at most `max_unacked_per_dst` packets per
   full node; the oldest is abandoned beyond it (stats["abandoned_overflow"]).
+  Flow control (bounded and acknowledged, as TCP's receive window, RFC 9293 3.8.6): every
+  ack of a ReceiptReceiver carries its window, the packets it buffers per validator
+  (remp.receiptBatchAckWindow); a sender never emits a packet with seqno above
+  max(acknowledged through, base - 1) + window (INITIAL_WINDOW before the first ack): the
+  receipts that do not fit wait in `pending` (stats["window_full"] counts the waits) and
+  leave, in full-size packets, when an ack opens the window. A packet inside the window
+  always finds room in the receiver's reorder buffer, so none is refused for space; a full
+  node that falls behind acknowledges later and its validators send less, instead of it
+  discarding their receipts (it refused packets with "buffer_full" past 512 buffered, and
+  each validator resent only the oldest four per timeout, so a burst's receipts waited
+  until they were obsolete). Receipts still waiting when their session is obsolete are
+  abandoned like unacknowledged packets (stats["receipts_abandoned"] counts every receipt
+  given up, for either reason).
 
 Full-node side: `ReceiptReceiver`
     receive(src, payload, now) (raises DeliveryError for a bad packet; counted);
@@ -73,6 +86,8 @@ the TON convention for self-signed objects, as wire.py does for tonNode.rempMess
         receipts:(vector bytes) signature:bytes = remp.ReceiptBatch;
     remp.receiptBatchAck source_id:int256 stream:long through:long seqnos:(vector long)
         = remp.ReceiptBatchAck;
+    remp.receiptBatchAckWindow source_id:int256 stream:long through:long window:int
+        seqnos:(vector long) = remp.ReceiptBatchAck;
 
 source_id: the validator's key id; dst: the full node's key id; stream: the sender's run
 (grows across restarts: microseconds since the Unix epoch at start unless given);
@@ -80,7 +95,9 @@ seqno: 1, 2, ... per (dst, stream); base: every seqno below it is acknowledged o
 abandoned; receipts: boxed tonNode.rempSignedReceipt objects, in production order.
 An ack names the validator (source_id) and stream it acknowledges; `through`: every seqno
 <= through was received and released in order; seqnos: others received (the receiver
-here always sends it empty; a sender honours it). Acks are not signed: the transport
+here always sends it empty; a sender honours it); window (the second form, which the
+receiver here sends): packets beyond `through` it can hold, 1..MAX_WINDOW; a sender that
+got the first form keeps the window it had. Acks are not signed: the transport
 authenticates their sender, and a forged ack could only make a validator stop resending.
 
 `classify(payload) -> kind` routes a transport payload without guessing (KINDS).
@@ -388,7 +405,9 @@ class ReceiptSender:
     the message to answers at once; the group members that learned it from the RMQ let
     their PutIntoQueue ride in the next batch, at most max_delay later).
     stats: added, packets, resends, acked, receipts_acked, abandoned_obsolete,
-    abandoned_overflow, acks_bad, restored.
+    abandoned_overflow, acks_bad, restored, lossy_periods, window_full (waits for the
+    receiver's window), receipts_abandoned (receipts given up: obsolete or overflow).
+    initial_window: packets in flight before the first ack tells the window (INITIAL_WINDOW).
 
     Surviving a crash (journal=True): the unacknowledged receipts are the sender's state
     users count on (a SIGKILLed validator must not lose a status it already produced and
@@ -697,7 +716,9 @@ class ReceiptReceiver:
     validators' ed25519 public keys (iterable of 32 bytes, or a mapping key id -> public
     key); add_source adds more. ack_delay: seconds acks are coalesced. max_buffered: packets
     held per source while one before them is missing. dedup_memory: receipt digests kept to
-    drop duplicates. verify_receipts: also verify every inner receipt's signature here.
+    drop duplicates; also the window every ack advertises (flow control: a conforming sender
+    never makes it refuse a packet for space). verify_receipts: also verify every inner
+    receipt's signature here.
     stats: packets, receipts, duplicates_packets, duplicates_receipts, acks, skipped
     (seqnos the sender abandoned), and errors by reason ("error_<reason>")."""
 

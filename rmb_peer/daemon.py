@@ -20,7 +20,11 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
   runs each as its own task through rmb_peer.twins.TwinDirectory, so a slow registry
   delays only the messages that need the twin being looked up; with --data-dir the records
   are kept in SQLite (rmb_peer.twinstore) and a peer restarted while the registry is down
-  starts from them;
+  starts from them; a peer with no record of its own twin (new, or no --data-dir) starts
+  anyway with its identity from its key: /health answers 503 (`registry_down`), apps'
+  requests wait in Redis, and the registry is retried with jittered backoff (0.5 s
+  doubling to 30 s) until it answers, then the peer starts as usual
+  (PeerDaemon._wait_for_registry; docs/rmb-operations.md);
 - the event lines of one loop pass (the core's and the adapter's) are checked when
   emitted and written together at the end of the pass (_PassLog: EventLog.emit_many, one
   timestamp and one sink write per pass);
@@ -32,7 +36,8 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
 - at start (unless --no-update) the twin's relay domains and e2e pk are published to the
   registry (created when the account has no twin yet);
 - `READY {"twin": .., "relays": [...], "status_port": ..}` on stdout once a relay is
-  connected (or after --ready-timeout s with none); /metrics and /health on
+  connected (or after --ready-timeout s with none; at once, with "registry_down": true,
+  when the peer waits for the registry); /metrics and /health on
   --status-listen; SIGTERM/SIGINT: stop reading Redis, close relay connections (1001),
   flush pending Redis writes, exit 0.
 
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import socket
 import sys
 import time
@@ -70,7 +76,7 @@ from rmb_peer.events import RMB_EVENTS
 from rmb_peer.identity import E2EKey, Identity
 from rmb_peer.redisq import MAX_PENDING, QueueReader, RedisWriter
 from rmb_peer.token import make_token
-from rmb_peer.twins import DirectoryError, Twin, TwinDirectory, UnknownTwin
+from rmb_peer.twins import DirectoryError, RegistryRefused, Twin, TwinDirectory, UnknownTwin
 from rmb_peer.twinstore import TwinStore
 
 __all__ = ["PeerDaemon", "build_parser", "parse_args", "relay_url", "relay_domain", "main"]
@@ -344,6 +350,17 @@ class _Conn:
         return frames
 
 
+#: Backoff of the registry retries of a peer that started without any twin record: the
+#: first retry after REGISTRY_RETRY_FIRST s, doubling up to REGISTRY_RETRY_MAX s, each
+#: jittered by +-20% so peers restarted together do not retry together.
+REGISTRY_RETRY_FIRST = 0.5
+REGISTRY_RETRY_MAX = 30.0
+
+
+class _RegistryDown(Exception):
+    """The registry could not be reached and --data-dir holds no record of our twin."""
+
+
 class PeerDaemon:
     """The asyncio adapter around PeerCore (see the module docstring). `args` is the
     namespace of parse_args(); `clock` gives wall-clock unix seconds (time.time) for wire
@@ -376,6 +393,11 @@ class PeerDaemon:
             "an app's request sent to its destinations -> its last reply (or expiry) pushed to the app",
             buckets=ROUND_TRIP_BUCKETS, registry=self.metrics)
         self.status_port: int | None = None
+        self._status_runner = None
+        self._announced = False
+        #: None while the registry answered at start; else why our twin record is
+        #: still unknown (the peer waits for the registry: /health is not ok)
+        self.registry_down: str | None = None
 
     # ------------------------------------------------------------------ startup
     async def _resolve_twin(self) -> tuple[Twin, str | None]:
@@ -385,11 +407,76 @@ class PeerDaemon:
             return await self._resolve_twin_online(), None
         except DirectoryError as exc:
             known = self.store.by_account(self.args.identity.account) if self.store else None
+            if isinstance(exc, RegistryRefused):
+                raise RuntimeError(f"twin registry {self.args.registry} refused our twin "
+                                   f"record: {exc}") from None
             if known is None or (self.twin_id is not None and known[0].id != self.twin_id):
-                raise RuntimeError(f"twin registry {self.args.registry} (--registry) "
-                                   f"unreachable and no last known twin record in "
-                                   f"--data-dir: {exc}") from None
+                raise _RegistryDown(str(exc)) from None
             return known[0], str(exc)
+
+    async def _wait_for_registry(self, stop: asyncio.Event, announce, reason: str):
+        """Start without a twin record: the registry is unreachable and --data-dir holds no
+        record of ours (a new peer). The peer's identity is its key; what needs no twin
+        record runs now (the event log, /health and /metrics on --status-listen, the READY
+        line with twin null), /health answers 503 with registry_down, and the registry is
+        retried with jittered exponential backoff (REGISTRY_RETRY_FIRST doubling to
+        REGISTRY_RETRY_MAX s). Returns our Twin once the registry answers, None if `stop`
+        is set first. Apps' requests wait in Redis meanwhile (their TTL still applies).
+        Raises what _resolve_twin raises other than _RegistryDown (a refusal is final)."""
+        self.registry_down = reason
+        node = str(self.twin_id) if self.twin_id is not None \
+            else f"account:{self.args.identity.account.hex()[:16]}"
+        self.log = _PassLog(EventLog("rmb-peer", node, [RMB_EVENTS], sink=self.args.log,
+                                     min_level=self.args.log_level), self._loop)
+        await self._start_status()
+        started = self._loop.time()
+        delay, tries = REGISTRY_RETRY_FIRST, 1
+        self.log.emit("rmb.peer.registry_wait", None, "warning", reason=reason[:200],
+                      count=tries, retry_s=delay)
+        self._announce(announce)
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), delay * random.uniform(0.8, 1.2))
+                return None
+            except asyncio.TimeoutError:
+                pass
+            try:
+                twin, _ = await self._resolve_twin()
+            except _RegistryDown as exc:
+                tries += 1
+                delay = min(delay * 2, REGISTRY_RETRY_MAX)
+                self.registry_down = str(exc)
+                if tries % 10 == 0:
+                    self.log.emit("rmb.peer.registry_wait", None, "warning",
+                                  reason=str(exc)[:200], count=tries, retry_s=delay)
+                continue
+            self.log.log.node = str(twin.id)
+            self.log.emit("rmb.peer.twin_recovered", None, "info", twin=twin.id,
+                          stale_s=round(self._loop.time() - started, 3))
+            self.registry_down = None
+            return twin
+
+    async def _start_status(self) -> None:
+        if self.args.status_listen is not None and self._status_runner is None:
+            from daemon_runtime.lifecycle import start_status_server
+            host, port = self.args.status_hostport
+            self._status_runner, self.status_port = await start_status_server(
+                host, port, self.metrics, self.health)
+
+    def _announce(self, announce, relays: list[str] | None = None) -> None:
+        """The READY line (or announce(info)), once."""
+        if self._announced:
+            return
+        self._announced = True
+        info = {"service": "rmb-peer", "twin": self.twin_id, "relays": relays or [],
+                "status_port": self.status_port}
+        if self.registry_down is not None:
+            info["registry_down"] = True
+        if announce is not None:
+            announce(info)
+        else:
+            from daemon_runtime.lifecycle import Ready
+            Ready(**info).announce()
 
     async def _resolve_twin_online(self) -> Twin:
         ident: Identity = self.args.identity
@@ -428,11 +515,23 @@ class PeerDaemon:
                 self.store.close()
 
     async def _run(self, stop: asyncio.Event, announce) -> None:
-        twin, offline = await self._resolve_twin()
+        try:
+            twin, offline = await self._resolve_twin()
+        except _RegistryDown as exc:
+            try:
+                twin = await self._wait_for_registry(stop, announce, str(exc))
+            except BaseException:
+                await self._close_early()
+                raise
+            if twin is None:                   # stopped while waiting for the registry
+                await self._close_early()
+                return
+            offline = None
         self.twin_id = twin.id
-        self.log = _PassLog(EventLog("rmb-peer", str(self.twin_id), [RMB_EVENTS],
-                                     sink=self.args.log, min_level=self.args.log_level),
-                            self._loop)
+        if self.log is None:
+            self.log = _PassLog(EventLog("rmb-peer", str(self.twin_id), [RMB_EVENTS],
+                                         sink=self.args.log, min_level=self.args.log_level),
+                                self._loop)
         if offline is not None:
             self.log.emit("rmb.peer.started_offline", None, "warning", twin=twin.id,
                           reason=offline[:200])
@@ -465,12 +564,8 @@ class PeerDaemon:
                                   max_pending=self.args.redis_max_pending)
         self.writer.start()
         self._spawn(self._redis_watch())
-        status_runner = None
-        if self.args.status_listen is not None:
-            from daemon_runtime.lifecycle import start_status_server
-            host, port = self.args.status_hostport
-            status_runner, self.status_port = await start_status_server(
-                host, port, self.metrics, self.health)
+        await self._start_status()
+        status_runner = self._status_runner
         self.core.start(self._now())
         self._after()
         local = asyncio.get_running_loop().create_task(self._local_loop())
@@ -479,13 +574,7 @@ class PeerDaemon:
                 await asyncio.wait_for(self._connected.wait(), self.args.ready_timeout)
             except asyncio.TimeoutError:
                 pass
-            info = {"service": "rmb-peer", "twin": self.twin_id,
-                    "relays": self.core.live_relays(), "status_port": self.status_port}
-            if announce is not None:
-                announce(info)
-            else:
-                from daemon_runtime.lifecycle import Ready
-                Ready(**info).announce()
+            self._announce(announce, self.core.live_relays())
             stopper = asyncio.get_running_loop().create_task(stop.wait())
             await asyncio.wait({stopper, local}, return_when=asyncio.FIRST_COMPLETED)
             stopper.cancel()
@@ -493,6 +582,15 @@ class PeerDaemon:
                 raise local.exception()
         finally:
             await self._shutdown(local, status_runner)
+
+    async def _close_early(self) -> None:
+        """Shutdown of a peer stopped (or failed) while waiting for the registry."""
+        self._stopping = True
+        if self._status_runner is not None:
+            await self._status_runner.cleanup()
+            self._status_runner = None
+        if self.log is not None:
+            self.log.close()
 
     async def _shutdown(self, local: asyncio.Task, status_runner) -> None:
         self._stopping = True
@@ -519,15 +617,17 @@ class PeerDaemon:
             self.log.close()
 
     def health(self) -> dict:
-        """/health: ok = a relay is up, Redis is not stalled, not stopping; `redis`: pending
+        """/health: ok = a relay is up, Redis is not stalled, not stopping, our twin record
+        known (`registry_down`: why not, else null); `redis`: pending
         operations, seconds the write in flight has waited, whether reads are paused."""
         core = self.core
         live = core.live_relays() if core else []
         writer = self.writer
         wait = writer.write_wait(self._loop.time()) if writer is not None else 0.0
         stalled = wait >= self.args.redis_stall_after
-        return {"ok": bool(live) and not stalled and not self._stopping, "service": "rmb-peer",
-                "twin": self.twin_id, "relays": {n: r.state for n, r in core.relays.items()} if core else {},
+        return {"ok": bool(live) and not stalled and not self._stopping
+                and self.registry_down is None, "service": "rmb-peer",
+                "twin": self.twin_id, "registry_down": self.registry_down, "relays": {n: r.state for n, r in core.relays.items()} if core else {},
                 "pending": core.pending_count if core else 0,
                 "redis": {"url": self.args.redis, "stalled": stalled,
                           "pending_ops": writer.pending if writer is not None else 0,

@@ -40,6 +40,12 @@ RMB_EVENTS = Catalogue("rmb", [
       "seconds since the first failure", {"twin": "long", "stale_s": "double"}),
     E("rmb.peer.started_offline", "the registry was unreachable at start: the peer runs on "
       "the last known twin records of its --data-dir", {"twin": "long", "reason": "string"}),
+    E("rmb.peer.registry_wait", "the peer started with no twin record of its own (the "
+      "registry unreachable, nothing in --data-dir): it runs what needs no record (/health "
+      "not ok, /metrics), keeps apps' requests in Redis and retries the registry with "
+      "backoff; logged at the first failure and every tenth (`count` attempts so far, next "
+      "in `retry_s` s); rmb.peer.twin_recovered follows when the registry answers",
+      {"reason": "string", "count": "long", "retry_s": "double"}),
     E("rmb.peer.redis_stalled", "a Redis write has waited --redis-stall-after s without an "
       "answer (the server hangs); nothing is dropped: writes wait, and reading from relays "
       "and local queues pauses once --redis-max-pending operations wait; logged once per "
@@ -93,4 +99,9 @@ RMB_EVENTS = Catalogue("rmb", [
     E("rmb.registry.twin_created", "a twin was registered", {"twin": "long"}),
     E("rmb.registry.twin_updated", "a twin's relays or pk changed", {"twin": "long"}),
     E("rmb.registry.refused", "a registry request was refused", {"status": "long", "reason": "string"}),
+    E("rmb.registry.storage", "where the registry keeps the twin table, logged once at "
+      "start: store sqlite (path: its data directory, durable) or redis (path: the URL; "
+      "durable true only when that Redis has appendonly on; false: a Redis restart erases "
+      "every twin; null: the Redis refused CONFIG GET)",
+      {"store": "string", "path": "string", "durable": "boolean"}),
 ])

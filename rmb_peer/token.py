@@ -26,7 +26,7 @@ from rmb_peer.errors import RmbRemoteError
 from rmb_peer.identity import Identity, SignatureError, verify_typed
 
 __all__ = ["TokenError", "make_token", "token_claims_unverified", "verify_token",
-           "JWT_ALG", "MAX_TOKEN_SIZE", "MAX_TOKEN_JSON_DEPTH"]
+           "JWT_ALG", "MAX_TOKEN_SIZE", "MAX_TOKEN_JSON_DEPTH", "MAX_SID_BYTES"]
 
 #: The algorithm label rmb-rs writes in the header, whatever the key type.
 JWT_ALG = "RS512"
@@ -38,6 +38,14 @@ MAX_TOKEN_SIZE = 4096
 #: rmb-rs, rmb-sdk-go and the TS client: depth 1; headroom for extra claims). A claims
 #: object nested ~1,200 deep used to raise RecursionError out of json.loads (HTTP 500).
 MAX_TOKEN_JSON_DEPTH = 4
+
+#: Longest session id (the token's "sid"), UTF-8 bytes. rmb-rs sets no bound of its own
+#: (`Claims.sid: Option<String>` in its src/token/mod.rs; its peer sends null, and the
+#: official clients rmb-sdk-go and @threefold/rmb_direct_client send a caller-chosen name,
+#: in practice a short label or a UUID); the sid is carried in every envelope's address
+#: and names the session's offline queue in Redis, so the relay bounds it: 128 bytes keeps
+#: every such name (a UUID is 36) and refuses the kilobyte ids a client could send.
+MAX_SID_BYTES = 128
 
 
 class TokenError(RmbRemoteError):
@@ -94,9 +102,12 @@ def claims_json(twin_id: int, sid: str | None, iat: int, exp: int) -> bytes:
 
 def make_token(identity: Identity, twin_id: int, sid: str | None, now: int, ttl: int = 60) -> str:
     """A JWT for twin `twin_id` and session `sid` (None = the rmb-peer session), valid from
-    `now` (unix s) for `ttl` seconds. Raises ValueError for sid == "" (rmb-rs refuses it)."""
+    `now` (unix s) for `ttl` seconds. Raises ValueError for sid == "" (rmb-rs refuses it)
+    or a sid longer than MAX_SID_BYTES (relays refuse it)."""
     if sid == "":
         raise ValueError('sid must be None or non-empty (rmb-rs refuses "")')
+    if sid is not None and len(sid.encode("utf-8", "surrogatepass")) > MAX_SID_BYTES:
+        raise ValueError(f"sid longer than {MAX_SID_BYTES} bytes (relays refuse it)")
     payload = claims_json(twin_id, sid, int(now), int(now) + int(ttl))
     return _JWS.encode(payload, identity, algorithm=JWT_ALG, headers={"typ": "JWT"})
 
@@ -165,6 +176,8 @@ def _split(token: str) -> dict:
         raise TokenError(401, "token sid is not a string or null")
     if sid == "":
         raise TokenError(401, "token sid is empty")
+    if sid is not None and len(sid.encode("utf-8", "surrogatepass")) > MAX_SID_BYTES:
+        raise TokenError(401, f"token sid longer than {MAX_SID_BYTES} bytes")
     for name in ("iat", "exp"):
         val = claims.get(name)
         if not isinstance(val, int) or isinstance(val, bool):
@@ -179,7 +192,7 @@ def token_claims_unverified(token: str) -> dict:
     Raises TokenError(400) for an empty token, TokenError(401) for: longer than
     MAX_TOKEN_SIZE chars, not three base64url segments, header or claims not JSON or nested
     deeper than MAX_TOKEN_JSON_DEPTH, a header alg other than RS512, missing/invalid
-    sub/iat/exp, or sid == "". Never anything else (tests/test_rmb_fuzz.py)."""
+    sub/iat/exp, sid == "" or longer than MAX_SID_BYTES. Never anything else (tests/test_rmb_fuzz.py)."""
     return _split(token)
 
 

@@ -322,8 +322,8 @@ class _Circuit:
 
 class FederationScheduler:
     """The federation retry plan (DESIGN.md section 3; rmb-rs federation/router.rs), with
-    per-domain bounds (one twin pointing its relay at a dead address
-    saturated the relay).
+    per-domain bounds (one twin pointing its relay at a dead address must not saturate the
+    relay).
 
     A job is one envelope for a twin whose relays are not ours. Each pass tries the twin's
     relays once, in the ranker's order at the start of the pass. A 202 ends the job
@@ -664,7 +664,8 @@ class Forward(Verdict):
     """Route the envelope to its destination (twin lookup, then `route`)."""
 
 
-_FORWARD = Forward()
+#: the one Forward verdict (no fields: shared)
+FORWARD = Forward()
 
 
 @dataclass
@@ -749,7 +750,7 @@ class RelayRouter:
             return Reply(pong_for(env), "ping")
         if env.timestamp + env.expiration <= now:
             return Drop(ERR_EXPIRED)
-        return _FORWARD
+        return FORWARD
 
     def is_local(self, relays: Iterable[str]) -> bool:
         return any(normalize_domain(r) in self.domains for r in relays)

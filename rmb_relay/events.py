@@ -31,6 +31,11 @@ RELAY_EVENTS = Catalogue("rmb.relay", [
     E("rmb.relay.federation_outbox", "`count` pending federation jobs were saved to Redis at "
       "shutdown, or resumed from there at start (`reason`)",
       {"reason": "string", "count": "long"}),
+    E("rmb.relay.bad_request", "an HTTP request the relay could not parse (request line or "
+      "header over 8190 bytes, non-ASCII or malformed request line, bad method) was answered "
+      "`status` 400 by the HTTP server; `reason`: the parser's error; `src`: the client "
+      "address; rate-limited per error class", {"status": "long", "reason": "string",
+                                                 "src": "string"}),
     E("rmb.relay.bug", "an entry point of the daemon caught an unexpected exception (a bug, "
       "not bad input); the daemon kept running", {"reason": "string", "src": "string"}),
 ])

@@ -1,8 +1,15 @@
 """rmb-registry: the twin registry service (DESIGN.md section 3, "Twin lookup").
 
-Stands in for tfchain's twin storage: HTTP JSON (aiohttp), records kept durably
-in SQLite under --data-dir (rmb_relay/registry_store.py), or in Redis (redis.asyncio) without it. A twin is {id, account: hex of the 32-byte account key, relays: [domains],
-pk: hex of the 33-byte secp256k1 key | null}.
+Stands in for tfchain's twin storage: HTTP JSON (aiohttp), records kept durably in SQLite
+(rmb_relay/registry_store.py) under --data-dir, which defaults to `default_data_dir()`
+(systemd's $STATE_DIRECTORY, else $XDG_STATE_HOME/relay-suite/rmb-registry, else
+~/.local/state/relay-suite/rmb-registry: the XDG Base Directory rule for state), or in
+Redis (redis.asyncio) only when `--redis URL` is given without --data-dir; that mode is durable
+only if the Redis runs with AOF, and the registry says which at start (event
+rmb.registry.storage) and in /health (`durable`). Operator guide: docs/rmb-operations.md.
+
+A twin is {id, account: hex of the 32-byte account key, relays: [domains], pk: hex of the
+33-byte secp256k1 key | null}.
 
 Routes:
   POST /twins                 create; body = rmb_peer.twins.signed_write_body(op="create")
@@ -31,8 +38,10 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import redis.asyncio as aioredis
@@ -45,13 +54,38 @@ from rmb_peer.identity import SignatureError, verify_typed
 from rmb_peer.twins import Twin, validate_pk, validate_relays, write_challenge
 from rmb_relay.registry_store import RedisTwinStore, SqliteTwinStore, StoreError
 
-__all__ = ["RegistryServer", "create_app", "main", "DEFAULT_REPLAY_WINDOW", "KEY_PREFIX"]
+__all__ = ["RegistryServer", "create_app", "main", "default_data_dir", "DEFAULT_REPLAY_WINDOW",
+           "KEY_PREFIX"]
 
 #: Accepted distance between a write's timestamp and the registry clock, seconds.
 DEFAULT_REPLAY_WINDOW = 300
 #: Largest accepted request body, bytes.
 MAX_BODY = 64 * 1024
 KEY_PREFIX = "rmb.registry."
+
+
+
+def default_data_dir(env: dict[str, str] | None = None) -> Path:
+    """The registry's data directory when --data-dir is not given (a daemon's state must
+    survive restarts of anything else, so the default is a durable directory, never Redis):
+
+    1. `$STATE_DIRECTORY` (the first entry): set by systemd for a unit with
+       `StateDirectory=` (deploy/systemd/rmb-registry.service: /var/lib/relay-suite/registry);
+    2. `$XDG_STATE_HOME/relay-suite/rmb-registry` (XDG Base Directory spec: "state data
+       that should persist between (application) restarts");
+    3. `~/.local/state/relay-suite/rmb-registry` (the spec's default for $XDG_STATE_HOME).
+
+    `env`: the environment to read (default os.environ). Relative values of the variables
+    are ignored, as the XDG spec requires."""
+    env = os.environ if env is None else env
+    state_dir = env.get("STATE_DIRECTORY", "").split(":")[0]
+    if state_dir and os.path.isabs(state_dir):
+        return Path(state_dir)
+    xdg = env.get("XDG_STATE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path(
+        env.get("HOME") or os.path.expanduser("~")) / ".local" / "state"
+    return base / "relay-suite" / "rmb-registry"
+
 
 class Refused(Exception):
     """A request the registry refuses: `status` (4xx) and a precise `reason`."""
@@ -115,10 +149,12 @@ class _Body:
 def create_app(store, events: EventLog, *,
                replay_window: int = DEFAULT_REPLAY_WINDOW,
                clock: Callable[[], float] = time.time,
-               metrics: CollectorRegistry | None = None) -> web.Application:
+               metrics: CollectorRegistry | None = None,
+               storage: dict[str, Any] | None = None) -> web.Application:
     """The registry's aiohttp application over `store` (a registry_store store, or an
     aioredis.Redis, wrapped in RedisTwinStore; see the module docstring).
-    `clock`: unix seconds for the replay window; `metrics`: Prometheus registry to fill."""
+    `clock`: unix seconds for the replay window; `metrics`: Prometheus registry to fill;
+    `storage`: {"store", "durable"} shown in /health (read at each request)."""
     metrics = metrics or CollectorRegistry()
     requests = Counter("rmb_registry_requests", "registry HTTP requests by route and status",
                        ["route", "status"], registry=metrics)
@@ -235,7 +271,8 @@ def create_app(store, events: EventLog, *,
     app.router.add_get("/twins", route("find", find_twin))
     app.router.add_get("/twins/{id}", route("get", get_twin))
     app.router.add_put("/twins/{id}", route("update", put_twin))
-    add_status_routes(app, metrics, lambda: {"ok": state["redis_ok"], "redis": state["redis_ok"]})
+    add_status_routes(app, metrics, lambda: {"ok": state["redis_ok"], "redis": state["redis_ok"],
+                                             **(storage or {})})
     return app
 
 
@@ -261,8 +298,11 @@ class RegistryServer:
             raise ValueError("the registry needs --data-dir DIR or --redis URL")
         self.events = events
         self.metrics = CollectorRegistry()
+        #: {"store": "sqlite"|"redis", "durable": bool | None}, in /health once started
+        self.storage: dict[str, Any] = {"store": "sqlite" if data_dir is not None else "redis",
+                                        "durable": True if data_dir is not None else None}
         self.app = create_app(self.store, events, replay_window=replay_window, clock=clock,
-                              metrics=self.metrics)
+                              metrics=self.metrics, storage=self.storage)
         self._runner: web.AppRunner | None = None
         self._closed = False
 
@@ -271,19 +311,32 @@ class RegistryServer:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> int:
-        """Bind and serve; returns the bound port. Raises OSError if the port is taken."""
+        """Bind and serve; returns the bound port. Raises StoreError when the storage
+        cannot be reached, OSError if the port is taken. Fills `storage`: in Redis mode,
+        durable is Redis's own `appendonly` setting (CONFIG GET)."""
         try:
             await self.store.ping()
         except StoreError as exc:
             where = (f"Redis at {self.redis_url} (set it with --redis URL)"
                      if self.data_dir is None else f"{self.data_dir} (--data-dir)")
             raise StoreError(f"cannot reach the registry storage, {where}: {exc}") from None
+        if self.data_dir is None:
+            self.storage["durable"] = await self.store.durable()
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # no public accessor in aiohttp
         return self.port
+
+    def log_storage(self) -> None:
+        """Emits rmb.registry.storage (warning level when not durable); call after start()
+        (the console script does, after its READY line)."""
+        durable = self.storage["durable"]
+        self.events.emit("rmb.registry.storage", level="info" if durable else "warning",
+                         store=self.storage["store"],
+                         path=str(self.data_dir) if self.data_dir is not None
+                         else str(self.redis_url), durable=durable)
 
     async def close(self) -> None:
         """Stop accepting, finish in-flight requests (aiohttp's shutdown), close Redis."""
@@ -301,18 +354,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rmb-registry",
         description="Twin registry for RMB (stands in for tfchain's twin storage): "
-                    "HTTP JSON API over Redis; writes are signed by the twin's account key.")
+                    "HTTP JSON API over a durable SQLite store (or Redis with --redis); writes "
+                    "are signed by the twin's account key.")
     parser.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8100",
                         help="address to serve HTTP on; port 0 picks a free port, announced on "
                              "stdout as 'READY {\"port\": N}' (default: 127.0.0.1:8100)")
     parser.add_argument("--data-dir", metavar="DIR", default=None,
-                        help="directory of the registry's own durable store (SQLite file "
-                             "registry.sqlite3, every write fsync'ed); when set, --redis is not "
-                             "used. Recommended: twins survive any restart (default: unset)")
-    parser.add_argument("--redis", metavar="URL", default="redis://127.0.0.1:6379/0",
-                        help="Redis URL where twin records live when --data-dir is not set; "
-                             "durable only if that Redis runs with AOF (appendonly yes) in a "
-                             "data directory (default: redis://127.0.0.1:6379/0)")
+                        help="directory of the registry's durable store (SQLite file "
+                             "registry.sqlite3, every write fsync'ed). Default when neither "
+                             "--data-dir nor --redis is given: $STATE_DIRECTORY (systemd), else "
+                             "$XDG_STATE_HOME/relay-suite/rmb-registry, else "
+                             "~/.local/state/relay-suite/rmb-registry")
+    parser.add_argument("--redis", metavar="URL", default=None,
+                        help="keep twin records in this Redis instead (only when --data-dir is "
+                             "not given); durable only if that Redis runs with appendonly yes: "
+                             "the registry checks it at start and reports it in /health "
+                             "(durable) and a warning line (default: unset, SQLite is used)")
     parser.add_argument("--replay-window", metavar="SECONDS", type=int,
                         default=DEFAULT_REPLAY_WINDOW,
                         help="accepted distance between a signed write's timestamp and the "
@@ -338,12 +395,16 @@ def main(argv: list[str] | None = None) -> int:
     async def run(stop: asyncio.Event) -> None:
         events = EventLog("rmb-registry", args.listen, [RMB_EVENTS], sink=args.log,
                           min_level=args.log_level)
+        data_dir = args.data_dir
+        if data_dir is None and not args.redis:
+            data_dir = str(default_data_dir())
         server = RegistryServer(host, port, args.redis, events,
-                                replay_window=args.replay_window, data_dir=args.data_dir)
+                                replay_window=args.replay_window, data_dir=data_dir)
         try:
             bound = await server.start()
             events.node = f"{host}:{bound}"
             Ready(service="rmb-registry", host=host, port=bound).announce()
+            server.log_storage()
             await stop.wait()
         finally:
             await server.close()

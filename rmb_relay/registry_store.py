@@ -1,5 +1,5 @@
-"""Durable storage for the twin registry (a Redis without persistence
-erased every twin on restart).
+"""Durable storage for the twin registry (a Redis without persistence erases every twin
+when it restarts, so SQLite is the registry's default store).
 
 Two stores with one async API (all methods raise StoreError when storage fails):
 
@@ -72,6 +72,25 @@ class RedisTwinStore:
 
     async def ping(self) -> None:
         await self._call(self.redis.ping())
+
+    async def durable(self) -> bool | None:
+        """True when the Redis has the append-only file on (`CONFIG GET appendonly`), False
+        when off (a restart of that Redis erases every twin), None when CONFIG is refused
+        (renamed or ACL-restricted). Raises StoreError if Redis cannot be reached."""
+        import redis.asyncio as aioredis
+        try:
+            async with asyncio.timeout(self.timeout):
+                got = await self.redis.config_get("appendonly")
+        except TimeoutError:
+            raise StoreError(f"redis: no answer within {self.timeout:g} s") from None
+        except aioredis.ResponseError:
+            return None
+        except (aioredis.RedisError, OSError) as exc:
+            raise StoreError(f"redis: {type(exc).__name__}") from None
+        value = got.get("appendonly", got.get(b"appendonly"))
+        if isinstance(value, bytes):
+            value = value.decode()
+        return None if value is None else value == "yes"
 
     async def create(self, account: str, relays: str, pk: str, ts: int) -> int:
         return int(await self._call(self._create(

@@ -49,7 +49,7 @@ from rmb_relay.core import (
     Forward, Local, Ranker, RelayCoreError, RelayRouter, Refuse, Reply, Session, session_of,
     session_str,
 )
-from rmb_relay.core import _FORWARD
+from rmb_relay.core import FORWARD, Attempt
 
 #: federation-in refusals (our texts; rmb-rs accepts every parsable POST)
 ERR_UNSIGNED = "federated envelope has no source twin (unsigned envelopes are not federated)"
@@ -115,15 +115,11 @@ class LookupTwin(RelayCommand):
 
 
 @dataclass
-class PostFederation(RelayCommand):
+class PostFederation(Attempt, RelayCommand):
     """POST `data` to http://`domain`/ within `timeout` s; answer with
-    federation_result(job, "accepted" | "refused" | "failed", now, status, reason)."""
-    job: int
-    uid: str
-    domain: str
-    attempt: int
-    data: bytes
-    timeout: float
+    federation_result(job, "accepted" | "refused" | "failed", now, status, reason).
+    The fields are the FederationScheduler's Attempt (job, uid, domain, attempt, data,
+    timeout), carried as a command."""
 
 
 @dataclass
@@ -356,7 +352,7 @@ class RelayCore:
                 env.timestamp + env.expiration > now)
         else:
             fast = False
-        verdict = _FORWARD if fast else router.check_inbound(c.session, env, len(data), now)
+        verdict = FORWARD if fast else router.check_inbound(c.session, env, len(data), now)
         if type(verdict) is Forward:
             d = env.destination
             dst = (d.twin, d.connection if d.HasField("connection") else None)

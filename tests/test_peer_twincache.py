@@ -85,16 +85,6 @@ async def test_registry_killed_peers_keep_talking_and_restart_from_data_dir(clus
         stop(proc)
 
 
-async def test_a_peer_without_data_dir_cannot_start_while_the_registry_is_down(cluster):
-    proc, port = start_registry(cluster.redis_url)
-    await _use_registry(cluster, f"http://127.0.0.1:{port}")
-    relay = await cluster.start_relay()
-    a = await cluster.new_twin([relay])
-    stop(proc)
-    with pytest.raises(RuntimeError, match="--registry.*unreachable"):
-        await cluster.start_peer(a, [relay])
-
-
 async def test_hung_registry_delays_only_messages_for_the_new_twin(cluster, monkeypatch):
     relay = await cluster.start_relay()
     a = await cluster.new_twin([relay])

@@ -211,7 +211,8 @@ def test_console_script_ready_and_sigterm(redis_url, tmp_path):
         proc.terminate()
         assert proc.wait(timeout=10) == 0
     lines = [json.loads(x) for x in log.read_text().splitlines()]
-    assert lines[0]["service"] == "rmb-registry" and lines[0]["event"] == "rmb.registry.twin_created"
+    assert lines[0]["service"] == "rmb-registry" and lines[0]["event"] == "rmb.registry.storage"
+    assert lines[1]["event"] == "rmb.registry.twin_created"
 
 
 @contextlib.asynccontextmanager

@@ -171,6 +171,9 @@ async def test_final_message_is_not_sent_again_and_subscribers_get_every_status(
             assert marker["outcome"] == "finalized" and ws0["statuses"][at - 1]["kind"] == "Finalized"
             (i, g), = gq0["final"]
             assert g["outcome"] == "finalized" and g["kind"] == "Finalized"
+            # a subscriber that comes after the end: the same statuses and marker, then the end
+            again = await asyncio.wait_for(gql_subscriber(s, api, mid0), timeout=30)
+            assert again["statuses"] == gq0["statuses"] and [x for x, _ in again["final"]] == [i]
 
             # ---- 2: after a SIGKILL and restart of the full node ------------------------------
             ln.kill("fullnode1")

@@ -1,9 +1,18 @@
-"""REMP as processes under load: 2 shards x 7 validators + one full node
+"""REMP as processes under load: 2 shards x 7 validators + K full nodes (default 1)
 (`remp-node` over the authenticated UDP transport, receipts through delivery.py), external
-wallet messages POSTed at fixed rates.
+wallet messages POSTed at fixed rates, spread over the K full nodes by
+remp_node.submit.Submitter (round robin; a refusal or a full node down sends the message
+to the next one).
 
-    .venv/bin/python bench/bench_remp_daemon.py [--rates 100,300] [--duration 60]
+    .venv/bin/python bench/bench_remp_daemon.py [--rates 100,300] [--duration 60] [--fullnodes K]
         [--shards 2] [--validators-per-shard 7] [--block-interval 0.25] [--drain 60] [--redis]
+
+Per process and rate: CPU per message it handled (a full node: the messages it accepted; a
+validator: the messages it logged a status for), the rate at which that process would
+saturate one core (1 s / its CPU per message), and the share of the network's messages it
+handled. The network's projected ceiling is, per role, the lowest such rate times the
+processes of that role that share the load (network messages / messages it handled: K for
+full nodes, the shard groups for validators), and over the roles the lowest of those.
 
 Per rate: first receipt (the first PutIntoQueue the full node gets, after submit) p50/p99,
 Finalized (the full node's own Finalized status) p50/p99, messages lost (no final outcome
@@ -22,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import os
 import statistics
 import sys
@@ -42,6 +50,7 @@ from daemon_runtime.redis_server import EmbeddedRedis  # noqa: E402
 from remp_node.keys import NodeKey  # noqa: E402
 from remp_node.localnet import LocalNet  # noqa: E402
 from remp_node.state import make_wallet_message  # noqa: E402
+from remp_node.submit import Placed, Submitter  # noqa: E402
 
 
 def ts(e: dict) -> float:
@@ -114,6 +123,33 @@ def transfers(net, count: int, nonce0: int) -> list[bytes]:
                                 1 + i % 1000, vu, nonce=nonce0 + i) for i in range(count)]
 
 
+def handled(ln: LocalNet, since: float) -> dict[str, int]:
+    """Per process, the distinct messages it handled since `since` (Unix s): a full node the
+    ones it accepted (remp.fullnode.received), a validator the ones it logged a status for
+    (remp.validator.status); read from the event logs (only the matching lines are parsed)."""
+    import json
+    out = {}
+    for label in ln.daemons:
+        needle = '"remp.fullnode.received"' if label.startswith("fullnode") else '"remp.validator.status"'
+        ids = set()
+        for suffix in ("", ".1", ".2"):
+            p = Path(str(ln.logdir / f"{label}.jsonl") + suffix)
+            if not p.exists():
+                continue
+            with p.open(errors="replace") as fh:
+                for line in fh:
+                    if needle not in line:
+                        continue
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue
+                    if e.get("trace_id") and ts(e) >= since:
+                        ids.add(e["trace_id"])
+        out[label] = len(ids)
+    return out
+
+
 async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: int) -> dict:
     bocs = transfers(net, int(rate * duration), nonce0)
     n0, b0, d0 = await scrape(s, ln)
@@ -122,17 +158,17 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
     ids: list[str] = []
     errors = Counter()
     t0 = time.monotonic()
+    wall0 = time.time()
+    sub = Submitter(ln.apis, s, max_attempts=5, max_wait=30.0)
 
     async def one(boc):
-        try:
-            async with s.post(ln.api + "/messages", data=base64.b64encode(boc)) as r:
-                d = await r.json()
-                if r.status == 202:
-                    ids.append(d["message_id"])
-                else:
-                    errors[str(r.status)] += 1
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            errors[type(exc).__name__] += 1
+        res = await sub.submit(boc)
+        if isinstance(res, Placed) and res.status == 202:
+            ids.append(res.message_id)
+        elif isinstance(res, Placed):
+            errors[str(res.status)] += 1
+        else:
+            errors["unplaced: " + res.last.split(": ", 1)[-1]] += 1
     tasks = []
     for i, boc in enumerate(bocs):
         due = t0 + i / rate
@@ -146,8 +182,9 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
     # drain: wait until every message is final (or the drain deadline)
     end = time.monotonic() + drain
     finals = {}
+    fns = ln.fullnode_labels()
     while time.monotonic() < end:
-        finals = {e["trace_id"]: e for e in ln.events("fullnode1", "remp.fullnode.final")}
+        finals = {e["trace_id"]: e for f in fns for e in ln.events(f, "remp.fullnode.final")}
         if all(m in finals for m in ids):
             break
         await asyncio.sleep(1)
@@ -155,17 +192,19 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
     c2 = cpu_s(ln)
     n1, b1, d1 = await scrape(s, ln)
     ds1 = await delivery_stats(s, ln)
-    ev = ln.events("fullnode1")
-    received = {e["trace_id"]: ts(e) for e in ev if e["event"] == "remp.fullnode.received"}
-    first, fin = {}, {}
-    for e in ev:
-        if e["event"] != "remp.fullnode.status":
-            continue
-        k = e["attrs"].get("kind")
-        if k == "PutIntoQueue" and e["trace_id"] not in first:
-            first[e["trace_id"]] = ts(e)
-        elif k == "Finalized" and e["attrs"].get("peer") == ln.net.node("fullnode1").key_id[:4].hex():
-            fin.setdefault(e["trace_id"], ts(e))
+    received, first, fin = {}, {}, {}
+    for f in fns:
+        own = ln.net.node(f).key_id[:4].hex()
+        for e in ln.events(f):
+            if e["event"] == "remp.fullnode.received":
+                received.setdefault(e["trace_id"], ts(e))
+            if e["event"] != "remp.fullnode.status":
+                continue
+            k = e["attrs"].get("kind")
+            if k == "PutIntoQueue" and e["trace_id"] not in first:
+                first[e["trace_id"]] = ts(e)
+            elif k == "Finalized" and e["attrs"].get("peer") == own:
+                fin.setdefault(e["trace_id"], ts(e))
     lat_first = [(first[m] - received[m]) * 1000 for m in ids if m in first and m in received]
     lat_fin = [(fin[m] - received[m]) for m in ids if m in fin and m in received]
     outcomes = Counter(finals[m]["attrs"]["outcome"] if m in finals else "none" for m in ids)
@@ -179,18 +218,20 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
             "outcomes": dict(outcomes), "lost": lost, "payloads": dn, "bytes": db,
             "datagrams": (d1 - d0) / per, "done_s": done_s,
             "delivery": {k: (ds1[k] - ds0.get(k, 0)) / per for k in ("added", "packets", "resends")},
-            "cpu_send": cpu_delta(c0, c1), "cpu_all": cpu_delta(c0, c2)}
+            "cpu_send": cpu_delta(c0, c1), "cpu_all": cpu_delta(c0, c2),
+            "handled": handled(ln, wall0), "submitter": sub.report()}
 
 
 async def amain(args) -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-remp-"))
-    ln = LocalNet(work, shards=args.shards, validators_per_shard=args.validators_per_shard,
+    ln = LocalNet(work, shards=args.shards, validators_per_shard=args.validators_per_shard, fullnodes=args.fullnodes,
                   mc_catchain_lifetime=args.mc_catchain_lifetime, block_interval=args.block_interval,
                   masterchain_validators=args.masterchain_validators,
                   master_block_interval=args.master_block_interval, start_timeout=180.0, log_level="info",
                   redis_url=args.redis_url)
     net = await ln.init()
     print(f"{len(net.validators())} validators ({args.shards} shards x {args.validators_per_shard}), "
+          f"{args.fullnodes} full node(s), "
           f"block interval {args.block_interval} s, {os.cpu_count()} CPUs, full node's Redis stream "
           f"{'on (redis-server CPU not counted)' if args.redis_url else 'off'}; work dir {work}", flush=True)
     await ln.start()
@@ -198,16 +239,11 @@ async def amain(args) -> None:
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64),
                                          timeout=aiohttp.ClientTimeout(total=30)) as s:
-            # warm-up: one message through to Finalized (genesis passed, chains running)
-            boc = transfers(net, 1, 10_000_000)[0]
-            async with s.post(ln.api + "/messages", data=base64.b64encode(boc)) as r:
-                mid = (await r.json())["message_id"]
-            end = time.monotonic() + 120
-            while time.monotonic() < end:
-                async with s.get(f"{ln.api}/messages/{mid}") as r:
-                    if (await r.json())["outcome"]["final"]:
-                        break
-                await asyncio.sleep(1)
+            # warm-up: one message through each full node to Finalized (genesis passed, chains running)
+            warm = Submitter(ln.apis, s)
+            placed = [await warm.submit(b) for b in transfers(net, len(ln.apis), 10_000_000)]
+            await warm.wait_final([p.message_id for p in placed if isinstance(p, Placed) and p.message_id],
+                                  time.monotonic() + 120)
             # idle cost: CPU of the whole network carrying no messages (empty rounds, syncs)
             ni0, _, di0 = await scrape(s, ln)
             ci0, ti0 = cpu_s(ln), time.monotonic()
@@ -227,6 +263,7 @@ async def amain(args) -> None:
                 nonce += int(rate * args.duration) + 1
                 results.append(r)
                 report(r, args)
+                report_ceiling(r)
     finally:
         await ln.stop()
     ok = [r["rate"] for r in results if sustained(r, args)]
@@ -297,11 +334,51 @@ def report(r: dict, args) -> None:
           f"full node {fn / per * 1000:.1f} ms; load average {open('/proc/loadavg').read().split()[0]}", flush=True)
 
 
+def ceilings(r: dict) -> tuple[list[dict], dict[str, dict], float]:
+    """Per process: CPU ms per message it handled (cpu_all / handled), the rate at which it
+    would saturate one core (1000 / that, msg/s), share = network messages / messages it
+    handled; per role ("fullnode", "validator"): the lowest rate, the processes sharing the
+    load (that process's share) and their product, the role's projected ceiling; and the
+    network's projected ceiling (the lowest role ceiling, msg/s)."""
+    total = max(1, r["accepted"])
+    rows = []
+    for label, cpu in sorted(r["cpu_all"].items()):
+        n = r["handled"].get(label, 0)
+        if n <= 0 or cpu <= 0:
+            continue
+        ms = cpu / n * 1000
+        rows.append({"process": label, "role": "fullnode" if label.startswith("fullnode") else "validator",
+                     "handled": n, "cpu_ms_per_message": ms, "saturates_at": 1000 / ms, "share": total / n})
+    roles = {}
+    for role in ("fullnode", "validator"):
+        rs = [x for x in rows if x["role"] == role]
+        if rs:
+            low = min(rs, key=lambda x: x["saturates_at"])
+            roles[role] = {"process": low["process"], "saturates_at": low["saturates_at"], "sharing": low["share"],
+                           "ceiling": low["saturates_at"] * low["share"]}
+    net = min((v["ceiling"] for v in roles.values()), default=float("nan"))
+    return rows, roles, net
+
+
+def report_ceiling(r: dict) -> None:
+    rows, roles, net = ceilings(r)
+    print("  per process (CPU until all final / messages it handled): " + "; ".join(
+        f"{x['process']} {x['cpu_ms_per_message']:.2f} ms/msg -> one core at {x['saturates_at']:.0f}/s "
+        f"(handled {x['handled']}, 1/{x['share']:.2f} of the messages)" for x in rows))
+    for role, v in roles.items():
+        print(f"  {role}s: lowest {v['saturates_at']:.0f} msg/s ({v['process']}) x {v['sharing']:.2f} processes "
+              f"sharing the load = {v['ceiling']:.0f} msg/s")
+    print(f"  network's projected ceiling: {net:.0f} msg/s (the lowest role); submitter {r['submitter']}",
+          flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="100,300", help="message rates (per second), comma separated")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of sending per rate")
     ap.add_argument("--drain", type=float, default=90.0, help="seconds to wait for final outcomes per rate")
+    ap.add_argument("--fullnodes", type=int, default=1, metavar="K",
+                    help="full nodes the load is spread over (remp_node.submit.Submitter; default 1)")
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--validators-per-shard", type=int, default=7)
     ap.add_argument("--block-interval", type=float, default=0.25)
@@ -338,6 +415,13 @@ def main() -> None:
             f"cpu_per_message_until_final_ms{at}": sum(ca.values()) / per * 1000,
             f"cpu_per_message_fullnode_ms{at}": sum(v for k, v in ca.items() if k.startswith("fullnode")) / per * 1000,
             f"cpu_s_per_s_sending{at}": sum(cs.values()) / max(r["send_s"], 1e-9)})
+        rows, roles, net = ceilings(r)
+        figures[f"projected_ceiling_msg_per_s{at}"] = net
+        for role, v in roles.items():
+            figures[f"ceiling_{role}_msg_per_s{at}"] = v["ceiling"]
+        for x in rows:
+            figures[f"cpu_ms_per_message_{x['process']}{at}"] = x["cpu_ms_per_message"]
+    figures["fullnodes"] = args.fullnodes
     write_result("remp_daemon", figures,
                  {"udp_round_trip_p50_ms": raw["p50"], "udp_round_trip_p99_ms": raw["p99"]} if raw else None)
 

@@ -10,12 +10,18 @@ with plan.expect(..., "rejected", "collator_reject")), kills a validator with SI
 mid-run and restarts it (plan.fault("validator_kill", "v3", duration) first), waits for
 final outcomes, and compares its counts with the report's summary.json `remp` table.
 
-`[remp]` keys: enabled (true), shards (2), validators_per_shard (4), masterchain_validators
-(all), mc_catchain_lifetime (10 s), block_interval (0.2 s), master_block_interval (0.3 s),
+`[remp]` keys: enabled (true), shards (2), validators_per_shard (4), fullnodes (2),
+masterchain_validators (all), mc_catchain_lifetime (10 s), block_interval (0.2 s), master_block_interval (0.3 s),
 wallet_messages (40), collator_rejects (4), kill ("v3"), kill_after (4 s), kill_for (3 s),
 deadline (90 s), faults (""), rate (10 messages/s; 0 = all at once).
 
-Pacing: messages go to the full node at `rate` per second on an even schedule (a message the
+Full nodes: messages are spread over the `fullnodes` full nodes by remp_node.submit.Submitter
+(round robin over the HTTP API; a full node that refuses for load, 503 with Retry-After, or
+does not answer is skipped and the message goes to the next; outcomes are followed at the
+full node that took each message); a message no full node took within the client's bounds
+is counted `unplaced`.
+
+Pacing: messages go to the full nodes at `rate` per second on an even schedule (a message the
 API refuses, 400 / 422, reaches no validator and takes no slot), not in one burst: in the
 demo (three protocol networks, ~30 processes on 2 cores) a burst queued at the validators
 and the first-receipt p99 was 2.2-2.6 s against its 1 s objective. The default, 10/s, is
@@ -34,11 +40,13 @@ from daemon_runtime.daemons import Daemon
 from deploy.segments import Segment
 from remp_node.localnet import LocalNet, load_jsonl
 
-__all__ = ["RempSegment", "DEFAULT_RATE"]
+__all__ = ["RempSegment", "DEFAULT_RATE", "DEFAULT_FULLNODES"]
 
 
 #: [remp] rate default (messages/s): bench/bench_remp_daemon.py's healthy range (module doc)
 DEFAULT_RATE = 10.0
+#: [remp] fullnodes default: full nodes the messages are spread over (docs/remp-scaling.md)
+DEFAULT_FULLNODES = 2
 
 
 class _Pacer:
@@ -82,6 +90,7 @@ class RempSegment(Segment):
         self.neg_path = neg if neg is not None and neg.is_file() else None
         self.local = LocalNet(self.dir, shards=int(c.get("shards", 2)),
                               validators_per_shard=int(c.get("validators_per_shard", 4)),
+                              fullnodes=int(c.get("fullnodes", DEFAULT_FULLNODES)),
                               masterchain_validators=c.get("masterchain_validators"),
                               mc_catchain_lifetime=float(c.get("mc_catchain_lifetime", 10.0)),
                               block_interval=float(c.get("block_interval", 0.2)),
@@ -91,10 +100,11 @@ class RempSegment(Segment):
         self.local.logdir = self.logdir           # event logs where the report reads them
         self.counts = {"messages": 0, "accepted": 0, "undecodable": 0, "rejected_by_fullnode": 0,
                        "finalized": 0, "rejected": 0, "timeout": 0, "none": 0, "expected_rejections": 0,
-                       "restarts": 0}
+                       "restarts": 0, "unplaced": 0, "refused_for_load": 0}
         self.ids: dict[str, str] = {}          # message id hex -> label
         self.outcomes: dict[str, str] = {}
         self._phase = "init"
+        self.sub = None         # remp_node.submit.Submitter, made in drive()
 
     async def start(self) -> None:
         net = await self.local.init()
@@ -117,8 +127,14 @@ class RempSegment(Segment):
                 f"{c['rejected']} rejected, {c['timeout']} timeout")
 
     async def _post(self, session, boc: bytes) -> tuple[int, dict]:
-        async with session.post(self.local.api + "/messages", data=base64.b64encode(boc)) as r:
-            return r.status, await r.json()
+        """Place one BOC on a full node (remp_node.submit); (HTTP status, JSON answer), or
+        (0, {}) when no full node took it within the client's bounds."""
+        from remp_node.submit import Placed
+        res = await self.sub.submit(boc)
+        if isinstance(res, Placed):
+            return res.status, res.doc
+        self.counts["unplaced"] += 1
+        return 0, {}
 
     def _messages(self) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]], list[tuple[str, bytes]]]:
         from remp_node.keys import NodeKey
@@ -178,7 +194,9 @@ class RempSegment(Segment):
             raise ValueError(f"[remp] rate must be >= 0 messages/s, got {rate}")
         pace = _Pacer(rate)
         self._phase = "sending"
+        from remp_node.submit import Submitter
         async with aiohttp.ClientSession() as s:
+            self.sub = Submitter(self.local.apis, s)
             killer = asyncio.ensure_future(self._kill_restart(kill, kill_after, kill_for))
 
             async def poll_while_sending() -> None:
@@ -234,6 +252,8 @@ class RempSegment(Segment):
                     break
                 await asyncio.sleep(1.0)
             await killer
+        rep = self.sub.report()
+        self.counts["refused_for_load"] = sum(sum(n["refused"].values()) for n in rep["nodes"].values())
         for mid in self.ids:
             self.outcomes.setdefault(mid, "none")
         for k in ("finalized", "rejected", "timeout", "none"):
@@ -252,13 +272,12 @@ class RempSegment(Segment):
         self.plan.recovered("validator_kill", label)
 
     async def _poll(self, s) -> None:
-        for mid in [m for m in self.ids if m not in self.outcomes]:
-            async with s.get(f"{self.local.api}/messages/{mid}") as r:
-                if r.status != 200:
-                    continue
-                doc = await r.json()
-            if doc["outcome"]["final"]:
-                self.outcomes[mid] = doc["outcome"]["outcome"]
+        """Outcomes of the messages placed so far, each asked of the full node that took it
+        (Submitter.outcome; a full node that does not answer is asked again later)."""
+        for mid in [m for m in self.ids if m not in self.outcomes and m in self.sub.where]:
+            out = await self.sub.outcome(mid)
+            if out is not None:
+                self.outcomes[mid] = out["outcome"]
 
     async def stop(self) -> None:
         await self.local.stop()

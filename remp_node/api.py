@@ -186,6 +186,42 @@ class Admission:
         return None
 
 
+class RefusalLog:
+    """The `remp.fullnode.refused` lines of the refusals for load (503 / BACKPRESSURE): at
+    most one line per reason per INTERVAL seconds (a refusal storm must not cost a log line
+    each), count = refusals of that reason since the previous line, retry_after = the last
+    delay given (s). The first refusal after a quiet INTERVAL is logged at once; the rest
+    within INTERVAL s (a timer on the running loop). remp_api_refused_total counts each."""
+
+    INTERVAL = 1.0
+
+    def __init__(self, emit):
+        self._emit = emit                       # emit(reason, count, retry_after)
+        self._pending: dict[str, list] = {}     # reason -> [count, retry_after]
+        self._last: dict[str, float] = {}
+        self._timer = None
+
+    def note(self, reason: str, retry_after: int, now: float) -> None:
+        p = self._pending.setdefault(reason, [0, retry_after])
+        p[0] += 1
+        p[1] = retry_after
+        if now - self._last.get(reason, -1e18) >= self.INTERVAL:
+            self._flush_one(reason, now)
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.INTERVAL, self.flush)
+
+    def _flush_one(self, reason: str, now: float) -> None:
+        count, retry = self._pending.pop(reason)
+        self._last[reason] = now
+        self._emit(reason, count, retry)
+
+    def flush(self) -> None:
+        self._timer = None
+        now = time.monotonic()
+        for reason in list(self._pending):
+            self._flush_one(reason, now)
+
+
 class Subscription:
     """One subscriber's items, in order: ("status", seed JSON dict), ("final", outcome dict as
     GET's), ("end", "complete" | "grace"). Unbounded: a message has a bounded number of
@@ -239,6 +275,8 @@ class StatusHub:
                                    registry=r)
         self.g_subs = Gauge("remp_api_subscribers", "open status subscriptions", registry=r)
         a = getattr(daemon, "args", None)
+        self.refusal_log = RefusalLog(lambda reason, count, retry: daemon.log.emit(
+            "remp.fullnode.refused", None, "warning", reason=reason, count=count, retry_after=retry))
         self.admission = Admission(getattr(a, "max_pending", DEFAULT_MAX_PENDING) or DEFAULT_MAX_PENDING,
                                    getattr(a, "client_rate", 0.0) or 0.0, getattr(a, "client_burst", 0.0) or 0.0)
 
@@ -378,6 +416,7 @@ class StatusHub:
                 if refused is not None:
                     reason, retry = refused
                     self.m_refused.labels(reason).inc()
+                    self.refusal_log.note(reason, retry, time.monotonic())
                     return 503, {"message_id": mid.hex(), "error": (
                         f"the full node is at its bound ({'messages not final yet' if reason == 'pending_full' else 'messages per second from this client'}): "
                         f"not accepted, retry after {retry} s"), "reason": reason, "retry_after": retry}

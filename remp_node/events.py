@@ -56,4 +56,9 @@ REMP_EVENTS = Catalogue("remp", [
       "counts every one", {"reason": "string", "count": "long"}),
     E("remp.shardchain.accepted", "a shard block was accepted by its group (count = messages "
       "in it)", {"shard": "string", "block_seqno": "long", "session": "long", "count": "long"}),
+    E("remp.fullnode.refused", "the full node refused new messages for load (POST /messages 503 "
+      "with Retry-After, postRequests BACKPRESSURE; reason = pending_full or client_rate): count = "
+      "refusals of that reason since the previous line (at most one line per reason per second), "
+      "retry_after = the last delay given (s); remp_api_refused_total counts each",
+      {"reason": "string", "count": "long", "retry_after": "long"}),
 ])

@@ -25,8 +25,10 @@ __all__ = ["LocalNet", "load_jsonl"]
 
 
 class LocalNet:
-    """LocalNet(workdir, shards=2, validators_per_shard=4, ...). await init(); await start();
-    kill(label); await restart(label); await stop(). `api` is the first full node's base URL."""
+    """LocalNet(workdir, shards=2, validators_per_shard=4, fullnodes=1, ...). await init();
+    await start(); kill(label); await restart(label); await stop(). `api` is the first full
+    node's base URL, `apis` every full node's; fullnode_args: extra `remp-node fullnode`
+    flags given to every full node (e.g. ["--max-pending", "10"])."""
 
     def __init__(self, workdir: str | Path, *, shards: int = 2, validators_per_shard: int = 4,
                  masterchain_validators: int | None = None, fullnodes: int = 1,
@@ -34,7 +36,7 @@ class LocalNet:
                  master_block_interval: float | None = 0.3, genesis_delay: float | None = None,
                  faults: str = "", redis_url: str | None = None, ext_messages: str | Path | None = None,
                  start_timeout: float = 60.0, grace: float = 5.0, log_level: str = "info",
-                 resend_interval: float | None = None):
+                 resend_interval: float | None = None, fullnode_args: list[str] | None = None):
         self.workdir = Path(workdir)
         self.netdir = self.workdir / "network"
         self.logdir = self.workdir / "logs"
@@ -54,6 +56,7 @@ class LocalNet:
         self.grace = grace
         self.log_level = log_level
         self.resend_interval = resend_interval
+        self.fullnode_args = list(fullnode_args or [])
         self.daemons: dict[str, Daemon] = {}
         self.net: Network | None = None
 
@@ -89,6 +92,7 @@ class LocalNet:
                     argv += ["--redis", self.redis_url]
                 if self.resend_interval:
                     argv += ["--resend-interval", str(self.resend_interval)]
+                argv += self.fullnode_args
             self.daemons[n.label] = Daemon(n.label, argv, self.logdir)
         return self.net
 
@@ -105,6 +109,16 @@ class LocalNet:
     def api(self) -> str:
         fn = next(d for label, d in self.daemons.items() if label.startswith("fullnode"))
         return f"http://127.0.0.1:{fn.info['port']}"
+
+    @property
+    def apis(self) -> list[str]:
+        """Every full node's base URL, in label order (fullnode1, fullnode2, ...): what a
+        remp_node.submit.Submitter spreads messages over."""
+        return [f"http://127.0.0.1:{d.info['port']}" for label, d in self.daemons.items()
+                if label.startswith("fullnode")]
+
+    def fullnode_labels(self) -> list[str]:
+        return [label for label in self.daemons if label.startswith("fullnode")]
 
     def http(self, label: str) -> str:
         return f"http://127.0.0.1:{self.daemons[label].info['port']}"

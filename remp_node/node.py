@@ -639,10 +639,16 @@ class FullnodeDaemon(_Daemon):
         f = self.hub.finals.get(mid)
         if f is None:
             k = self.store.known(mid)
-            if k is None or not k["outcome"]:
+            if k is None and mid in self.follower.finalized:
+                # sent through another full node and already in the chain this one follows:
+                # past the validators' replay window nothing else would stop a second execution
+                f = {"final": True, "outcome": "finalized", "kind": "Finalized",
+                     "reason": "in the chain (sent through another full node)", "final_at": time.time()}
+            elif k is None or not k["outcome"]:
                 return None
-            f = {"final": True, "outcome": k["outcome"], "kind": k["kind"], "reason": k["reason"],
-                 "final_at": k["final_at"]}
+            else:
+                f = {"final": True, "outcome": k["outcome"], "kind": k["kind"], "reason": k["reason"],
+                     "final_at": k["final_at"]}
         if f["kind"] == "RejectedByFullnode":
             return None
         return dict(f, retained_until=f.get("final_at", time.time()) + self.retention)

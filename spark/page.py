@@ -175,6 +175,11 @@ _PROTO_NOTES = {
             "validator, status) receipts the validators logged; receipts_delivered: those the "
             "full node logged from that validator; duplicates: statuses logged twice by one "
             "process.",
+    "remp_fullnodes": "accepted: messages the full node took (202); refused_for_load: new "
+                      "messages it refused at its bound (503 with Retry-After, GraphQL "
+                      "BACKPRESSURE; by reason: pending_full = --max-pending, client_rate = "
+                      "--client-rate). A refused message was not accepted: it is no failure, "
+                      "the client retries it (often at another full node).",
     "marlin": "rebuilt: (block, consumer) pairs with a rebuilt block; chunks_sent / "
               "chunks_received / acks: counts of those events (a chunk relayed to several "
               "consumers is received several times, so received can exceed sent); "
@@ -341,6 +346,10 @@ def render(summary: dict, slow_traces: list[dict], charts: dict[str, str] | None
         if proto in summary:
             extra += [f"<h3>{proto.upper()}</h3>", _table([summary[proto]]),
                       f"<p class='note'>{_PROTO_NOTES[proto]}</p>"]
+        if proto == "remp" and summary.get("remp_fullnodes"):
+            extra += ["<h4>REMP full nodes</h4>",
+                      _table(summary["remp_fullnodes"], left=("full_node",)),
+                      f"<p class='note'>{_PROTO_NOTES['remp_fullnodes']}</p>"]
     faults = [{"fault": f["fault"], "target": f["target"], "from": f["start"], "to": f["end"]}
               for f in summary.get("plan", {}).get("faults", [])]
     parts = [

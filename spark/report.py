@@ -76,7 +76,9 @@ string keys), late, lost_or_stuck, in_flight, planned: {...}, unplanned: {...}}.
 The demo plan (spark/plan.py, deploy/events.py demo.plan.*): node labels, and which
 failures were planned (expected trace, or hit a planned fault's target inside its window);
 summary.json `plan`, `failures.planned` / `failures.unplanned` (trace ids). `remp` and
-`marlin` sections when those logs are present (_remp_marlin_summary).
+`marlin` sections when those logs are present (_remp_marlin_summary); with `remp`,
+`remp_fullnodes`: per full node the messages it accepted and its refusals for load
+(_remp_fullnodes).
 
 SLA (spark/sla.toml, TOML): `[[objective]]` entries of three kinds, evaluated only when the
 stage has samples (else status "no data"); `count = "unplanned"` (default) or `"all"`;
@@ -111,6 +113,9 @@ DEFAULT_SLA = Path(__file__).with_name("sla.toml")
 #: (spark/clock.py align; measured on one host: -0.4 to -3.9 ms between a relay's
 #: `delivered` and the peer's next line)
 CLOCK_TOLERANCE_MS = 5.0
+#: events without a trace that travel whole to the driver with the plan's (few lines each:
+#: remp.fullnode.refused is at most one line per reason per second per full node)
+DRIVER_EVENTS = ("remp.fullnode.refused",)
 
 
 def _ddl(spec: str) -> tuple[str, list[str]]:
@@ -325,7 +330,7 @@ def _step_rows(spark, inputs: list[str]):
         f"CASE WHEN {CORRUPT} IS NOT NULL THEN "
         f"  CASE WHEN rtrim({CORRUPT}) LIKE '%}}' THEN 'bad' ELSE 'torn' END "
         f"WHEN ts IS NULL OR event IS NULL THEN 'bad' "
-        f"WHEN event LIKE 'demo.%' THEN 'plan' "
+        f"WHEN event LIKE 'demo.%' OR event IN ({', '.join(_q(e) for e in DRIVER_EVENTS)}) THEN 'plan' "
         f"WHEN NOT event IN ({', '.join(_q(e) for e in known)}) THEN 'unknown' "
         f"WHEN trace_id IS NULL OR trace_id = '' THEN 'untraced' ELSE 'ok' END")
     # one projection per layer (withColumns: one analysis each, not one per column)
@@ -334,7 +339,7 @@ def _step_rows(spark, inputs: list[str]):
         # a plan event (deploy/events.py) travels whole, as JSON, to the driver
         "plan_json": F.expr(
             "CASE WHEN cls = 'plan' THEN to_json(named_struct('ts_us', unix_micros(ts), "
-            "'event', event, 'trace_id', trace_id, 'attrs', attrs)) END"),
+            "'event', event, 'trace_id', trace_id, 'node', node, 'attrs', attrs)) END"),
         "trace_id": F.expr("CASE WHEN cls = 'ok' THEN trace_id ELSE '' END"),
         "ts_us": F.expr("coalesce(unix_micros(ts), 0L)"),
         # one process logging the same event with the same attrs twice = a duplicate
@@ -870,6 +875,8 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
         d["errored_by_code"] = {e["code"]: e["count"] for e in errors if e["protocol"] == proto}
 
     protocol_summary = _remp_marlin_summary(second, delivery, per_proto)
+    if "remp" in protocol_summary:
+        protocol_summary["remp_fullnodes"] = _remp_fullnodes(second["remp_nodes"], plan_rows, plan.label)
 
     # the failures themselves (trace ids), planned and unplanned (second action)
     failures = sorted(second["failures"],
@@ -1127,7 +1134,31 @@ def _remp_marlin_queries(tr) -> dict:
     marlin = (per_trace.join(lost, "trace_id", "left")
               .agg(*[F.sum(c).alias(c) for c in ("sent_n", "recv_n", "ack_n", "disputes", "rebuilt", "lost")],
                    F.sum(F.greatest(F.lit(0), F.col("sent_d") - F.col("ack_d"))).alias("missing")))
-    return {"remp": remp, "marlin": marlin}
+    remp_nodes = (tr.filter("protocol = 'remp' AND step = 'remp:fullnode.received'")
+                  .groupBy("node").agg(F.countDistinct("trace_id").alias("accepted")))
+    return {"remp": remp, "marlin": marlin, "remp_nodes": remp_nodes}
+
+
+def _remp_fullnodes(accepted: list[dict], plan_rows: list[dict], label) -> list[dict]:
+    """summary.json `remp_fullnodes`: per full node (its label), messages it accepted
+    (distinct traces with its remp.fullnode.received) and the refusals for load it logged
+    (remp.fullnode.refused counts: 503 with Retry-After / GraphQL BACKPRESSURE, by reason),
+    apart from the failures (a refused message was never accepted, so it is no trace)."""
+    rows: dict[str, dict] = {}
+    for a in accepted:
+        if a.get("node"):
+            rows.setdefault(a["node"], {"accepted": 0, "refused": {}})["accepted"] += int(a["accepted"] or 0)
+    for r in plan_rows:
+        if r.get("event") == "remp.fullnode.refused" and r.get("node"):
+            at = r.get("attrs") or {}
+            ref = rows.setdefault(r["node"], {"accepted": 0, "refused": {}})["refused"]
+            reason = at.get("reason") or "?"
+            ref[reason] = ref.get(reason, 0) + int(at.get("count") or 0)
+    return [{"full_node": label(n), "accepted": v["accepted"],
+             "refused_for_load": sum(v["refused"].values()),
+             "refused_pending_full": v["refused"].get("pending_full", 0),
+             "refused_client_rate": v["refused"].get("client_rate", 0)}
+            for n, v in sorted(rows.items(), key=lambda kv: label(kv[0]) or "")]
 
 
 def _remp_marlin_summary(parts: dict, delivery: dict, per_proto: dict) -> dict:

@@ -26,7 +26,7 @@ async def test_remp_segment_start_drive_stop(tmp_path):
                       start_timeout=90.0, grace=5.0)
     await seg.start()
     try:
-        assert len(seg.daemons()) == 5 and all(d.alive() for d in seg.daemons())
+        assert len(seg.daemons()) == 6 and all(d.alive() for d in seg.daemons())    # 2 full nodes
         # the race pairs' wallets neither send nor receive the generated transfers (a credit
         # could cover a pair's second message when it is taken up again after the kill)
         good, _, races = seg._messages()
@@ -53,9 +53,12 @@ async def test_remp_segment_start_drive_stop(tmp_path):
     assert c["rejected"] >= 2                                       # one of each race pair
     lines = [json.loads(x) for x in (tmp_path / "logs" / "demo-plan.jsonl").read_text().splitlines()]
     kinds = [x["event"] for x in lines]
-    assert kinds.count("demo.plan.node") == 5
+    assert kinds.count("demo.plan.node") == 6
     assert {x["attrs"]["target"] for x in lines if x["event"] == "demo.plan.node"} == {"v1", "v2", "v3", "v4",
-                                                                                         "fullnode1"}
+                                                                                         "fullnode1", "fullnode2"}
+    # the messages were spread over both full nodes, none left unplaced
+    placed = [n["placed"] for n in seg.sub.report()["nodes"].values()]
+    assert len(placed) == 2 and min(placed) >= 10 and c["unplaced"] == 0
     fault = [x for x in lines if x["event"] == "demo.plan.fault"]
     assert fault and fault[0]["attrs"]["target"] == "v3" and "demo.plan.recovered" in kinds
     assert kinds.index("demo.plan.fault") < kinds.index("demo.plan.recovered")

@@ -86,10 +86,10 @@ def parse_channel(value: str | None, block: bytes) -> int:
 #: Buckets (seconds) of marlin_consumer_rebuild_seconds: around the 1 s objective
 #: marlin-rebuild-p99 (spark/sla.toml). The objective's threshold must stay a bucket bound
 #: (tests/test_prom_rules.py).
+REBUILD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0)
 #: labelled counters exported at 0 before they first count (the alert rules' increase() of a
 #: series that appears at 1 would miss that first one)
 ZERO_LABELS = {"delivery_errors": ("dir", "redis")}
-REBUILD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0)
 
 
 class Metrics:

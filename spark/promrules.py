@@ -124,6 +124,9 @@ class HealthAlert:
     severity: str
     summary: str
     health: str          # the /health field it mirrors
+    trigger: tuple[str, str, str] = ("", "", "")
+    """unit test input: (series name, its extra labels, promtool values one per minute):
+    quiet through minute 2, firing at minute 5"""
 
 
 #: Daemons' jobs in the file_sd targets (deploy/prometheus.py) and prometheus.yml.
@@ -132,38 +135,49 @@ JOBS = 'job=~"rmb-.*|remp-.*|marlin-.*"'
 HEALTH: tuple[HealthAlert, ...] = (
     HealthAlert("RelaySuiteDaemonDown", f"up{{{JOBS}}} == 0", "15s", "page",
                 "{{ $labels.job }} {{ $labels.instance }} does not answer /metrics",
-                "a /health that does not answer"),
+                "a /health that does not answer",
+                trigger=("up", 'job="rmb-peer"', "1x2 0x6")),
     HealthAlert("RmbPeerRedisStalled", "rmb_peer_redis_write_wait_seconds >= 5", "0s", "page",
                 "rmb-peer {{ $labels.instance }}: a Redis write has waited 5 s or more",
-                "rmb-peer redis.stalled (write_wait_s >= --redis-stall-after, default 5 s)"),
+                "rmb-peer redis.stalled (write_wait_s >= --redis-stall-after, default 5 s)",
+                trigger=("rmb_peer_redis_write_wait_seconds", 'job="rmb-peer"', "0x2 1 6x5")),
     HealthAlert("RmbPeerReadsPaused", "rmb_peer_reads_paused == 1", "30s", "ticket",
                 "rmb-peer {{ $labels.instance }}: reading relays and local queues is paused "
-                "for Redis (backpressure)", "rmb-peer redis.reads_paused"),
+                "for Redis (backpressure)", "rmb-peer redis.reads_paused",
+                trigger=("rmb_peer_reads_paused", 'job="rmb-peer"', "0x2 1x6")),
     HealthAlert("RmbPeerNoRelay", "rmb_peer_relays_connected == 0", "30s", "page",
-                "rmb-peer {{ $labels.instance }}: no relay connection is up", "rmb-peer ok = a relay is up"),
+                "rmb-peer {{ $labels.instance }}: no relay connection is up", "rmb-peer ok = a relay is up",
+                trigger=("rmb_peer_relays_connected", 'job="rmb-peer"', "2x2 0x6")),
     HealthAlert("RmbRelayRedisDown", "rmb_relay_redis_down_seconds > 0", "10s", "page",
                 "rmb-relay {{ $labels.instance }}: Redis does not answer (offline queue unavailable)",
-                "rmb-relay redis.answering / redis.down_s"),
+                "rmb-relay redis.answering / redis.down_s",
+                trigger=("rmb_relay_redis_down_seconds", 'job="rmb-relay"', "0x2 3+60x6")),
     HealthAlert("RmbTwinRecordsStale",
                 'increase(rmb_relay_twin_stale_served_total[5m]) > 0 '
                 'or increase(rmb_peer_events_total{kind="twin_stale"}[5m]) > 0', "0s", "ticket",
                 "{{ $labels.job }} {{ $labels.instance }}: twin records served past their TTL "
-                "(the twin registry is unreachable)", "twin registry stale"),
+                "(the twin registry is unreachable)", "twin registry stale",
+                trigger=("rmb_peer_events_total", 'job="rmb-peer", kind="twin_stale"', "0x2 1x6")),
     HealthAlert("RmbRelayQueueFull", "increase(rmb_relay_queue_full_total[5m]) > 0", "0s", "ticket",
                 "rmb-relay {{ $labels.instance }}: envelopes refused, an offline queue is full",
-                "offline queue full"),
+                "offline queue full",
+                trigger=("rmb_relay_queue_full_total", 'job="rmb-relay", via="peer"', "0x2 4x6")),
     HealthAlert("RmbRelayCapacityRefused", "increase(rmb_relay_capacity_refused_total[5m]) > 0", "0s",
                 "ticket", "rmb-relay {{ $labels.instance }}: handshakes refused with 503 near the fd limit "
-                "(backpressure)", "capacity (503 Retry-After)"),
+                "(backpressure)", "capacity (503 Retry-After)",
+                trigger=("rmb_relay_capacity_refused_total", 'job="rmb-relay"', "0x2 1x6")),
     HealthAlert("RempStoreFailing", 'increase(remp_errors_total{where="store"}[5m]) > 0', "0s", "page",
                 "{{ $labels.job }} {{ $labels.instance }}: store writes fail (the API answers 503)",
-                "remp store_failures"),
+                "remp store_failures",
+                trigger=("remp_errors_total", 'job="remp-fullnode", where="store"', "0x2 1x6")),
     HealthAlert("RempRedisStreamNotAppended", "increase(remp_redis_not_appended_total[5m]) > 0", "0s",
                 "ticket", "remp-fullnode {{ $labels.instance }}: statuses not appended to the Redis "
-                "stream (Redis unreachable or backlog full)", "remp redis.connected / redis.backlog"),
+                "stream (Redis unreachable or backlog full)", "remp redis.connected / redis.backlog",
+                trigger=("remp_redis_not_appended_total", 'job="remp-fullnode"', "0x2 10x6")),
     HealthAlert("MarlinDeliveryErrors", "increase(marlin_delivery_errors_total[5m]) > 0", "0s", "ticket",
                 "marlin consumer {{ $labels.instance }}: rebuilt blocks an output could not take",
-                "marlin delivery_errors"),
+                "marlin delivery_errors",
+                trigger=("marlin_delivery_errors_total", 'job="marlin-consumer", output="redis"', "0x2 1x6")),
 )
 
 
@@ -312,7 +326,7 @@ def unit_tests(sla: dict, rule_file: str = RULES_FILE) -> dict:
     """promtool test file: per objective, a healthy series fires nothing; an outage (from
     minute 60 no event is good: all slow or all failed) fires the fast-burn alert within
     15 minutes and not at minute 62; a 10% degradation fires the slow-burn alert, not the
-    fast one. Health alerts: a scrape target down, a stalled Redis write."""
+    fast one. Each health alert: quiet at minute 2, firing at minute 5 on its trigger series."""
     got, _ = expressible(sla)
     tests = []
     for o, src in got:
@@ -338,28 +352,22 @@ def unit_tests(sla: dict, rule_file: str = RULES_FILE) -> dict:
                           {"eval_time": "2h", "alertname": f"{name}BudgetBurnFast", "exp_alerts": []},
                           {"eval_time": "2h", "alertname": f"{name}BudgetBurnSlow",
                            "exp_alerts": [exp("Slow", "6h/30m")]}]})
-    down = {h.name: h for h in HEALTH}
-    inst = {"job": "rmb-peer", "instance": "127.0.0.1:9001"}
-    tests.append({"interval": "1m", "input_series": [
-        {"series": 'up{job="rmb-peer", instance="127.0.0.1:9001"}', "values": "1x2 0x5"}],
-        "alert_rule_test": [
-            {"eval_time": "2m", "alertname": "RelaySuiteDaemonDown", "exp_alerts": []},
-            {"eval_time": "4m", "alertname": "RelaySuiteDaemonDown", "exp_alerts": [
-                {"exp_labels": {**inst, "severity": "page"},
-                 "exp_annotations": {"summary": "rmb-peer 127.0.0.1:9001 does not answer /metrics",
-                                     "health": down["RelaySuiteDaemonDown"].health,
-                                     "runbook": RUNBOOK}}]}]})
-    tests.append({"interval": "1m", "input_series": [
-        {"series": 'rmb_peer_redis_write_wait_seconds{job="rmb-peer", instance="127.0.0.1:9001"}',
-         "values": "0x2 1 6 0"}],
-        "alert_rule_test": [
-            {"eval_time": "3m", "alertname": "RmbPeerRedisStalled", "exp_alerts": []},
-            {"eval_time": "5m", "alertname": "RmbPeerRedisStalled", "exp_alerts": []},
-            {"eval_time": "4m", "alertname": "RmbPeerRedisStalled", "exp_alerts": [
-                {"exp_labels": {**inst, "severity": "page"},
-                 "exp_annotations": {"summary": "rmb-peer 127.0.0.1:9001: a Redis write has waited 5 s or more",
-                                     "health": down["RmbPeerRedisStalled"].health,
-                                     "runbook": RUNBOOK}}]}]})
+    for h in HEALTH:
+        series, labels, values = h.trigger
+        lab = dict(kv.split("=", 1) for kv in labels.split(", "))
+        lab = {k: v.strip('"') for k, v in lab.items()}
+        lab["instance"] = "127.0.0.1:9001"
+        text = ", ".join(f'{k}="{v}"' for k, v in lab.items())
+        summary = h.summary
+        for k in ("job", "instance"):
+            summary = summary.replace(f"{{{{ $labels.{k} }}}}", lab[k])
+        tests.append({"interval": "1m", "input_series": [{"series": f"{series}{{{text}}}", "values": values}],
+                      "alert_rule_test": [
+                          {"eval_time": "2m", "alertname": h.name, "exp_alerts": []},
+                          {"eval_time": "5m", "alertname": h.name, "exp_alerts": [
+                              {"exp_labels": {**lab, "severity": h.severity},
+                               "exp_annotations": {"summary": summary, "health": h.health,
+                                                   "runbook": RUNBOOK}}]}]})
     return {"rule_files": [rule_file], "evaluation_interval": "1m", "tests": tests}
 
 

@@ -5,11 +5,11 @@ with a region partitioned and healed while they carry traffic, every outcome acc
     (CLI: python -m deploy.testnet --topology wan --job remp,marlin,rmb)
 
 What runs where (node names are placed by the topology's [placement]):
-- REMP: the main job's REMP segment (remp_node/localnet.py RempSegment: real wallet and
+- REMP: the main job's REMP segment (deploy/remp_segment.py RempSegment: real wallet and
   recorded messages, collator rejects, a validator SIGKILLed and restarted) with its
   network file rewritten so validator i and the full node listen on their namespace's
   address; labels "v1".., "fullnode1".
-- Marlin: the main job's Marlin segment (marlin_cluster/localnet.py MarlinSegment: blocks
+- Marlin: the main job's Marlin segment (deploy/marlin_segment.py MarlinSegment: blocks
   from ../shared/data, a member SIGKILLed and restarted, a corrupted block that must be
   disputed), node hosts rewritten likewise; names "producer", "c<i>m<j>", "consumer<k>".
 - RMB: registry, relay1, relay2 (federated), twins alice (client), bob and carol (an echo
@@ -42,7 +42,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from deploy.daemons import Daemon, LaunchError, script
+from daemon_runtime.daemons import Daemon, LaunchError, script
 from deploy.segments import Plan
 from deploy.testnet import Testnet, TestnetError, Topology
 
@@ -55,7 +55,8 @@ SHARED_DATA = Path(os.environ.get("RELAYSUITE_SHARED_DATA",
 DEFAULTS = {
     "remp": {"shards": 2, "validators_per_shard": 4, "wallet_messages": 20, "collator_rejects": 2,
              "mc_catchain_lifetime": 20.0, "block_interval": 0.2, "master_block_interval": 0.1,
-             "kill": "v3", "kill_after": 6.0, "kill_for": 3.0, "deadline": 180.0, "rate": 10.0},
+             "kill": "v3", "kill_after": 6.0, "kill_for": 3.0, "deadline": 180.0, "rate": 10.0,
+             "fullnodes": 1},
     "marlin": {"clusters": 3, "members": 2, "kill": "c2m1", "kill_at": 0.5, "kill_duration": 3.0,
                "deadline": 150.0, "interval": 0.5, "tolerable_latency": 30, "max_clock_skew": 2},
     "rmb": {"requests": 40, "ttl": 40, "interval": 0.25},
@@ -101,11 +102,12 @@ def _events(paths, event: str | None = None) -> list[dict]:
 
 def remp_labels(cfg: dict) -> list[str]:
     n = int(cfg["shards"]) * int(cfg["validators_per_shard"])
-    return [f"v{i}" for i in range(1, n + 1)] + ["fullnode1"]
+    return [f"v{i}" for i in range(1, n + 1)] + [f"fullnode{i}" for i in range(1, int(cfg.get("fullnodes", 1)) + 1)]
 
 
 def _make_remp_segment(net: Testnet, cfg: dict, workdir: Path, plan: Plan, timeout: float, grace: float):
-    from remp_node.localnet import LocalNet, RempSegment
+    from deploy.remp_segment import RempSegment
+    from remp_node.localnet import LocalNet
     from remp_node.netfiles import load_network
 
     class NsLocalNet(LocalNet):
@@ -134,6 +136,10 @@ def _make_remp_segment(net: Testnet, cfg: dict, workdir: Path, plan: Plan, timeo
         def api(self) -> str:
             return self.http("fullnode1")
 
+        @property
+        def apis(self) -> list[str]:
+            return [self.http(label) for label in self.fullnode_labels()]
+
         def http(self, label: str) -> str:
             return net.url(label, self.daemons[label].info["port"])
 
@@ -141,7 +147,7 @@ def _make_remp_segment(net: Testnet, cfg: dict, workdir: Path, plan: Plan, timeo
                       start_timeout=timeout, grace=grace)
     old = seg.local
     seg.local = NsLocalNet(old.workdir, shards=old.shards, validators_per_shard=old.vps,
-                           masterchain_validators=old.mcv, mc_catchain_lifetime=old.lifetime,
+                           masterchain_validators=old.mcv, fullnodes=old.fullnodes, mc_catchain_lifetime=old.lifetime,
                            block_interval=old.block_interval, master_block_interval=old.master_block_interval,
                            ext_messages=old.ext_messages, start_timeout=timeout, grace=grace,
                            genesis_delay=8.0 + 0.6 * len(remp_labels(cfg)))
@@ -179,7 +185,8 @@ def marlin_names(cfg: dict) -> list[str]:
 
 def _make_marlin_segment(net: Testnet, cfg: dict, workdir: Path, plan: Plan, timeout: float, grace: float):
     from deploy.launcher import corrupted_block, default_blocks
-    from marlin_cluster.localnet import MarlinNet, MarlinSegment
+    from deploy.marlin_segment import MarlinSegment
+    from marlin_cluster.localnet import MarlinNet
 
     class NsMarlinNet(MarlinNet):
         """MarlinNet whose nodes listen on their namespace's address and run inside it."""

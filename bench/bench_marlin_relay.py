@@ -1,6 +1,6 @@
 """Marlin relay latency and sustained rate: a 1 MiB block producer -> member -> member ->
 consumer on loopback through the real transport (LPF over TCP) and the real cores, against
-a raw TCP relay of the same bytes along the same hops (issue #9 must-show 5).
+a raw TCP relay of the same bytes along the same hops (the baseline measured in the same run).
 
     .venv/bin/python bench/bench_marlin_relay.py [--blocks 200] [--short]
 
@@ -586,34 +586,18 @@ async def rate_run(path: MarlinPath, rate: float, seconds: float, size: int) -> 
     return pct(lat, 99), ok, n
 
 
-def _git_commit() -> str:
-    import subprocess
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def write_result(args, figures: dict, baseline: dict, ratio: dict) -> Path | None:
+    """One result in bench/results/ through the shared writer (bench/result_file.py); nested
+    figure dicts are flattened to dotted names ("cpu_ms_per_block.consumer")."""
+    from result_file import write_result as write_one      # bench/ is sys.path[0] as a script
 
-
-def write_result(args, figures: dict, baseline: dict, ratio: dict) -> Path:
-    """bench/results/marlin_relay-<UTC timestamp>.json with command, commit, date, cores,
-    loadavg, figures, baseline, ratio."""
-    import datetime
-    import json
-    now = datetime.datetime.now(datetime.timezone.utc)
-    out_dir = Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    path = out_dir / f"marlin_relay-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps({
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": _git_commit(),
-        "date": now.isoformat(timespec="seconds"), "cores": os.cpu_count(),
-        "loadavg": [round(x, 2) for x in os.getloadavg()], "figures": figures, "baseline": baseline,
-        "ratio": ratio}, indent=2) + "\n")
-    return path
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in (d or {}).items():
+            key = f"{prefix}{k}".replace(" ", "_")
+            out.update(flat(v, key + ".") if isinstance(v, dict) else {key: v})
+        return out
+    return write_one("marlin_relay", flat(figures), flat(baseline), flat(ratio))
 
 
 async def main_async(args) -> None:

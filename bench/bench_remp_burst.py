@@ -29,41 +29,28 @@ import asyncio
 import base64
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp  # noqa: E402
-import psutil  # noqa: E402
 
 from remp_node.keys import NodeKey  # noqa: E402
 from remp_node.localnet import LocalNet  # noqa: E402
 from remp_node.state import make_wallet_message  # noqa: E402
+
+from bench_remp_daemon import cpu_s  # noqa: E402  (bench/ is sys.path[0] as a script)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: the defect report's figures (3,000 messages, 1 x 4, 2-core machine, main 8ab7959)
 REPORTED_BASELINE = {"accepted": 3000, "finalized": 426, "timeouts": 2574, "receipt_packets_refused": 38716,
                      "time_all_final_s": 240.0, "source": "defect report, main 8ab7959"}
-
-
-def cpu_s(ln: LocalNet) -> dict[str, float]:
-    out = {}
-    for label, d in ln.daemons.items():
-        if d.proc is None:
-            continue
-        try:
-            t = psutil.Process(d.proc.pid).cpu_times()
-            out[label] = t.user + t.system
-        except psutil.Error:
-            pass
-    return out
 
 
 def transfers(net, count: int) -> list[bytes]:

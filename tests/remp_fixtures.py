@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 from pytoniq_core import Cell, MessageAny
@@ -131,3 +132,17 @@ def has_main_sequence(kinds: list[str]) -> bool:
     """True iff `kinds` contains the five main-sequence kinds in order (others may interleave)."""
     it = iter(kinds)
     return all(any(k == want for k in it) for want in KIND_SEQUENCE)
+
+
+def transfers(net, n: int, nonce0: int = 0) -> list[bytes]:
+    """`n` signed wallet transfers (workchain 0) from the wallets of a LocalNet's network
+    (`net.wallets()`), each to itself, valid for an hour; distinct by `nonce0 + i`."""
+    from remp_node.state import make_wallet_message
+    ws = [w for w in net.wallets() if w["workchain"] == 0]
+    out = []
+    for i in range(n):
+        w = ws[i % len(ws)]
+        k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
+        out.append(make_wallet_message(k, w["address"], w["address"], 1 + i, int(time.time()) + 3600,
+                                       nonce=nonce0 + i))
+    return out

@@ -13,22 +13,12 @@ import time
 import aiohttp
 import pytest
 
-from remp_node.keys import NodeKey
 from remp_node.localnet import LocalNet
-from remp_node.state import make_wallet_message
+from tests.remp_fixtures import transfers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def transfers(net, n: int, nonce0: int) -> list[bytes]:
-    ws = [w for w in net.wallets() if w["workchain"] == 0]
-    out = []
-    for i in range(n):
-        w = ws[i % len(ws)]
-        k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
-        out.append(make_wallet_message(k, w["address"], w["address"], 1 + i, int(time.time()) + 3600,
-                                       nonce=nonce0 + i))
-    return out
 
 
 async def test_full_node_at_its_bound_refuses_with_retry_after_and_retried_messages_finalize(tmp_path):

@@ -12,9 +12,8 @@ import aiohttp
 import pytest
 import redis
 
-from remp_node.keys import NodeKey
 from remp_node.localnet import LocalNet
-from remp_node.state import make_wallet_message
+from tests.remp_fixtures import transfers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -22,15 +21,6 @@ ORDER = ["SentToValidators", "PutIntoQueue", "AcceptedByQueue", "IncludedIntoBlo
          "IncludedIntoAcceptedBlock", "Finalized"]
 
 
-def transfers(net, n, nonce0=0):
-    ws = [w for w in net.wallets() if w["workchain"] == 0]
-    out = []
-    for i in range(n):
-        w = ws[i % len(ws)]
-        k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
-        out.append(make_wallet_message(k, w["address"], w["address"], 1 + i, int(time.time()) + 3600,
-                                       nonce=nonce0 + i))
-    return out
 
 
 async def gql_ws(session, url):

@@ -28,20 +28,12 @@ from pytoniq_core import Cell
 
 from remp_node.keys import NodeKey
 from remp_node.localnet import LocalNet
+from tests.test_remp_daemons import wait_for
 from remp_node.state import make_wallet_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SESSION = 20.0          # the demo's mc_catchain_lifetime (deploy/cluster.toml [remp])
-
-
-async def wait_for(pred, timeout: float, every: float = 0.5):
-    end = time.monotonic() + timeout
-    while True:
-        v = await pred()
-        if v or time.monotonic() > end:
-            return v
-        await asyncio.sleep(every)
 
 
 def transfer(net, workchain: int, nonce: int) -> bytes:

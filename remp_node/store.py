@@ -88,6 +88,16 @@ def _run_epoch(db: sqlite3.Connection, path: Path, now_us: int) -> int:
         raise StoreError(f"{path}: {exc}") from None
 
 
+def _rolled_back(db: sqlite3.Connection, path, exc: sqlite3.Error) -> StoreError:
+    """Roll back the open transaction of `db` (a failed rollback changes nothing: SQLite has
+    already ended it) and return the StoreError naming the file and the cause."""
+    try:
+        db.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
+    return StoreError(f"{path}: {exc}")
+
+
 class ValidatorStore:
     """ValidatorStore(data_dir). load() -> ValidatorJournal; write(entries) commits them in
     one fsynced transaction (call before sending the datagrams they precede)."""
@@ -173,11 +183,7 @@ class ValidatorStore:
             self._outbox_run(run_kind, run)
             self.db.execute("COMMIT")
         except sqlite3.Error as exc:
-            try:
-                self.db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise StoreError(f"{self.path}: {exc}") from None
+            raise _rolled_back(self.db, self.path, exc) from None
         self.writes += 1
         return len(entries)
 
@@ -256,11 +262,7 @@ class FullnodeStore:
                                     "WHERE id = ?", outcomes)
             self.db.execute("COMMIT")
         except sqlite3.Error as exc:      # kept for the next commit (the step sent nothing)
-            try:
-                self.db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise StoreError(f"{self.path}: {exc}") from None
+            raise _rolled_back(self.db, self.path, exc) from None
         self._rows, self._outcomes = [], []
         return len(rows) + len(outcomes)
 
@@ -303,11 +305,7 @@ class FullnodeStore:
             self.db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in ids])
             self.db.execute("COMMIT")
         except sqlite3.Error as exc:
-            try:
-                self.db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise StoreError(f"{self.path}: {exc}") from None
+            raise _rolled_back(self.db, self.path, exc) from None
         return ids
 
     def statuses(self, mid: bytes) -> list[dict]:

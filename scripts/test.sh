@@ -24,4 +24,8 @@ if [ "${#apt_missing[@]}" -gt 0 ] && [ -z "${RELAYSUITE_NO_APT:-}" ] \
     >"$VENV/setup-apt.log" 2>&1 \
     || echo "setup: note: ${apt_missing[*]} not installed (see $VENV/setup-apt.log); the tests that need them will skip" >&2
 fi
-exec python -m pytest -q -p no:cacheprovider "$@"
+# two pytest workers (pytest-xdist): most of the suite's wall time is daemons waiting on
+# each other (sessions, retries), not CPU; tests that share one machine-wide resource (the
+# namespace testnet) carry the same xdist_group and run on one worker.
+# RELAYSUITE_TEST_WORKERS=0 runs everything in one process.
+exec python -m pytest -q -p no:cacheprovider -n "${RELAYSUITE_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -58,3 +58,12 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The namespace testnet is one per machine (deploy/testnet.py takes a lock): every test
+    of a tests/test_testnet*.py module runs on the same pytest-xdist worker
+    (`--dist loadgroup`, scripts/test.sh)."""
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1].startswith("test_testnet"):
+            item.add_marker(pytest.mark.xdist_group("netns"))

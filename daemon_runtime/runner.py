@@ -1,0 +1,240 @@
+"""The one loop every daemon runs around its sans-I/O core (DESIGN.md section 2: cores do
+no I/O and read no clock; adapters are thin), shaped like aioquic's asyncio protocol
+(`aioquic/asyncio/protocol.py`: feed an input, transmit, drain events, re-arm one timer).
+
+    runner = CoreRunner(core, executors={SendFrame: send, LookupTwin: lookup},
+                        on_event=catalogue_hook, log=bug_line, bug_metric=bugs.inc,
+                        name="rmb-peer")
+    runner.feed(core.receive_frame, frame, peer)   # core.receive_frame(frame, peer, now=now)
+    runner.pump()                                  # after any input fed another way
+    runner.close()                                 # on shutdown (or: await runner.aclose())
+
+The core (`Core` below) takes its inputs as its own methods with a `now` keyword, and hands
+its outputs back, in order, from `next_event()` (None when there are none left): commands
+(things the adapter must do: write a frame, start a lookup) and events (things that
+happened: logged and counted). One `get_timer()` deadline says when it next wants
+`handle_timer(now)`.
+
+A pass (`pump()`): the `drain` hooks run first, each called as `hook(now)` (for cores that
+hand out some output another way, e.g. Marlin's `frames_to_send(now)` and `next_job()`);
+then every item of `next_event()` is dispatched by its exact type (the MRO is walked once
+per type, the answer cached): to the executor registered for it (commands) or, when none
+is, to `on_event` (events: the protocol's catalogue turns one into log lines and metrics);
+an item nobody takes is a bug. An executor that returns an awaitable gets it run as a
+tracked task. Then the timer is re-armed.
+
+The clock rule (one for every daemon): a core's `now` is unix seconds from the wall clock
+(`time.time()`, the runner's `wall`), because cores compare it with timestamps carried on
+the wire (attestations, envelope expiry, receipts) that other machines wrote; a core's
+deadline (`get_timer()`) is therefore unix seconds too. The runner arms its one asyncio
+timer on the loop's monotonic clock with the delay `deadline - now` (never negative), so a
+wall-clock step moves at most the timer that is armed when it happens. Rate limiting of the
+bug log uses the loop's monotonic clock.
+
+The guard (one for every daemon): `bug(exc, where)` counts the exception (`bug_metric()`)
+and writes one log line per (where, exception type) per `bug_window` seconds through
+`daemon_runtime.ratelimit.LogLimiter`; the daemon continues. Exceptions of an executor,
+an `on_event` hook, a drain hook, `next_event`/`get_timer`, `handle_timer` and of a
+spawned task go to it. `feed` lets the input's own exception propagate (after the pass):
+the adapter's input boundary decides whether it is a remote error (a counted drop) or a
+bug.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+import time
+import traceback
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, runtime_checkable
+
+from .ratelimit import LogLimiter
+
+__all__ = ["Core", "CoreRunner", "BUG_WINDOW"]
+
+#: seconds: at most one bug line per (where, exception type) per window (the rest counted)
+BUG_WINDOW = 5.0
+
+
+@runtime_checkable
+class Core(Protocol):
+    """What the runner needs of a sans-I/O core (its inputs are its own methods taking
+    `now`, unix seconds)."""
+
+    def next_event(self) -> Any | None:
+        """The next command or event, in the order the core produced them; None: none left."""
+
+    def get_timer(self) -> float | None:
+        """Unix seconds at which `handle_timer` is next due; None: no timer."""
+
+    def handle_timer(self, now: float) -> None:
+        """Whatever was due by `now` (unix seconds); called at or after `get_timer()`."""
+
+
+def _default_log(name: str) -> Callable[[str, BaseException], None]:
+    def log(where: str, exc: BaseException) -> None:
+        print(f"{name} bug (daemon continues): " + "".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__)), file=sys.stderr, flush=True)
+    return log
+
+
+class CoreRunner:
+    """CoreRunner(core, *, executors={Type: fn(item)}, on_event=fn(event) | None,
+    log=fn(where, exc) | None, bug_metric=fn() | None, name="daemon", drain=(fn(now), ...),
+    wall=time.time, bug_window=BUG_WINDOW): see the module doc.
+
+    Must be built on the running loop (it arms timers there). `log` writes the one bug line
+    (default: the traceback on stderr, prefixed "<name> bug (daemon continues): ");
+    `bug_metric` counts every bug, logged or not."""
+
+    def __init__(self, core: Core, *, executors: Mapping[type, Callable[[Any], Any]] | None = None,
+                 on_event: Callable[[Any], Any] | None = None,
+                 log: Callable[[str, BaseException], None] | None = None,
+                 bug_metric: Callable[[], None] | None = None, name: str = "daemon",
+                 drain: Iterable[Callable[[float], None]] = (),
+                 wall: Callable[[], float] = time.time, bug_window: float = BUG_WINDOW):
+        self.core = core
+        self.name = name
+        self.executors = dict(executors or {})
+        self.on_event = on_event
+        self.log = log or _default_log(name)
+        self.bug_metric = bug_metric
+        self.drain = list(drain)
+        self.wall = wall
+        self.loop = asyncio.get_running_loop()
+        self.tasks: set[asyncio.Task] = set()
+        self._handlers: dict[type, Callable[[Any], Any]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline: float | None = None
+        self._soon = False
+        self._closed = False
+        self._limit = LogLimiter(burst=1, window=bug_window)
+
+    # ------------------------------------------------------------------ inputs
+    def now(self) -> float:
+        """The core's `now`: unix seconds (the clock rule)."""
+        return self.wall()
+
+    def feed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args, now=now) (an input method of the core), then a pass. Returns what fn
+        returns; fn's exception propagates, after the pass."""
+        try:
+            return fn(*args, now=self.wall())
+        finally:
+            self.pump()
+
+    # ------------------------------------------------------------------ the pass
+    def pump(self) -> None:
+        """Drain hooks, dispatch every item of next_event(), re-arm the timer. Never raises."""
+        core = self.core
+        try:
+            if self.drain:
+                now = self.wall()
+                for hook in self.drain:
+                    hook(now)
+            next_event = core.next_event
+            handlers = self._handlers
+            while (item := next_event()) is not None:
+                handler = handlers.get(type(item)) or self._resolve(type(item))
+                try:
+                    result = handler(item)
+                    if result is not None and inspect.isawaitable(result):
+                        self.spawn(result)
+                except Exception as exc:
+                    self.bug(exc, type(item).__name__)
+            deadline = core.get_timer()
+        except Exception as exc:
+            self.bug(exc, "pump")
+            return
+        if deadline != self._deadline and not self._closed:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._deadline = deadline
+            if deadline is not None:
+                self._timer = self.loop.call_later(max(0.0, deadline - self.wall()), self._fire)
+
+    def pump_soon(self) -> None:
+        """One pass once the running callback or task yields (several calls, one pass): for
+        an input read in slices, so a slice's output is dispatched once."""
+        if not self._soon:
+            self._soon = True
+            self.loop.call_soon(self._pump_deferred)
+
+    def _pump_deferred(self) -> None:
+        self._soon = False
+        self.pump()
+
+    def _resolve(self, t: type) -> Callable[[Any], Any]:
+        for base in t.__mro__:
+            fn = self.executors.get(base)
+            if fn is not None:
+                break
+        else:
+            fn = self.on_event if self.on_event is not None else self._unhandled
+        self._handlers[t] = fn
+        return fn
+
+    def _unhandled(self, item: Any) -> None:
+        raise LookupError(f"{self.name}: no executor for {type(item).__name__} and no on_event")
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._deadline = None
+        try:
+            self.core.handle_timer(self.wall())
+        except Exception as exc:
+            self.bug(exc, "timer")
+        self.pump()
+
+    @property
+    def deadline(self) -> float | None:
+        """The armed timer's deadline (unix seconds), None when none is armed."""
+        return self._deadline
+
+    # ------------------------------------------------------------------ tasks
+    def spawn(self, aw: Awaitable[Any]) -> asyncio.Task:
+        """Run `aw` as a task the runner keeps until it ends; its exception goes to the
+        guard and is followed by a pass (what the core emitted before it is dispatched)."""
+        task = asyncio.ensure_future(aw, loop=self.loop)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        coro = getattr(task, "get_coro", lambda: None)()
+        self.bug(task.exception(), f"task {getattr(coro, '__name__', '?')}")
+        if not self._closed:
+            self.pump()
+
+    # ------------------------------------------------------------------ the guard
+    def bug(self, exc: BaseException, where: str = "loop") -> None:
+        """The guard: count, one rate-limited log line, the daemon continues. Never raises."""
+        try:
+            if self.bug_metric is not None:
+                self.bug_metric()
+            if self._limit.allow((where, type(exc).__name__), time.monotonic())[0]:
+                self.log(where, exc)
+        except Exception:   # a broken log sink must not take the daemon down
+            pass
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Cancel the timer and every task; no timer is armed afterwards."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._deadline = None
+        for t in list(self.tasks):
+            t.cancel()
+
+    async def aclose(self) -> None:
+        """close(), then wait for the cancelled tasks to end."""
+        tasks = list(self.tasks)
+        self.close()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,238 @@
+"""daemon_runtime.runner.CoreRunner around a tiny sans-I/O core (a real core, not a mock of
+the runner): dispatch by type, order, timer re-arm and cancel, the guard, async executors."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from daemon_runtime.runner import Core, CoreRunner
+
+
+@dataclass
+class Send:
+    data: bytes
+
+
+@dataclass
+class UrgentSend(Send):
+    pass
+
+
+@dataclass
+class Lookup:
+    key: str
+
+
+@dataclass
+class Happened:
+    what: str
+
+
+class EchoCore:
+    """Echoes every datagram as a Send, announces it as Happened; `wake_at(t, now)` asks for
+    the timer at t; at the timer it emits Happened("timer"). No I/O, no clock."""
+
+    def __init__(self):
+        self.out: list = []
+        self.timer: float | None = None
+        self.fired: list[float] = []
+        self.nows: list[float] = []
+
+    def receive(self, data: bytes, *, now: float) -> int:
+        self.nows.append(now)
+        if data == b"bad":
+            raise ValueError("bad datagram")
+        self.out.append(UrgentSend(data) if data.startswith(b"!") else Send(data))
+        self.out.append(Happened(f"got {data!r}"))
+        return len(data)
+
+    def lookup(self, key: str, *, now: float) -> None:
+        self.out.append(Lookup(key))
+
+    def wake_at(self, t: float | None, *, now: float) -> None:
+        self.timer = t
+
+    def next_event(self):
+        return self.out.pop(0) if self.out else None
+
+    def get_timer(self) -> float | None:
+        return self.timer
+
+    def handle_timer(self, now: float) -> None:
+        self.fired.append(now)
+        if self.timer is not None and now >= self.timer:
+            self.timer = None
+            self.out.append(Happened("timer"))
+
+
+class Wall:
+    def __init__(self, t: float = 1_700_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(core, **kw):
+    lines: list[tuple[str, str]] = []
+    bugs: list[int] = []
+    done: list = []
+    kw.setdefault("executors", {Send: done.append})
+    kw.setdefault("on_event", done.append)
+    runner = CoreRunner(core, log=lambda where, exc: lines.append((where, type(exc).__name__)),
+                        bug_metric=lambda: bugs.append(1), name="test", **kw)
+    return runner, done, lines, bugs
+
+
+def test_the_core_satisfies_the_protocol():
+    assert isinstance(EchoCore(), Core)
+
+
+async def test_dispatch_by_type_in_order_and_subclasses_take_the_base_executor():
+    core = EchoCore()
+    runner, done, lines, bugs = make(core, wall=Wall())
+    assert runner.feed(core.receive, b"a") == 1
+    assert runner.feed(core.receive, b"!b") == 2
+    assert done == [Send(b"a"), Happened("got b'a'"), UrgentSend(b"!b"), Happened("got b'!b'")]
+    assert core.nows == [1_700_000_000.0] * 2      # now: the wall clock, as a keyword
+    assert runner._handlers[UrgentSend] is runner._handlers[Send]   # MRO walked once, cached
+    assert lines == [] and bugs == []
+
+
+async def test_an_item_nobody_takes_is_a_bug_and_the_pass_goes_on():
+    core = EchoCore()
+    runner, done, lines, bugs = make(core, on_event=None)
+    runner.feed(core.receive, b"a")
+    assert done == [Send(b"a")]
+    assert lines == [("Happened", "LookupError")] and bugs == [1]
+
+
+async def test_feed_propagates_the_inputs_error_after_the_pass():
+    core = EchoCore()
+    runner, done, lines, bugs = make(core)
+    core.out.append(Happened("before"))
+    with pytest.raises(ValueError):
+        runner.feed(core.receive, b"bad")
+    assert done == [Happened("before")]            # the pass ran anyway
+    assert bugs == []                               # the input boundary decides, not the guard
+
+
+async def test_executor_exceptions_are_counted_logged_once_per_window_and_the_daemon_continues():
+    core = EchoCore()
+
+    def send(item):
+        raise OSError("socket gone")
+
+    done: list = []
+    runner, _, lines, bugs = make(core, executors={Send: send}, on_event=done.append)
+    for i in range(5):
+        runner.feed(core.receive, b"x%d" % i)
+    assert len(bugs) == 5                          # every one counted
+    assert lines == [("Send", "OSError")]           # one line per (where, type) per window
+    assert [e.what for e in done] == [f"got b'x{i}'" for i in range(5)]   # the rest went on
+
+
+async def test_the_bug_window_lets_the_next_line_through_after_it_ends():
+    core = EchoCore()
+    runner, _, lines, bugs = make(core, executors={Send: lambda item: 1 / 0}, bug_window=0.01)
+    runner.feed(core.receive, b"a")
+    await asyncio.sleep(0.02)
+    runner.feed(core.receive, b"b")
+    assert lines == [("Send", "ZeroDivisionError")] * 2 and len(bugs) == 2
+
+
+async def test_the_timer_is_armed_at_the_core_deadline_on_the_loop_clock_and_fires():
+    core = EchoCore()
+    wall = Wall()
+    runner, done, lines, bugs = make(core, wall=wall)
+    loop = asyncio.get_running_loop()
+    runner.feed(core.wake_at, wall.t + 30.0)
+    assert runner.deadline == wall.t + 30.0
+    assert runner._timer.when() - loop.time() == pytest.approx(30.0, abs=1.0)   # deadline - now
+    runner.feed(core.wake_at, wall.t + 60.0)       # moved: the old timer is replaced
+    assert runner.deadline == wall.t + 60.0
+    assert runner._timer.when() - loop.time() == pytest.approx(60.0, abs=1.0)
+    runner.feed(core.wake_at, None)                # gone: cancelled
+    assert runner.deadline is None and runner._timer is None
+    runner.feed(core.wake_at, wall.t - 5.0)        # already due: delay 0
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert core.fired == [wall.t] and done[-1] == Happened("timer")
+    assert runner.deadline is None and runner._timer is None
+
+
+async def test_the_same_deadline_keeps_the_armed_timer():
+    core = EchoCore()
+    runner, *_ = make(core, wall=Wall())
+    runner.feed(core.wake_at, 2e9)
+    handle = runner._timer
+    runner.feed(core.receive, b"a")
+    assert runner._timer is handle
+
+
+async def test_handle_timer_errors_go_to_the_guard_and_the_timer_is_re_armed():
+    class Broken(EchoCore):
+        def handle_timer(self, now):
+            super().handle_timer(now)
+            raise RuntimeError("timer bug")
+
+    core = Broken()
+    wall = Wall()
+    runner, done, lines, bugs = make(core, wall=wall)
+    runner.feed(core.wake_at, wall.t)
+    core_timer = wall.t + 100.0
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert lines == [("timer", "RuntimeError")]
+    assert done == [Happened("timer")]             # what it emitted before is dispatched
+    runner.feed(core.wake_at, core_timer)
+    assert runner.deadline == core_timer
+    runner.close()
+    assert runner._timer is None
+
+
+async def test_async_executors_run_as_tracked_tasks_and_their_errors_go_to_the_guard():
+    core = EchoCore()
+    found: list[str] = []
+
+    async def lookup(item: Lookup) -> None:
+        await asyncio.sleep(0)
+        if item.key == "missing":
+            raise KeyError(item.key)
+        found.append(item.key)
+        runner.feed(core.receive, item.key.encode())   # the answer goes back as an input
+
+    done: list = []
+    runner, _, lines, bugs = make(core, executors={Lookup: lookup, Send: done.append}, on_event=done.append)
+    runner.feed(core.lookup, "alice")
+    runner.feed(core.lookup, "missing")
+    assert len(runner.tasks) == 2
+    await asyncio.gather(*list(runner.tasks), return_exceptions=True)
+    await asyncio.sleep(0)
+    assert found == ["alice"] and done[0] == Send(b"alice")
+    assert lines == [("task lookup", "KeyError")] and bugs == [1]
+    assert not runner.tasks
+
+
+async def test_drain_hooks_run_before_the_events_with_now():
+    core = EchoCore()
+    seen: list = []
+    runner, done, *_ = make(core, wall=Wall(5.0), drain=[lambda now: seen.append(("hook", now, list(done)))])
+    runner.feed(core.receive, b"a")
+    assert seen == [("hook", 5.0, [])] and len(done) == 2
+
+
+async def test_pump_soon_coalesces_and_close_cancels_tasks():
+    core = EchoCore()
+    runner, done, *_ = make(core)
+    core.out.append(Happened("one"))
+    runner.pump_soon()
+    runner.pump_soon()
+    assert done == []
+    await asyncio.sleep(0)
+    assert done == [Happened("one")]
+    task = runner.spawn(asyncio.sleep(3600))
+    await runner.aclose()
+    assert task.cancelled() and not runner.tasks

@@ -31,7 +31,7 @@ timer on the loop's monotonic clock with the delay `deadline - now` (never negat
 wall-clock step moves at most the timer that is armed when it happens. Rate limiting of the
 bug log uses the loop's monotonic clock.
 
-The guard (one for every daemon): `bug(exc, where)` counts the exception (`bug_metric()`)
+The guard (one for every daemon): `bug(exc, where, src)` counts the exception (`bug_metric()`)
 and writes one log line per (where, exception type) per `bug_window` seconds through
 `daemon_runtime.ratelimit.LogLimiter`; the daemon continues. Exceptions of an executor,
 an `on_event` hook, a drain hook, `next_event`/`get_timer`, `handle_timer` and of a
@@ -71,8 +71,8 @@ class Core(Protocol):
         """Whatever was due by `now` (unix seconds); called at or after `get_timer()`."""
 
 
-def _default_log(name: str) -> Callable[[str, BaseException], None]:
-    def log(where: str, exc: BaseException) -> None:
+def _default_log(name: str) -> Callable[[str, BaseException, str | None], None]:
+    def log(where: str, exc: BaseException, src: str | None) -> None:
         print(f"{name} bug (daemon continues): " + "".join(
             traceback.format_exception(type(exc), exc, exc.__traceback__)), file=sys.stderr, flush=True)
     return log
@@ -80,7 +80,7 @@ def _default_log(name: str) -> Callable[[str, BaseException], None]:
 
 class CoreRunner:
     """CoreRunner(core, *, executors={Type: fn(item)}, on_event=fn(event) | None,
-    log=fn(where, exc) | None, bug_metric=fn() | None, name="daemon", drain=(fn(now), ...),
+    log=fn(where, exc, src) | None, bug_metric=fn() | None, name="daemon", drain=(fn(now), ...),
     wall=time.time, bug_window=BUG_WINDOW): see the module doc.
 
     Must be built on the running loop (it arms timers there). `log` writes the one bug line
@@ -89,7 +89,7 @@ class CoreRunner:
 
     def __init__(self, core: Core, *, executors: Mapping[type, Callable[[Any], Any]] | None = None,
                  on_event: Callable[[Any], Any] | None = None,
-                 log: Callable[[str, BaseException], None] | None = None,
+                 log: Callable[[str, BaseException, str | None], None] | None = None,
                  bug_metric: Callable[[], None] | None = None, name: str = "daemon",
                  drain: Iterable[Callable[[float], None]] = (),
                  wall: Callable[[], float] = time.time, bug_window: float = BUG_WINDOW):
@@ -211,13 +211,15 @@ class CoreRunner:
             self.pump()
 
     # ------------------------------------------------------------------ the guard
-    def bug(self, exc: BaseException, where: str = "loop") -> None:
-        """The guard: count, one rate-limited log line, the daemon continues. Never raises."""
+    def bug(self, exc: BaseException, where: str = "loop", src: str | None = None) -> None:
+        """The guard: count, one rate-limited log line, the daemon continues. Never raises.
+        `where`: the entry point (rate-limit key with the exception type); `src`: where
+        the input came from (a peer, a queue), passed to `log` only."""
         try:
             if self.bug_metric is not None:
                 self.bug_metric()
             if self._limit.allow((where, type(exc).__name__), time.monotonic())[0]:
-                self.log(where, exc)
+                self.log(where, exc, src)
         except Exception:   # a broken log sink must not take the daemon down
             pass
 

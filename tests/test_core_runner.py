@@ -81,7 +81,7 @@ def make(core, **kw):
     done: list = []
     kw.setdefault("executors", {Send: done.append})
     kw.setdefault("on_event", done.append)
-    runner = CoreRunner(core, log=lambda where, exc: lines.append((where, type(exc).__name__)),
+    runner = CoreRunner(core, log=lambda where, exc, src: lines.append((where, type(exc).__name__)),
                         bug_metric=lambda: bugs.append(1), name="test", **kw)
     return runner, done, lines, bugs
 

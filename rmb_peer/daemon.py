@@ -28,11 +28,14 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
 - the event lines of one loop pass (the core's and the adapter's) are checked when
   emitted and written together at the end of the pass (_PassLog: EventLog.emit_many, one
   timestamp and one sink write per pass);
-- the clock rule: the core's `now` is loop.time() (timers); wire timestamps use the wall
-  clock through core.wall_offset;
-- one guard per entry point (relay frame, queue item, timer, task): an RMB remote error
-  (rmb_peer.errors.RmbRemoteError) is a logged drop, anything else a logged bug
-  (rmb.peer.rejected code 500) and the daemon goes on;
+- the loop is daemon_runtime.runner.CoreRunner: the core's commands go to the executors
+  in PeerDaemon._executors (one per command type), one timer, and its clock rule (the
+  core's `now` is wall-clock unix seconds from `clock`, time.time(); core.wall_offset
+  stays 0);
+- one guard (the runner's): at an input boundary (relay frame, queue item) an RMB remote
+  error (rmb_peer.errors.RmbRemoteError) is a logged drop; anything else, there or in the
+  timer, an executor or a task, is a logged bug (rmb.peer.rejected code 500, at most one
+  line per entry point and exception type per 5 s) and the daemon goes on;
 - at start (unless --no-update) the twin's relay domains and e2e pk are published to the
   registry (created when the account has no twin yet);
 - `READY {"twin": .., "relays": [...], "status_port": ..}` on stdout once a relay is
@@ -67,6 +70,7 @@ from daemon_runtime.eventlog import EventLog
 from daemon_runtime.lifecycle import use_event_loop
 from daemon_runtime.linkmodel import delay_transport
 from daemon_runtime.redis_server import reconnecting_redis
+from daemon_runtime.runner import CoreRunner
 from rmb_peer.core import (
     LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, LookupBacklog, LookupTwin, PeerCore,
     PushQueue, SendFrame, SendPing, StoreBacklog, DropBacklog, TWIN_MAX_STALE,
@@ -364,8 +368,8 @@ class _RegistryDown(Exception):
 
 class PeerDaemon:
     """The asyncio adapter around PeerCore (see the module docstring). `args` is the
-    namespace of parse_args(); `clock` gives wall-clock unix seconds (time.time) for wire
-    timestamps; timers run on the event loop's clock."""
+    namespace of parse_args(); `clock` gives wall-clock unix seconds (time.time), the
+    core's `now` (daemon_runtime.runner's clock rule)."""
 
     def __init__(self, args: argparse.Namespace, clock: Callable[[], float] = time.time):
         self.args = args
@@ -381,10 +385,7 @@ class PeerDaemon:
         self._conns: dict[str, _Conn] = {}
         self._http: aiohttp.ClientSession | None = None   # the relay connections' session
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._after_pending = False
+        self.runner: CoreRunner | None = None
         self._stopping = False
         self._connected = asyncio.Event()
         self.metrics = CollectorRegistry()
@@ -546,6 +547,8 @@ class PeerDaemon:
                              list(self.args.relay), log=self.log,
                              debug=self.args.log_level == "debug",
                              max_envelope=self.args.max_size)
+        self.runner = CoreRunner(self.core, executors=self._executors(), log=self._bug_line,
+                                 name="rmb-peer", wall=self.clock)
         self.core.twin_ttl = self.args.twin_cache_ttl
         self.core.twin_max_stale = self.args.twin_max_stale
         now = self._now()
@@ -568,7 +571,7 @@ class PeerDaemon:
         await self._start_status()
         status_runner = self._status_runner
         self.core.start(self._now())
-        self._after()
+        self.runner.pump()
         local = asyncio.get_running_loop().create_task(self._local_loop())
         try:
             try:
@@ -596,16 +599,14 @@ class PeerDaemon:
     async def _shutdown(self, local: asyncio.Task, status_runner) -> None:
         self._stopping = True
         local.cancel()
-        if self._timer is not None:
-            self._timer.cancel()
         for conn in list(self._conns.values()):
             try:
                 await asyncio.wait_for(conn.ws.close(code=1001, reason="rmb-peer shutting down"), 2.0)
             except (asyncio.TimeoutError, OSError, aiohttp.ClientError):
                 pass
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(local, *self._tasks, return_exceptions=True)
+        tasks = list(self.runner.tasks)
+        self.runner.close()
+        await asyncio.gather(local, *tasks, return_exceptions=True)
         if self._http is not None:
             await self._http.close()
         if self.writer is not None:
@@ -666,46 +667,61 @@ class PeerDaemon:
                           reason=f"{what} ({self.args.redis}, --redis): {exc!r}"[:200],
                           src="redis")
 
-    def _internal_error(self, what: str, where: str, exc: Exception) -> None:
-        if self.log is not None:
-            self.log.emit("rmb.peer.rejected", None, "error", code=500, src=where,
+    def _bug_line(self, what: str, exc: BaseException, src: str | None) -> None:
+        """The runner's bug line: rmb.peer.rejected, code 100 for an RMB remote error that
+        reached the guard (a drop), else code 500 (an internal error)."""
+        if self.log is None:
+            return
+        if isinstance(exc, RmbRemoteError):
+            self.log.emit("rmb.peer.rejected", None, "warning", code=100, src=src or what,
+                          reason=f"{what}: {exc}"[:200])
+        else:
+            self.log.emit("rmb.peer.rejected", None, "error", code=500, src=src or what,
                           reason=f"internal error on {what}: {type(exc).__name__}: {exc}"[:200])
 
     def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
+        """A task the runner tracks (its exception goes to the guard)."""
+        return self.runner.spawn(coro)
 
-    def _task_done(self, task: asyncio.Task) -> None:
-        """The task's guard: an exception that escaped a task is logged (never lost in
-        an unretrieved task), and the core's events it left are executed."""
-        self._tasks.discard(task)
-        if task.cancelled() or task.exception() is None:
-            return
-        self._guard(f"task {task.get_coro().__qualname__}", "task", task.exception())
-        if self.core is not None and not self._stopping:
-            self._after()
-
-    # ------------------------------------------------------------------ core plumbing
     def _now(self) -> float:
-        """The core's `now` (loop time, for timers); sets core.wall_offset so the core's
-        wire timestamps follow self.clock (the clock rule, DESIGN.md section 2)."""
-        now = self._loop.time()
-        if self.core is not None:
-            self.core.wall_offset = self.clock() - now
-        return now
+        """The core's `now`: wall-clock unix seconds (the runner's clock rule)."""
+        return self.clock()
 
-    def _guard(self, what: str, where: str, exc: BaseException) -> None:
-        """The one boundary policy of every entry point: an RMB remote error is a logged
-        drop (the core answers what it can itself), anything else a logged bug; the
-        daemon goes on either way."""
+    def _input_error(self, what: str, src: str, exc: Exception) -> None:
+        """An input boundary's guard: an RMB remote error is a logged drop, anything else
+        a bug (the runner's guard); the daemon goes on either way."""
         if isinstance(exc, RmbRemoteError):
             if self.log is not None:
-                self.log.emit("rmb.peer.rejected", None, "warning", code=100, src=where,
+                self.log.emit("rmb.peer.rejected", None, "warning", code=100, src=src,
                               reason=f"{what}: {exc}"[:200])
         else:
-            self._internal_error(what, where, exc)
+            self.runner.bug(exc, what, src)
+
+    def _executors(self) -> dict:
+        """The core's commands -> what executes them (the runner dispatches by type)."""
+        return {PushQueue: self._push, SendFrame: self._send, StoreBacklog: self._store_backlog,
+                DropBacklog: self._drop_backlog, LookupTwin: self._lookup_twin,
+                LookupBacklog: self._lookup_backlog, Connect: self._connect,
+                SendPing: self._ping, Disconnect: self._disconnect}
+
+    def _push(self, ev: PushQueue) -> None:
+        self.writer.push(ev.queue, ev.payload)
+
+    def _store_backlog(self, ev: StoreBacklog) -> None:
+        self.writer.set(ev.key, ev.record, ev.ttl)
+
+    def _drop_backlog(self, ev: DropBacklog) -> None:
+        self.writer.delete(ev.key)
+        if ev.elapsed is not None:
+            self.m_round_trip.observe(ev.elapsed)
+
+    def _connect(self, ev: Connect):
+        return None if self._stopping else self._connection(ev.relay, ev.attempt)
+
+    def _disconnect(self, ev: Disconnect) -> None:
+        conn = self._conns.get(ev.relay)
+        if conn is not None and conn.attempt == ev.attempt:
+            conn.ws.transport.abort()
 
     async def _lookup_twin(self, ev: LookupTwin) -> None:
         """Execute LookupTwin: ask the registry, hand the answer to the core, keep the
@@ -721,7 +737,7 @@ class PeerDaemon:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the task's guard: a bug fails this lookup only
-            self._internal_error("twin lookup", "registry", exc)
+            self.runner.bug(exc, "twin lookup", "registry")
             self.core.twin_lookup_failed(ev.twin, f"internal error: {exc!r}", self._now())
             self._after()
             return
@@ -732,73 +748,13 @@ class PeerDaemon:
                 else:
                     self.store.put(twin, self.clock())
             except Exception as exc:  # sqlite3.Error, OSError: the table still works
-                self._internal_error("twin store write", str(self.args.data_dir), exc)
+                self.runner.bug(exc, "twin store write", str(self.args.data_dir))
         self.core.twin_resolved(ev.twin, twin, self._now())
         self._after()
 
     def _after(self) -> None:
-        """Execute the core's events, then re-arm the timer."""
-        core = self.core
-        writer = self.writer
-        while (ev := core.next_event()) is not None:
-            if isinstance(ev, PushQueue):
-                writer.push(ev.queue, ev.payload)
-            elif isinstance(ev, SendFrame):
-                self._send(ev)
-            elif isinstance(ev, StoreBacklog):
-                writer.set(ev.key, ev.record, ev.ttl)
-            elif isinstance(ev, DropBacklog):
-                writer.delete(ev.key)
-                if ev.elapsed is not None:
-                    self.m_round_trip.observe(ev.elapsed)
-            elif isinstance(ev, LookupTwin):
-                self._spawn(self._lookup_twin(ev))
-            elif isinstance(ev, LookupBacklog):
-                self._spawn(self._lookup_backlog(ev))
-            elif isinstance(ev, Connect):
-                if not self._stopping:
-                    self._spawn(self._connection(ev.relay, ev.attempt))
-            elif isinstance(ev, SendPing):
-                self._ping(ev)
-            elif isinstance(ev, Disconnect):
-                conn = self._conns.get(ev.relay)
-                if conn is not None and conn.attempt == ev.attempt:
-                    conn.ws.transport.abort()
-        # The timer is re-armed only when the core's deadline moved EARLIER than the armed
-        # one (or none is armed): a later deadline (e.g. the oldest request just completed)
-        # keeps the armed timer, which fires early, finds nothing due and re-arms. Saves a
-        # cancel + call_later per reply.
-        deadline = core.get_timer()
-        if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer_at = deadline
-            self._timer = self._loop.call_at(deadline, self._on_timer)
-
-    def _after_soon(self) -> None:
-        """_after() once the running task yields (call_soon): a relay reader handles a
-        slice of frames that were already received without a pass of the event loop, so
-        their events are executed once per slice, not once per frame; none of them could
-        leave earlier anyway (the writers run when the loop does)."""
-        if not self._after_pending:
-            self._after_pending = True
-            self._loop.call_soon(self._after_deferred)
-
-    def _after_deferred(self) -> None:
-        self._after_pending = False
-        try:
-            self._after()
-        except Exception as exc:  # the callback's guard: logged, the daemon goes on
-            self._guard("core events", "loop", exc)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = None
-        try:
-            self.core.handle_timer(self._now())
-        except Exception as exc:  # the timer's guard: logged, the timer is re-armed
-            self._guard("timer", "timer", exc)
-        self._after()
+        """Execute the core's commands, then re-arm the timer (a pass of the runner)."""
+        self.runner.pump()
 
     def _send(self, ev: SendFrame) -> None:
         conn = self._conns.get(ev.relay)
@@ -912,6 +868,7 @@ class PeerDaemon:
         reason = "closed"
         handled = 0
         receive = ws.receive
+        pump_soon = self.runner.pump_soon
         BINARY = WSMsgType.BINARY
         writer = self.writer
         try:
@@ -925,9 +882,9 @@ class PeerDaemon:
                     try:
                         core.receive_frame(msg.data, relay, now)
                     except Exception as exc:  # the frame's guard: a bug drops only this frame
-                        self._guard("relay frame", relay, exc)
-                    if not self._after_pending:
-                        self._after_soon()
+                        self._input_error("relay frame", relay, exc)
+                    # once the reader yields: the slice's output is dispatched once
+                    pump_soon()
                     handled += 1
                     if handled >= YIELD_EVERY:
                         # frames already queued are returned without a pass of the event
@@ -984,7 +941,7 @@ class PeerDaemon:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # the task's guard: logged, the loop goes on
-                    self._guard("queue read", LOCAL_QUEUE, exc)
+                    self._input_error("queue read", LOCAL_QUEUE, exc)
                     await asyncio.sleep(1.0)
                     continue
                 while items:
@@ -1016,7 +973,7 @@ class PeerDaemon:
             else:
                 self.core.receive_service_reply(raw, now)
         except Exception as exc:  # the queue item's guard: a bug drops only this item
-            self._guard("local message", LOCAL_QUEUE if local else REPLY_QUEUE, exc)
+            self._input_error("local message", LOCAL_QUEUE if local else REPLY_QUEUE, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

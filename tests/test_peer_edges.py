@@ -196,7 +196,7 @@ async def test_a_bug_at_any_entry_point_is_logged_and_the_peer_keeps_serving(clu
     # (usually [102, 500, 500]; on a slow machine the three may reach the peer in
     # separate reads, so which request meets which bug may vary)
     assert 500 in codes and 102 in codes, results
-    pa.daemon._on_timer()                              # the timer's guard
+    pa.daemon.runner._fire()                           # the timer's guard
     # the next request dies in B's relay-frame guard (A expires it: 102); then all flows
     deadline = time.monotonic() + 60
     while True:

@@ -314,7 +314,7 @@ class MarlinRunner(CoreRunner):
         self.rebuilds = rebuilds
         self._limit_io = _log_limiter()
         drain = [self._transmit] if rebuilds is None else [self._transmit, self._offload]
-        super().__init__(core, on_event=self._event, bug_metric=lambda: metrics.inc("bugs"),
+        super().__init__(core, on_event=self._event, bug_metric=lambda where, exc: metrics.inc("bugs"),
                          name="marlin-node", drain=drain, bug_window=LOG_PERIOD)
         transport.on_frame = self.receive
         transport.on_reject = self.transport_reject

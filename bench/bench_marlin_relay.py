@@ -59,7 +59,7 @@ from daemon_runtime.eventlog import EventLog  # noqa: E402
 from marlin_cluster.cluster import ClusterMemberCore  # noqa: E402
 from marlin_cluster.consumer import ConsumerCore  # noqa: E402
 from marlin_cluster.crypto import NodeKey  # noqa: E402
-from marlin_cluster.daemon import CoreRunner, Metrics, RebuildPool  # noqa: E402
+from marlin_cluster.daemon import MarlinRunner, Metrics, RebuildPool  # noqa: E402
 from marlin_cluster.events import MARLIN_EVENTS, BlockRebuilt, Dispute  # noqa: E402
 from marlin_cluster.membership import Membership  # noqa: E402
 from marlin_cluster.params import CHANNEL_BTC, CHANNEL_RAW, ChannelParams, Params  # noqa: E402
@@ -138,7 +138,7 @@ class MarlinPath:
         self.done: dict[int, float] = {}
         self.waiters: dict[int, asyncio.Future] = {}
         self.transports: dict[str, Transport] = {}
-        self.runners: dict[str, CoreRunner] = {}
+        self.runners: dict[str, MarlinRunner] = {}
         self.logs: list[EventLog] = []
         self.filtered = 0
 
@@ -160,7 +160,7 @@ class MarlinPath:
             role = {"producer": "producer", "m1": "cluster", "m2": "cluster", "consumer": "consumer"}[name]
             log = EventLog(f"marlin-{role}", name, [MARLIN_EVENTS], sink=str(self.logdir / f"{name}.jsonl"))
             self.logs.append(log)
-            runner = CoreRunner(role, cores[name], t, log, Metrics(),
+            runner = MarlinRunner(role, cores[name], t, log, Metrics(),
                                 self._on_consumer_event if name == "consumer" else None)
             self.runners[name] = runner
         for m in ("m1", "m2"):
@@ -348,7 +348,7 @@ async def _child(spec: dict) -> None:
             report.sendto(f"dispute {ev.message_id} {ev.producers[0].hex()} {ev.reason}".encode(), dest)
 
     log = EventLog(f"marlin-{role}", name, [MARLIN_EVENTS], sink=spec["log"])
-    runner = CoreRunner(role, core, t, log, Metrics(), on_event, pool if pool is not None and pool.offload else None)
+    runner = MarlinRunner(role, core, t, log, Metrics(), on_event, pool if pool is not None and pool.offload else None)
     if role == "cluster":
         route_filter(runner, t, {a for n, a in addrs.items() if n.startswith("producer")}, addrs["consumer"],
                      lambda: None)
@@ -476,7 +476,7 @@ class ProcPath:
             log = EventLog("marlin-producer", n, [MARLIN_EVENTS], sink=str(self.logdir / f"{n}.jsonl"))
             self.logs.append(log)
             self.transports[n] = t
-            self.runners[n] = CoreRunner("producer", ProducerCore(key, self.membership, self.params), t, log, Metrics())
+            self.runners[n] = MarlinRunner("producer", ProducerCore(key, self.membership, self.params), t, log, Metrics())
             t.warm([self.addr["m1"], self.addr["m2"]])
         self.runner = self.runners["producer"]
         _, self.raw_writer = await asyncio.open_connection("127.0.0.1", self.ports["raw1"])

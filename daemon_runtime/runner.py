@@ -3,7 +3,7 @@ no I/O and read no clock; adapters are thin), shaped like aioquic's asyncio prot
 (`aioquic/asyncio/protocol.py`: feed an input, transmit, drain events, re-arm one timer).
 
     runner = CoreRunner(core, executors={SendFrame: send, LookupTwin: lookup},
-                        on_event=catalogue_hook, log=bug_line, bug_metric=bugs.inc,
+                        on_event=catalogue_hook, log=bug_line, bug_metric=count_bug,
                         name="rmb-peer")
     runner.feed(core.receive_frame, frame, peer)   # core.receive_frame(frame, peer, now=now)
     runner.pump()                                  # after any input fed another way
@@ -21,7 +21,8 @@ then every item of `next_event()` is dispatched by its exact type (the MRO is wa
 per type, the answer cached): to the executor registered for it (commands) or, when none
 is, to `on_event` (events: the protocol's catalogue turns one into log lines and metrics);
 an item nobody takes is a bug. An executor that returns an awaitable gets it run as a
-tracked task. Then the timer is re-armed.
+tracked task. Then the timer is re-armed: cancelled when `get_timer()` is None, left as it
+is when the deadline did not change, else replaced.
 
 The clock rule (one for every daemon): a core's `now` is unix seconds from the wall clock
 (`time.time()`, the runner's `wall`), because cores compare it with timestamps carried on
@@ -31,13 +32,13 @@ timer on the loop's monotonic clock with the delay `deadline - now` (never negat
 wall-clock step moves at most the timer that is armed when it happens. Rate limiting of the
 bug log uses the loop's monotonic clock.
 
-The guard (one for every daemon): `bug(exc, where)` counts the exception (`bug_metric()`)
-and writes one log line per (where, exception type) per `bug_window` seconds through
-`daemon_runtime.ratelimit.LogLimiter`; the daemon continues. Exceptions of an executor,
-an `on_event` hook, a drain hook, `next_event`/`get_timer`, `handle_timer` and of a
-spawned task go to it. `feed` lets the input's own exception propagate (after the pass):
-the adapter's input boundary decides whether it is a remote error (a counted drop) or a
-bug.
+The guard (one for every daemon): `bug(exc, where, src)` counts the exception
+(`bug_metric(where, exc)`) and writes one log line per (where, exception type) per
+`bug_window` seconds through `daemon_runtime.ratelimit.LogLimiter`; the daemon continues.
+Exceptions of an executor, an `on_event` hook, a drain hook, `next_event`/`get_timer`,
+`handle_timer` and of a spawned task go to it. `feed` lets the input's own exception
+propagate (after the pass): the adapter's input boundary decides whether it is a remote
+error (a counted drop) or a bug.
 """
 from __future__ import annotations
 
@@ -71,8 +72,8 @@ class Core(Protocol):
         """Whatever was due by `now` (unix seconds); called at or after `get_timer()`."""
 
 
-def _default_log(name: str) -> Callable[[str, BaseException], None]:
-    def log(where: str, exc: BaseException) -> None:
+def _default_log(name: str) -> Callable[[str, BaseException, str | None], None]:
+    def log(where: str, exc: BaseException, src: str | None) -> None:
         print(f"{name} bug (daemon continues): " + "".join(
             traceback.format_exception(type(exc), exc, exc.__traceback__)), file=sys.stderr, flush=True)
     return log
@@ -80,17 +81,18 @@ def _default_log(name: str) -> Callable[[str, BaseException], None]:
 
 class CoreRunner:
     """CoreRunner(core, *, executors={Type: fn(item)}, on_event=fn(event) | None,
-    log=fn(where, exc) | None, bug_metric=fn() | None, name="daemon", drain=(fn(now), ...),
-    wall=time.time, bug_window=BUG_WINDOW): see the module doc.
+    log=fn(where, exc, src) | None, bug_metric=fn(where, exc) | None, name="daemon",
+    drain=(fn(now), ...), wall=time.time, bug_window=BUG_WINDOW): see the module doc.
 
-    Must be built on the running loop (it arms timers there). `log` writes the one bug line
-    (default: the traceback on stderr, prefixed "<name> bug (daemon continues): ");
-    `bug_metric` counts every bug, logged or not."""
+    The loop is the one running when the runner first needs it (a pass, a timer, a task),
+    so a runner may be built before the loop runs. `log` writes the one bug line (default:
+    the traceback on stderr, prefixed "<name> bug (daemon continues): "); `bug_metric`
+    counts every bug, logged or not."""
 
     def __init__(self, core: Core, *, executors: Mapping[type, Callable[[Any], Any]] | None = None,
                  on_event: Callable[[Any], Any] | None = None,
-                 log: Callable[[str, BaseException], None] | None = None,
-                 bug_metric: Callable[[], None] | None = None, name: str = "daemon",
+                 log: Callable[[str, BaseException, str | None], None] | None = None,
+                 bug_metric: Callable[[str, BaseException], None] | None = None, name: str = "daemon",
                  drain: Iterable[Callable[[float], None]] = (),
                  wall: Callable[[], float] = time.time, bug_window: float = BUG_WINDOW):
         self.core = core
@@ -101,7 +103,7 @@ class CoreRunner:
         self.bug_metric = bug_metric
         self.drain = list(drain)
         self.wall = wall
-        self.loop = asyncio.get_running_loop()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.tasks: set[asyncio.Task] = set()
         self._handlers: dict[type, Callable[[Any], Any]] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -109,6 +111,12 @@ class CoreRunner:
         self._soon = False
         self._closed = False
         self._limit = LogLimiter(burst=1, window=bug_window)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
 
     # ------------------------------------------------------------------ inputs
     def now(self) -> float:
@@ -154,12 +162,16 @@ class CoreRunner:
             if deadline is not None:
                 self._timer = self.loop.call_later(max(0.0, deadline - self.wall()), self._fire)
 
-    def pump_soon(self) -> None:
-        """One pass once the running callback or task yields (several calls, one pass): for
-        an input read in slices, so a slice's output is dispatched once."""
+    def pump_soon(self, delay: float = 0.0) -> None:
+        """One pass once the running callback or task yields, or `delay` seconds later
+        (several calls before it, one pass): for inputs that arrive in slices, so a slice's
+        output is dispatched once."""
         if not self._soon:
             self._soon = True
-            self.loop.call_soon(self._pump_deferred)
+            if delay > 0:
+                self.loop.call_later(delay, self._pump_deferred)
+            else:
+                self.loop.call_soon(self._pump_deferred)
 
     def _pump_deferred(self) -> None:
         self._soon = False
@@ -196,7 +208,7 @@ class CoreRunner:
     def spawn(self, aw: Awaitable[Any]) -> asyncio.Task:
         """Run `aw` as a task the runner keeps until it ends; its exception goes to the
         guard and is followed by a pass (what the core emitted before it is dispatched)."""
-        task = asyncio.ensure_future(aw, loop=self.loop)
+        task = self.loop.create_task(aw) if inspect.iscoroutine(aw) else asyncio.ensure_future(aw)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
@@ -211,13 +223,15 @@ class CoreRunner:
             self.pump()
 
     # ------------------------------------------------------------------ the guard
-    def bug(self, exc: BaseException, where: str = "loop") -> None:
-        """The guard: count, one rate-limited log line, the daemon continues. Never raises."""
+    def bug(self, exc: BaseException, where: str = "loop", src: str | None = None) -> None:
+        """The guard: count, one rate-limited log line, the daemon continues. Never raises.
+        `where`: the entry point (rate-limit key with the exception type); `src`: where
+        the input came from (a peer, a queue), passed to `log` only."""
         try:
             if self.bug_metric is not None:
-                self.bug_metric()
+                self.bug_metric(where, exc)
             if self._limit.allow((where, type(exc).__name__), time.monotonic())[0]:
-                self.log(where, exc)
+                self.log(where, exc, src)
         except Exception:   # a broken log sink must not take the daemon down
             pass
 

@@ -10,13 +10,13 @@ Each role: typed config (`--config FILE` TOML < MARLIN_<ROLE>_<OPTION> env < fla
 SIGTERM/SIGINT graceful shutdown (stop accepting, flush send queues up to `--grace` s), one
 READY line on stdout, the JSON-lines event log (marlin_cluster/events.py catalogue).
 
-The adapter (`CoreRunner`) is the thin aioquic-style loop around the sans-I/O cores: every
-frame from the transport goes to `core.receive_frame(frame, peer, now)` with now = time.time()
-(the cores compare attestation timestamps, unix seconds, across machines); then
-`frames_to_send` is flushed to the transport, events are drained into the event log
-(events.records) and the metrics, and one timer is re-armed at `core.get_timer()` (a unix
-deadline, scheduled with loop.call_later). A consumer's blocks are decoded and validated in a
-`RebuildPool` (`--validate-pool process|thread|inline`, `--validate-workers N`): the core
+The adapter (`MarlinRunner`) is daemon_runtime.runner.CoreRunner (the loop every daemon
+shares, and its clock rule: `now` = time.time(), the cores compare attestation timestamps,
+unix seconds, across machines) with Marlin's transport boundary: every frame from the
+transport goes to `core.receive_frame(frame, peer, now)`; then `frames_to_send` is flushed
+to the transport, events are drained into the event log (events.records) and the metrics
+(EVENT_METRICS), and one timer is re-armed at `core.get_timer()`. A consumer's blocks are
+decoded and validated in a `RebuildPool` (`--validate-pool process|thread|inline`, `--validate-workers N`): the core
 hands out RebuildJobs and gets their outcomes back on the loop, so chunks of other blocks
 keep flowing while a block is validated.
 
@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Callable
 
 from daemon_runtime.ratelimit import LogLimiter
+from daemon_runtime.runner import CoreRunner
 
-from .events import (MARLIN_EVENTS, SERVICE_CLUSTER, SERVICE_CONSUMER, SERVICE_PRODUCER, AckMissing,
+from .events import (MARLIN_EVENTS, SERVICE_CLUSTER, SERVICE_CONSUMER, SERVICE_PRODUCER, AckMissing, AckSent,
                      BlockProduced, BlockRebuilt, ChunkAcknowledged, ChunkReceived, ChunkRejected,
                      ChunkRelayed, ChunkSent, ChunkWitnessed, Dispute, StakeEvidence, channel_name,
                      node_label, records, trace_id)
@@ -277,26 +278,44 @@ def stake_state(core) -> tuple[int, int]:
 
 # ---------------------------------------------------------------------- the adapter
 
-class CoreRunner:
-    """Feeds one core from a Transport and flushes it back (see the module docstring).
+#: event type -> what it adds to the metrics (the metric half of the catalogue; the log
+#: half is events.records)
+EVENT_METRICS: dict[type, Callable[[Metrics, object], None]] = {
+    ChunkSent: lambda m, ev: m.inc("chunks_sent"),
+    ChunkWitnessed: lambda m, ev: m.inc("chunks_witnessed"),
+    ChunkRelayed: lambda m, ev: m.inc("chunks_relayed"),
+    ChunkReceived: lambda m, ev: m.inc("chunks_received"),
+    ChunkAcknowledged: lambda m, ev: m.inc("acks"),
+    AckMissing: lambda m, ev: m.inc("acks_missing", "final" if ev.final else "retry"),
+    ChunkRejected: lambda m, ev: m.inc("rejected", ev.reason),
+    BlockProduced: lambda m, ev: m.inc("blocks_produced"),
+    BlockRebuilt: lambda m, ev: (m.inc("blocks_rebuilt"), m.rebuild.observe(ev.duration_ms / 1000.0)),
+    Dispute: lambda m, ev: m.inc("disputes", ev.reason),
+    StakeEvidence: lambda m, ev: m.inc("stake_evidence"),
+    AckSent: lambda m, ev: m.inc("acks_sent"),
+}
 
-    on_event(ev): role hook called for every core event after it is logged/counted.
-    rebuilds: a RebuildPool for a consumer core made with offload=True (its next_job()s run
-    there, their outcomes go back through rebuild_done), else None."""
+
+class MarlinRunner(CoreRunner):
+    """daemon_runtime.runner.CoreRunner for one Marlin core on a Transport (module doc):
+    frames from the transport are fed to `core.receive_frame`; the drain hooks flush
+    `frames_to_send(now)` to the transport and, with `rebuilds` (a RebuildPool for a
+    consumer core made with offload=True), hand `next_job()`s to the pool, whose outcomes
+    come back through `rebuild_done`; every event is logged (events.records) and counted
+    (EVENT_METRICS), then passed to the role hook `on_event(ev)`."""
 
     def __init__(self, role: str, core, transport: Transport, log, metrics: Metrics,
                  on_event: Callable | None = None, rebuilds: "RebuildPool | None" = None):
         self.role = role
-        self.core = core
         self.transport = transport
-        self.log = log
         self.metrics = metrics
-        self.on_event = on_event
-        self.loop = asyncio.get_running_loop()
-        self._timer: asyncio.TimerHandle | None = None
-        self._deadline: float | None = None
-        self._limit = _log_limiter()
+        self.event_log = log
+        self.role_hook = on_event
         self.rebuilds = rebuilds
+        self._limit_io = _log_limiter()
+        drain = [self._transmit] if rebuilds is None else [self._transmit, self._offload]
+        super().__init__(core, on_event=self._event, bug_metric=lambda where, exc: metrics.inc("bugs"),
+                         name="marlin-node", drain=drain, bug_window=LOG_PERIOD)
         transport.on_frame = self.receive
         transport.on_reject = self.transport_reject
         transport.on_drop = self.transport_drop
@@ -306,116 +325,51 @@ class CoreRunner:
     def receive(self, peer: bytes, frame: bytes) -> None:
         """Transport callback. A MarlinWireError from the core propagates to the transport's
         boundary (counted there, reported through transport_reject)."""
-        try:
-            self.core.receive_frame(frame, peer, time.time())
-        finally:
-            self.pump()
+        self.feed(self.core.receive_frame, frame, peer)
 
     def transport_reject(self, peer: bytes | None, reason: str, detail: str) -> None:
         self.metrics.inc("rejected", reason)
-        if self._limit.allow(("reject", reason, peer), time.monotonic())[0]:
+        if self._limit_io.allow(("reject", reason, peer), time.monotonic())[0]:
             attrs = {"reason": reason, "peer": node_label(peer) if peer else "unidentified", "size": 0}
-            self.log.emit_attrs(f"marlin.{EVENT_ROLE[self.role]}.rejected", None, "warning", attrs)
+            self.event_log.emit_attrs(f"marlin.{EVENT_ROLE[self.role]}.rejected", None, "warning", attrs)
 
     def transport_drop(self, peer: bytes, reason: str, n: int) -> None:
-        if self._limit.allow(("drop", reason, peer), time.monotonic())[0]:
+        if self._limit_io.allow(("drop", reason, peer), time.monotonic())[0]:
             print(json.dumps({"warning": "frames dropped", "peer": node_label(peer), "reason": reason,
                               "frames": n}), file=sys.stderr, flush=True)
 
-    def bug(self, exc: BaseException) -> None:
-        self.metrics.inc("bugs")
-        if self._limit.allow(("bug", type(exc).__name__), time.monotonic())[0]:
-            import traceback
-            print("marlin-node bug (daemon continues): " + "".join(
-                traceback.format_exception(type(exc), exc, exc.__traceback__)), file=sys.stderr, flush=True)
+    # output (drain hooks and the event hook)
+    def _transmit(self, now: float) -> None:
+        send = self.transport.send
+        for peer, frame in self.core.frames_to_send(now):
+            try:
+                send(peer, frame)
+            except MarlinLocalError as exc:
+                self.bug(exc, "send")
 
-    # output
-    def pump(self) -> None:
-        """Flush frames, drain events, re-arm the timer. Never raises (bugs are logged)."""
-        try:
-            now = time.time()
-            for peer, frame in self.core.frames_to_send(now):
-                try:
-                    self.transport.send(peer, frame)
-                except MarlinLocalError as exc:
-                    self.bug(exc)
-            while True:
-                ev = self.core.next_event()
-                if ev is None:
-                    break
-                self._event(ev)
-            if self.rebuilds is not None:
-                while (job := self.core.next_job()) is not None:
-                    self.rebuilds.submit(job, self.core.validate, self._rebuilt)
-            deadline = self.core.get_timer()
-        except Exception as exc:
-            self.bug(exc)
-            return
-        if deadline != self._deadline:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self._deadline = deadline
-            if deadline is not None:   # core deadlines are unix seconds
-                self._timer = self.loop.call_later(max(0.0, deadline - time.time()), self._fire)
+    def _offload(self, now: float) -> None:
+        core = self.core
+        while (job := core.next_job()) is not None:
+            self.rebuilds.submit(job, core.validate, self._rebuilt)
 
     def _rebuilt(self, job, outcome: tuple) -> None:
         """RebuildPool callback, on the loop: the outcome of rebuild_block for `job`."""
         try:
-            self.core.rebuild_done(job, outcome, time.time())
+            self.feed(self.core.rebuild_done, job, outcome)
         except Exception as exc:
-            self.bug(exc)
-        self.pump()
-
-    def _fire(self) -> None:
-        self._timer = None
-        self._deadline = None
-        try:
-            self.core.handle_timer(time.time())
-        except Exception as exc:
-            self.bug(exc)
-        self.pump()
+            self.bug(exc, "rebuild_done")
 
     def _event(self, ev) -> None:
         try:
             for r in records(ev):
-                self.log.emit_attrs(r.event, r.trace_id, r.level, r.attrs)
+                self.event_log.emit_attrs(r.event, r.trace_id, r.level, r.attrs)
         except Exception as exc:
-            self.bug(exc)
-        m = self.metrics
-        t = type(ev)
-        if t is ChunkSent:
-            m.inc("chunks_sent")
-        elif t is ChunkWitnessed:
-            m.inc("chunks_witnessed")
-        elif t is ChunkRelayed:
-            m.inc("chunks_relayed")
-        elif t is ChunkReceived:
-            m.inc("chunks_received")
-        elif t is ChunkAcknowledged:
-            m.inc("acks")
-        elif t is AckMissing:
-            m.inc("acks_missing", "final" if ev.final else "retry")
-        elif t is ChunkRejected:
-            m.inc("rejected", ev.reason)
-        elif t is BlockProduced:
-            m.inc("blocks_produced")
-        elif t is BlockRebuilt:
-            m.inc("blocks_rebuilt")
-            m.rebuild.observe(ev.duration_ms / 1000.0)
-        elif t is Dispute:
-            m.inc("disputes", ev.reason)
-        elif t is StakeEvidence:
-            m.inc("stake_evidence")
-        elif t.__name__ == "AckSent":
-            m.inc("acks_sent")
-        if self.on_event is not None:
-            self.on_event(ev)
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+            self.bug(exc, "records")
+        count = EVENT_METRICS.get(type(ev))
+        if count is not None:
+            count(self.metrics, ev)
+        if self.role_hook is not None:
+            self.role_hook(ev)
 
 
 def _warm_worker():
@@ -604,9 +558,9 @@ class Outputs:
 
 
 class Producer:
-    """The producer's block inputs around its CoreRunner."""
+    """The producer's block inputs around its MarlinRunner."""
 
-    def __init__(self, runner: CoreRunner, log, metrics: Metrics, default_channel: str,
+    def __init__(self, runner: MarlinRunner, log, metrics: Metrics, default_channel: str,
                  store: Store | None = None):
         self.store = store
         self.runner = runner
@@ -993,7 +947,7 @@ async def run_node(args, net, key, stop: asyncio.Event) -> None:
         elif store is not None and type(ev) is StakeEvidence:
             store.add_evidence(ev, time.time())
 
-    runner = CoreRunner(role, core, transport, log, metrics, on_event,
+    runner = MarlinRunner(role, core, transport, log, metrics, on_event,
                         rebuilds if rebuilds is not None and rebuilds.offload else None)
     if rebuilds is not None:
         rebuilds.bug = runner.bug

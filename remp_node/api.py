@@ -487,7 +487,7 @@ class StatusHub:
                 raise
             except Exception as exc:  # a bug: count and go on
                 self.m_not_appended.inc(len(batch))
-                self.daemon._bug("redis", exc)
+                self.daemon.core_runner.bug(exc, "redis")
 
     async def close(self) -> None:
         if self._task is not None:

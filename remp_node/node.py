@@ -6,9 +6,13 @@ Both roles: typed config (daemon_runtime.config: --config TOML < env REMP_NODE_*
 SIGTERM/SIGINT graceful shutdown, a READY line, the JSON event log through eventmap.py, the
 datagram endpoint of remp_node/endpoint.py with the test-only --faults flag.
 
-Clock: the cores run on `now = loop.time() + offset`, offset = time.time() - loop.time()
-taken once at start: monotonic within the process and on the Unix time base the zerostate's
-genesis_time and the wallets' valid_until use, so every process agrees on master sessions.
+The loop is daemon_runtime.runner.CoreRunner with the daemon as its core: a pass runs the
+role's step (every sub-core's due timers and output, the journal or status write, the
+events through the role's tables) and sends the step's datagrams; one timer at the
+earliest sub-core deadline (at least every second); datagrams read within STEP_COALESCE s
+share one pass. Clock (the runner's rule): the cores' `now` is time.time(), the Unix time
+base the zerostate's genesis_time and the wallets' valid_until use, so every process
+agrees on master sessions; the timer is armed on the loop's clock as `deadline - now`.
 
 Validator: ValidatorCore with its ValidatorStore (store.py) journal: after every step the
 adapter takes datagrams_to_send(now), writes journal_updates() to SQLite (fsync), and only
@@ -20,9 +24,10 @@ Full node: RempClient (client.py) + ChainFollower (follower.py: the full node ap
 accepted master and shard blocks to its own state, which the client's pre-checks use); its
 statuses go to FullnodeStore, the API's subscribers and the Redis stream (api.py).
 
-The one error boundary per entry point: remote garbage is a counted, logged drop (the cores
-do that); anything else raised by a core call is logged once per kind as remp.node.error
-and counted, and the daemon keeps running.
+The one error boundary (the runner's guard): remote garbage is a counted, logged drop (the
+cores do that); anything else raised by a core call is counted (remp_errors{where}) and
+logged as remp.node.error at most once per entry point and kind per 5 s, and the daemon
+keeps running.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import asyncio
 import json
 import time
 import traceback
+from typing import Callable
 from collections import Counter
 from pathlib import Path
 
@@ -42,6 +48,7 @@ from daemon_runtime.config import add_common_args, load_args
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, run_daemon, use_event_loop
 from daemon_runtime.ratelimit import LogLimiter
+from daemon_runtime.runner import CoreRunner
 
 from .api import DEFAULT_MAX_PENDING
 from .client import LATE_MEMORY
@@ -205,7 +212,8 @@ FINALIZED_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 60.0, 120.0, 2
 
 
 class _Daemon:
-    """Shared adapter loop: receive -> core, flush -> store -> send, one timer."""
+    """The role's sub-cores as one core of daemon_runtime.runner.CoreRunner (module doc):
+    receive -> sub-cores, a pass = step -> store -> send, one timer."""
 
     service = "remp"
 
@@ -221,13 +229,10 @@ class _Daemon:
         self.label = self.entry.label
         self.node_id = peer_label(self.key.key_id)
         self.faults = parse_faults(args.faults)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.offset = 0.0
         self.endpoint = None
-        self._flush_handle = None
-        self._timer_handle = None
-        self._timer_at = None
         self.errors: Counter[str] = Counter()
+        self.core_runner = CoreRunner(self, drain=[self._flush], log=self._bug_line,
+                                      bug_metric=self._count_bug, name=f"remp-{role}")
         self.registry = CollectorRegistry()
         self.registry.register(_Transport(self))
         self.m_errors = PCounter("remp_errors", "unexpected exceptions caught at the daemon boundary",
@@ -265,16 +270,43 @@ class _Daemon:
 
     # -- clock ---------------------------------------------------------------------------
     def now(self) -> float:
-        return self.loop.time() + self.offset
+        """The cores' `now`: Unix seconds (the runner's clock rule)."""
+        return self.core_runner.now()
+
+    # -- the runner's core ---------------------------------------------------------------
+    def next_event(self):
+        """None: each step drains its sub-cores' events itself (they feed each other and
+        are written in one batch)."""
+        return None
+
+    def get_timer(self) -> float | None:
+        """The earliest sub-core deadline, at least 1 ms ahead; a second ahead when none
+        (a pass every second retries held journal entries and datagrams). None once
+        stopping."""
+        if self.stopping:
+            return None
+        now = self.now()
+        try:
+            t = self.next_timer()
+        except Exception as exc:
+            self.core_runner.bug(exc, "timer")
+            t = None
+        if t is None:
+            t = now + 1.0
+        return max(t, now + 0.001)
+
+    def handle_timer(self, now: float) -> None:
+        """Nothing: the pass that follows runs the step, which fires every due sub-core
+        timer."""
 
     # -- boundary ------------------------------------------------------------------------
-    def _bug(self, where: str, exc: BaseException) -> None:
+    def _count_bug(self, where: str, exc: BaseException) -> None:
         self.m_errors.labels(where).inc()
-        key = f"{where}:{type(exc).__name__}"
-        self.errors[key] += 1
-        if self.errors[key] == 1:
-            self.log_error(f"{where}: {type(exc).__name__}: {exc} | "
-                           + " / ".join(traceback.format_exception(exc)[-3:]).replace("\n", " "))
+        self.errors[f"{where}:{type(exc).__name__}"] += 1
+
+    def _bug_line(self, where: str, exc: BaseException, src: str | None) -> None:
+        self.log_error(f"{where}: {type(exc).__name__}: {exc} | "
+                       + " / ".join(traceback.format_exception(exc)[-3:]).replace("\n", " "))
 
     def log_error(self, text: str) -> None:
         raise NotImplementedError
@@ -291,8 +323,6 @@ class _Daemon:
 
     # -- loop ------------------------------------------------------------------------------
     async def start_io(self, http_app: web.Application) -> dict:
-        self.loop = asyncio.get_running_loop()
-        self.offset = time.time() - self.loop.time()
         bind = parse_hostport(self.args.listen or self.entry.address)
         self.endpoint = await open_endpoint(self.key, self.peers, bind, self._on_payload, self.faults,
                                             epoch=self.epoch)
@@ -303,7 +333,7 @@ class _Daemon:
         site = web.TCPSite(self.runner, host, port)
         await site.start()
         self.http_port = site._server.sockets[0].getsockname()[1]
-        self._step()
+        self.core_runner.pump()
         return {"port": self.http_port, "udp": self.endpoint.address[1], "label": self.label,
                 "node": self.node_id, "role": self.role}
 
@@ -314,26 +344,21 @@ class _Daemon:
         try:
             self.receive(src, payload, self.now())
         except Exception as exc:  # the boundary: a core bug must not kill the daemon
-            self._bug("receive", exc)
-        if self._flush_handle is None and not self.stopping:
-            # not call_soon: asyncio reads ONE datagram per event-loop iteration, so that made
+            self.core_runner.bug(exc, "receive")
+        if not self.stopping:
+            # not at once: asyncio reads ONE datagram per event-loop iteration, so that made
             # a step (every sub-core's timers and output, the journal write, the events) per
-            # datagram; a step STEP_COALESCE later covers every datagram read meanwhile
-            self._flush_handle = self.loop.call_later(STEP_COALESCE, self._step)
+            # datagram; a pass STEP_COALESCE later covers every datagram read meanwhile
+            self.core_runner.pump_soon(STEP_COALESCE)
 
-    def _on_timer(self) -> None:
-        self._timer_handle = None
-        self._timer_at = None
-        self._step()
-
-    def _step(self) -> None:
-        self._flush_handle = None
+    def _flush(self, now: float) -> None:
+        """The runner's drain hook: one step, its datagrams sent."""
         if self.stopping:
             return
         try:
-            out = self.step(self.now())
+            out = self.step(now)
         except Exception as exc:
-            self._bug("step", exc)
+            self.core_runner.bug(exc, "step")
             out = []
         by_dst: dict[bytes, list[bytes]] = {}
         for dst, data in out:
@@ -352,26 +377,10 @@ class _Daemon:
                 self.endpoint.send(dst, datas[0])
             else:
                 self.endpoint.send_many(dst, datas)
-        try:
-            t = self.next_timer()
-        except Exception as exc:
-            self._bug("timer", exc)
-            t = None
-        if t is None:
-            t = self.now() + 1.0
-        t = max(t, self.now() + 0.001)
-        if self._timer_at is not None and abs(self._timer_at - t) < 0.0005:
-            return
-        if self._timer_handle is not None:
-            self._timer_handle.cancel()
-        self._timer_at = t
-        self._timer_handle = self.loop.call_at(t - self.offset, self._on_timer)
 
     async def close_io(self) -> None:
         self.stopping = True
-        for h in (self._timer_handle, self._flush_handle):
-            if h is not None:
-                h.cancel()
+        self.core_runner.close()
         if self.endpoint is not None:
             self.endpoint.close()
         await self.runner.cleanup()
@@ -430,6 +439,13 @@ class ValidatorDaemon(_Daemon):
         Gauge("remp_master_height", "next master block seqno", registry=r).set_function(
             lambda: self.core.master.height if self.core.master is not None else 0)
         Gauge("remp_session", "current master session", registry=r).set_function(lambda: self.core.session)
+        #: event type -> what it adds to the metrics (the log half is eventmap.validator_records)
+        self._event_metrics: dict[type, Callable] = {
+            MasterBlockAccepted: lambda ev: self._child(self.m_blocks, "master").inc(),
+            ReceiptSent: lambda ev: self._child(self.m_receipts, ev.kind).inc(),
+            ShardBlockAccepted: lambda ev: self._child(self.m_blocks, "shard").inc(),
+            Dropped: lambda ev: self.m_dropped.labels(ev.channel).inc(),
+        }
 
     def log_error(self, text: str) -> None:
         self.log.emit("remp.node.error", None, "error", reason=text[:2000])
@@ -498,22 +514,16 @@ class ValidatorDaemon(_Daemon):
                 self._unwritten = []
                 if self._held:
                     out, self._held = self._held + out, []
+        metrics = self._event_metrics
         while (ev := c.next_event()) is not None:
             try:
-                recs = validator_records(ev)
-                if isinstance(ev, MasterBlockAccepted):
-                    emit_records(self.mlog, recs)
-                    self._child(self.m_blocks, "master").inc()
-                else:
-                    emit_records(self.log, recs)
-                if isinstance(ev, ReceiptSent):
-                    self._child(self.m_receipts, ev.kind).inc()
-                elif isinstance(ev, ShardBlockAccepted):
-                    self._child(self.m_blocks, "shard").inc()
-                elif isinstance(ev, Dropped):
-                    self.m_dropped.labels(ev.channel).inc()
+                t = type(ev)
+                emit_records(self.mlog if t is MasterBlockAccepted else self.log, validator_records(ev))
+                count = metrics.get(t)
+                if count is not None:
+                    count(ev)
             except Exception as exc:
-                self._bug("event", exc)
+                self.core_runner.bug(exc, "event")
         return out
 
     def close_logs(self) -> None:
@@ -578,6 +588,7 @@ class FullnodeDaemon(_Daemon):
             "remp_fullnode_finalized_seconds", "message received by the full node -> Finalized",
             buckets=FINALIZED_BUCKETS, registry=r)
         self._first_wait: dict[bytes, float] = {}    # message id -> received (monotonic s), until answered
+        self._client_handler_table: dict[type, Callable] | None = None
 
     def log_error(self, text: str) -> None:
         self.log.emit("remp.node.error", None, "error", reason=text[:2000])
@@ -672,8 +683,7 @@ class FullnodeDaemon(_Daemon):
         self.client.submit(boc, now, parsed)
         if parsed is not None and parsed.boc == boc:
             self.follower.remember(parsed)
-        if self._flush_handle is None:
-            self._flush_handle = self.loop.call_soon(self._step)
+        self.core_runner.pump_soon()
         self._drain_client()
         return mid
 
@@ -693,11 +703,10 @@ class FullnodeDaemon(_Daemon):
                 self.client.submit(boc, now)
                 n += 1
             except Exception as exc:
-                self._bug("resubmit", exc)
+                self.core_runner.bug(exc, "resubmit")
         self.resubmitted = n
         self._drain_client()
-        if self._flush_handle is None:
-            self._flush_handle = self.loop.call_soon(self._step)
+        self.core_runner.pump_soon()
         return n
 
     def next_timer(self):
@@ -762,40 +771,55 @@ class FullnodeDaemon(_Daemon):
             self.purged += len(ids)
             self.hub.forget(ids)
 
-    def _drain_client(self) -> None:
+    def _client_handlers(self) -> dict[type, Callable]:
+        """Client event type -> what the full node does with it besides logging it
+        (eventmap.client_records): metrics, the store, the API's status hub."""
         from .client import FinalStatus, MessageReceived, MessageSettled, ReceiptEvent
+        return {ReceiptEvent: self._on_receipt, MessageReceived: self._on_received,
+                FinalStatus: self._on_final, MessageSettled: lambda ev, rows: self.hub.settled(ev.message_id, ev.reason)}
+
+    def _on_receipt(self, ev, rows: list) -> None:
+        if ev.origin == "validator" and self._first_wait:
+            t0 = self._first_wait.pop(ev.message_id, None)
+            if t0 is not None:
+                self.m_first_receipt.observe(time.monotonic() - t0)
+        self._child(self.m_statuses, ev.kind, ev.origin).inc()
+        d = ev.to_json()
+        text = _compact_json(d)         # once: for the store and the Redis stream
+        rows.append((ev.message_id, text))
+        self.hub.status(ev.message_id, d, text)
+
+    def _on_received(self, ev, rows: list) -> None:
+        self._first_wait[ev.message_id] = time.monotonic()
+
+    def _on_final(self, ev, rows: list) -> None:
+        self._first_wait.pop(ev.message_id, None)
+        if ev.outcome == "finalized":
+            self.m_finalized.observe(ev.elapsed)
+        self._child(self.m_final, ev.outcome).inc()
+        self.store.set_outcome(ev.message_id, ev.outcome, ev.kind, ev.reason, time.time())
+        self.hub.final(ev.message_id, ev)
+
+    def _drain_client(self) -> None:
+        """The client core's events: log lines (one write for the drain), the handlers'
+        table, the statuses' rows (one store call)."""
+        handlers = self._client_handler_table
+        if handlers is None:
+            handlers = self._client_handler_table = self._client_handlers()
         rows, lines = [], []
         while (ev := self.client.next_event()) is not None:
             try:
                 lines += client_records(ev)
-                if isinstance(ev, ReceiptEvent):
-                    if ev.origin == "validator" and self._first_wait:
-                        t0 = self._first_wait.pop(ev.message_id, None)
-                        if t0 is not None:
-                            self.m_first_receipt.observe(time.monotonic() - t0)
-                    self._child(self.m_statuses, ev.kind, ev.origin).inc()
-                    d = ev.to_json()
-                    text = _compact_json(d)         # once: for the store and the Redis stream
-                    rows.append((ev.message_id, text))
-                    self.hub.status(ev.message_id, d, text)
-                elif isinstance(ev, MessageReceived):
-                    self._first_wait[ev.message_id] = time.monotonic()
-                elif isinstance(ev, FinalStatus):
-                    self._first_wait.pop(ev.message_id, None)
-                    if ev.outcome == "finalized":
-                        self.m_finalized.observe(ev.elapsed)
-                    self._child(self.m_final, ev.outcome).inc()
-                    self.store.set_outcome(ev.message_id, ev.outcome, ev.kind, ev.reason, time.time())
-                    self.hub.final(ev.message_id, ev)
-                elif isinstance(ev, MessageSettled):
-                    self.hub.settled(ev.message_id, ev.reason)
+                handler = handlers.get(type(ev))
+                if handler is not None:
+                    handler(ev, rows)
             except Exception as exc:
-                self._bug("event", exc)
+                self.core_runner.bug(exc, "event")
         try:
             # one timestamp and one write for the drain's lines (~1.4 us less per status)
             emit_records(self.log, lines)
         except Exception as exc:
-            self._bug("event", exc)
+            self.core_runner.bug(exc, "event")
         if rows:
             self.store.add_statuses(rows)
 

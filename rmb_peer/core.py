@@ -27,8 +27,9 @@ Twins: the core owns the twin table (TTL, refresh-ahead, stale-if-error with bou
 staleness, a bounded negative cache) and asks for lookups with LookupTwin; work that needs
 a twin without a usable record is parked on that twin only (see "twins" in the class).
 
-Clock rule (DESIGN.md section 2): `now` is the caller's timer clock (loop.time() in the
-daemon); wire timestamps and envelope expiry use now + `wall_offset`.
+Clock rule (DESIGN.md section 2; daemon_runtime.runner): `now` is unix seconds
+(time.time() in the daemon); wire timestamps and envelope expiry use now + `wall_offset`,
+0 unless a caller runs the core on another clock.
 
 Errors: `AppMessageError` (a local app pushed unacceptable JSON; `.code` is one of the
 codes below) and `EnvelopeError` (a relay sent garbage) are the remote-input errors
@@ -458,7 +459,7 @@ class PeerCore:
     preference order (the daemon uses the ws:// URLs); log: an EventLog (rmb.peer.*) or None;
     debug: also emit per-frame debug events (rmb.peer.received).
 
-    Inputs (all take `now`: the timer clock, seconds; wire time = now + wall_offset):
+    Inputs (all take `now`: unix seconds; wire time = now + wall_offset, see the module doc):
     start, relay_connected/relay_failed/relay_lost/relay_activity; end to end, with the
     core's own twin table: receive_frame (relay frames), receive_local (app requests),
     receive_service_reply (service replies), twin_resolved/twin_lookup_failed (answers to
@@ -499,10 +500,9 @@ class PeerCore:
         self._done_order: deque[tuple[float, str]] = deque()
         #: counters for /metrics and tests
         self.stats: Counter = Counter()
-        #: the clock rule (DESIGN.md section 2): every `now` is the caller's timer clock
-        #: (loop.time() in the daemon); wire timestamps and envelope expiry use wall time
-        #: = now + wall_offset (the daemon sets time.time() - loop.time() before each
-        #: input; 0 when `now` already is unix time, as in the in-memory tests).
+        #: the clock rule (DESIGN.md section 2): every `now` is unix seconds (the daemon's
+        #: runner passes time.time()); wire timestamps and envelope expiry use wall time
+        #: = now + wall_offset: 0 unless a caller runs the core on another clock.
         self.wall_offset = 0.0
         # the twin table (see "twins" below)
         self.twin_ttl = TWIN_TTL

@@ -2,7 +2,8 @@
 relays (protobuf envelopes over WebSocket). DESIGN.md section 3; seed: rmb.md, "Peer
 implementation", "redundancy and failover"; flags mirror rmb-rs v1.5.1 `rmb-peer`.
 
-The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio adapter:
+The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio adapter
+(the relay connections' executors are rmb_peer.relays.RelayLinks):
 - one aiohttp client WebSocket per `--relay` (all connected at once; frames go through
   the first live relay in flag order; failover when it dies; keepalive ping every 20 s,
   dead after 40 s of silence, reconnect with backoff — decided by the core). aiohttp
@@ -28,11 +29,14 @@ The protocol logic is rmb_peer.core.PeerCore; this module is its thin asyncio ad
 - the event lines of one loop pass (the core's and the adapter's) are checked when
   emitted and written together at the end of the pass (_PassLog: EventLog.emit_many, one
   timestamp and one sink write per pass);
-- the clock rule: the core's `now` is loop.time() (timers); wire timestamps use the wall
-  clock through core.wall_offset;
-- one guard per entry point (relay frame, queue item, timer, task): an RMB remote error
-  (rmb_peer.errors.RmbRemoteError) is a logged drop, anything else a logged bug
-  (rmb.peer.rejected code 500) and the daemon goes on;
+- the loop is daemon_runtime.runner.CoreRunner: the core's commands go to the executors
+  in PeerDaemon._executors (one per command type), one timer, and its clock rule (the
+  core's `now` is wall-clock unix seconds from `clock`, time.time(); core.wall_offset
+  stays 0);
+- one guard (the runner's): at an input boundary (relay frame, queue item) an RMB remote
+  error (rmb_peer.errors.RmbRemoteError) is a logged drop; anything else, there or in the
+  timer, an executor or a task, is a logged bug (rmb.peer.rejected code 500, at most one
+  line per entry point and exception type per 5 s) and the daemon goes on;
 - at start (unless --no-update) the twin's relay domains and e2e pk are published to the
   registry (created when the account has no twin yet);
 - `READY {"twin": .., "relays": [...], "status_port": ..}` on stdout once a relay is
@@ -48,25 +52,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import socket
 import sys
 import time
-from collections import deque
 from typing import Callable
 from urllib.parse import urlsplit
 
-import aiohttp
 import redis.asyncio as aioredis
-from aiohttp import WSMsgType
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from redis.exceptions import RedisError
-from yarl import URL
 
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.lifecycle import use_event_loop
-from daemon_runtime.linkmodel import delay_transport
 from daemon_runtime.redis_server import reconnecting_redis
+from daemon_runtime.runner import CoreRunner
 from rmb_peer.core import (
     LOCAL_QUEUE, REPLY_QUEUE, Connect, Disconnect, LookupBacklog, LookupTwin, PeerCore,
     PushQueue, SendFrame, SendPing, StoreBacklog, DropBacklog, TWIN_MAX_STALE,
@@ -76,7 +75,7 @@ from rmb_peer.errors import RmbRemoteError
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.identity import E2EKey, Identity
 from rmb_peer.redisq import MAX_PENDING, QueueReader, RedisWriter
-from rmb_peer.token import make_token
+from rmb_peer.relays import YIELD_EVERY, RelayLinks
 from rmb_peer.twins import DirectoryError, RegistryRefused, Twin, TwinDirectory, UnknownTwin
 from rmb_peer.twinstore import TwinStore
 
@@ -84,30 +83,6 @@ __all__ = ["PeerDaemon", "build_parser", "parse_args", "relay_url", "relay_domai
 
 #: Messages taken from Redis per burst after a BRPOP returned (RPOP key COUNT).
 DRAIN_COUNT = 256
-#: Relay frames or queue messages handled in one pass of the event loop. After that many
-#: the reading task yields once (asyncio.sleep(0)), so the frames and Redis writes they
-#: produced leave (the writer tasks run) before the rest of the burst is handled. Without
-#: it a burst was handled whole before any of its output left, and requests travelled
-#: in one wave: peer A signed ~250 requests while peer B idled, then B worked while A
-#: idled (bench/bench_roundtrip.py: the two peers never ran at once, ~1 core of 2 used).
-#: 64: in that bench (256 in flight) 16 and 32 cost more CPU per round trip (smaller
-#: batches downstream) for no more throughput; 64 and 128 about the same.
-YIELD_EVERY = 64
-#: Lifetime of the relay authentication token, seconds.
-TOKEN_TTL = 60
-#: Linux TCP_CORK (None elsewhere): set while a batch of frames is written.
-_TCP_CORK = getattr(socket, "TCP_CORK", None)
-
-
-def _cork(sock, on: int) -> bool:
-    """Set/clear TCP_CORK on a socket; False when not possible (no socket, closed)."""
-    if sock is None or _TCP_CORK is None:
-        return False
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, on)
-        return True
-    except OSError:
-        return False
 
 
 def relay_url(value: str) -> str:
@@ -307,50 +282,6 @@ class _PassLog:
         self.log.close()
 
 
-class _RelaySocket:
-    """An open aiohttp client WebSocket to a relay, with the few operations the daemon
-    uses bound once (no extra call per frame): send(bytes) writes a binary frame,
-    receive() the next message, ping()/pong(), transport (TCP_CORK, abort)."""
-    __slots__ = ("ws", "send", "receive", "ping", "pong", "transport")
-
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse):
-        self.ws = ws
-        self.send = ws.send_bytes
-        self.receive = ws.receive
-        self.ping = ws.ping
-        self.pong = ws.pong
-        self.transport = ws._conn.transport
-
-    @property
-    def close_code(self) -> int | None:
-        return self.ws.close_code
-
-    async def close(self, code: int = 1000, reason: str = "") -> None:
-        await self.ws.close(code=code, message=reason.encode())
-
-
-class _Conn:
-    """One open relay connection: the websocket, its attempt number and its outgoing
-    frames (written in order by one writer task)."""
-    __slots__ = ("ws", "attempt", "outq", "sending", "wake", "writer")
-
-    def __init__(self, ws, attempt: int):
-        self.ws = ws
-        self.attempt = attempt
-        self.outq: list[SendFrame] = []
-        #: the batch the writer is writing (frames not yet handed to the socket): on a
-        #: lost connection they are re-routed with outq, not lost with the writer task
-        self.sending: deque[SendFrame] = deque()
-        self.wake = asyncio.Event()
-        self.writer: asyncio.Task | None = None
-
-    def unsent(self) -> list[SendFrame]:
-        """Frames not yet written, in order; empties the connection's queues."""
-        frames = list(self.sending) + self.outq
-        self.sending, self.outq = deque(), []
-        return frames
-
-
 #: Backoff of the registry retries of a peer that started without any twin record: the
 #: first retry after REGISTRY_RETRY_FIRST s, doubling up to REGISTRY_RETRY_MAX s, each
 #: jittered by +-20% so peers restarted together do not retry together.
@@ -362,10 +293,74 @@ class _RegistryDown(Exception):
     """The registry could not be reached and --data-dir holds no record of our twin."""
 
 
+async def resolve_twin(directory: TwinDirectory, store: TwinStore | None, args: argparse.Namespace,
+                       twin_id: int | None) -> tuple[Twin, str | None]:
+    """Our twin record (registering or updating it, resolve_twin_online) and, when the
+    registry was unreachable and the data dir held the last known record, the reason (the
+    peer starts offline). _RegistryDown when it was unreachable and the store holds none;
+    RuntimeError when the registry refused our record."""
+    try:
+        return await resolve_twin_online(directory, args, twin_id), None
+    except DirectoryError as exc:
+        known = store.by_account(args.identity.account) if store else None
+        if isinstance(exc, RegistryRefused):
+            raise RuntimeError(f"twin registry {args.registry} refused our twin "
+                               f"record: {exc}") from None
+        if known is None or (twin_id is not None and known[0].id != twin_id):
+            raise _RegistryDown(str(exc)) from None
+        return known[0], str(exc)
+
+
+async def resolve_twin_online(directory: TwinDirectory, args: argparse.Namespace, twin_id: int | None) -> Twin:
+    """Our twin record from the registry: looked up by account (created when there is
+    none, unless --no-update) or by --twin, and updated when its relays or e2e pk differ.
+    DirectoryError from the registry; RuntimeError for a twin of another account."""
+    ident: Identity = args.identity
+    domains = [relay_domain(u) for u in args.relay]
+    pk = args.e2e_key.pk
+    twin = None
+    if twin_id is None:
+        try:
+            twin = await directory.get_by_account(ident.account)
+        except UnknownTwin:
+            if args.no_update:
+                raise RuntimeError("no twin is registered for this account key "
+                                   "(register it, pass --twin, or drop --no-update)") from None
+            return await directory.create(ident, domains, pk)
+    else:
+        twin = await directory.get(twin_id)
+        if twin.account != ident.account:
+            raise RuntimeError(f"twin {twin_id} belongs to another account key")
+    if not args.no_update and (twin.relays != domains or twin.pk != pk):
+        twin = await directory.update(ident, twin.id, domains, pk)
+    return twin
+
+
+async def watch_redis(writer: RedisWriter, log, redis_url: str, after: float) -> None:
+    """rmb-peer's Redis stall watch (a task): logs a stall once (rmb.peer.redis_stalled,
+    when the write in flight has waited `after` s, --redis-stall-after) and its end (rmb.peer.redis_recovered, stalled_s from
+    that write's start until this check saw it done: up to a check period late);
+    checks four times per stall period, at least once a second."""
+    stalled: float | None = None      # in_flight_since of the write logged as stalled
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(min(1.0, after / 4))
+        now = loop.time()
+        since = writer.in_flight_since
+        if stalled is not None and since != stalled:
+            log.emit("rmb.peer.redis_recovered", None, "warning", redis=redis_url,
+                     stalled_s=round(now - stalled, 3), pending=writer.pending)
+            stalled = None
+        if stalled is None and since is not None and now - since >= after:
+            stalled = since
+            log.emit("rmb.peer.redis_stalled", None, "error", redis=redis_url,
+                     waited_s=round(now - since, 3), pending=writer.pending, paused=writer.full)
+
+
 class PeerDaemon:
     """The asyncio adapter around PeerCore (see the module docstring). `args` is the
-    namespace of parse_args(); `clock` gives wall-clock unix seconds (time.time) for wire
-    timestamps; timers run on the event loop's clock."""
+    namespace of parse_args(); `clock` gives wall-clock unix seconds (time.time), the
+    core's `now` (daemon_runtime.runner's clock rule)."""
 
     def __init__(self, args: argparse.Namespace, clock: Callable[[], float] = time.time):
         self.args = args
@@ -378,13 +373,9 @@ class PeerDaemon:
         self.store: TwinStore | None = None
         self.redis: aioredis.Redis | None = None
         self.writer: RedisWriter | None = None
-        self._conns: dict[str, _Conn] = {}
-        self._http: aiohttp.ClientSession | None = None   # the relay connections' session
+        self.links = RelayLinks(self)      # the relay connections (rmb_peer.relays)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._after_pending = False
+        self.runner: CoreRunner | None = None
         self._stopping = False
         self._connected = asyncio.Event()
         self.metrics = CollectorRegistry()
@@ -401,20 +392,6 @@ class PeerDaemon:
         self.registry_down: str | None = None
 
     # ------------------------------------------------------------------ startup
-    async def _resolve_twin(self) -> tuple[Twin, str | None]:
-        """Our twin record and, when the registry was unreachable and the data dir held
-        the last known record, the reason (the peer starts offline)."""
-        try:
-            return await self._resolve_twin_online(), None
-        except DirectoryError as exc:
-            known = self.store.by_account(self.args.identity.account) if self.store else None
-            if isinstance(exc, RegistryRefused):
-                raise RuntimeError(f"twin registry {self.args.registry} refused our twin "
-                                   f"record: {exc}") from None
-            if known is None or (self.twin_id is not None and known[0].id != self.twin_id):
-                raise _RegistryDown(str(exc)) from None
-            return known[0], str(exc)
-
     async def _wait_for_registry(self, stop: asyncio.Event, announce, reason: str):
         """Start without a twin record: the registry is unreachable and --data-dir holds no
         record of ours (a new peer). The peer's identity is its key; what needs no twin
@@ -442,7 +419,7 @@ class PeerDaemon:
             except asyncio.TimeoutError:
                 pass
             try:
-                twin, _ = await self._resolve_twin()
+                twin, _ = await resolve_twin(self.directory, self.store, self.args, self.twin_id)
             except _RegistryDown as exc:
                 tries += 1
                 delay = min(delay * 2, REGISTRY_RETRY_MAX)
@@ -479,27 +456,6 @@ class PeerDaemon:
             from daemon_runtime.lifecycle import Ready
             Ready(**info).announce()
 
-    async def _resolve_twin_online(self) -> Twin:
-        ident: Identity = self.args.identity
-        domains = [relay_domain(u) for u in self.args.relay]
-        pk = self.args.e2e_key.pk
-        twin = None
-        if self.twin_id is None:
-            try:
-                twin = await self.directory.get_by_account(ident.account)
-            except UnknownTwin:
-                if self.args.no_update:
-                    raise RuntimeError("no twin is registered for this account key "
-                                       "(register it, pass --twin, or drop --no-update)") from None
-                return await self.directory.create(ident, domains, pk)
-        else:
-            twin = await self.directory.get(self.twin_id)
-            if twin.account != ident.account:
-                raise RuntimeError(f"twin {self.twin_id} belongs to another account key")
-        if not self.args.no_update and (twin.relays != domains or twin.pk != pk):
-            twin = await self.directory.update(ident, twin.id, domains, pk)
-        return twin
-
     async def run(self, stop: asyncio.Event,
                   announce: Callable[[dict], None] | None = None) -> None:
         """Run until `stop` is set; announce(info) once ready (default: the READY line)."""
@@ -517,7 +473,7 @@ class PeerDaemon:
 
     async def _run(self, stop: asyncio.Event, announce) -> None:
         try:
-            twin, offline = await self._resolve_twin()
+            twin, offline = await resolve_twin(self.directory, self.store, self.args, self.twin_id)
         except _RegistryDown as exc:
             try:
                 twin = await self._wait_for_registry(stop, announce, str(exc))
@@ -546,6 +502,8 @@ class PeerDaemon:
                              list(self.args.relay), log=self.log,
                              debug=self.args.log_level == "debug",
                              max_envelope=self.args.max_size)
+        self.runner = CoreRunner(self.core, executors=self._executors(), log=self._bug_line,
+                                 name="rmb-peer", wall=self.clock)
         self.core.twin_ttl = self.args.twin_cache_ttl
         self.core.twin_max_stale = self.args.twin_max_stale
         now = self._now()
@@ -564,11 +522,11 @@ class PeerDaemon:
         self.writer = RedisWriter(self.redis, on_error=self._redis_failed,
                                   max_pending=self.args.redis_max_pending)
         self.writer.start()
-        self._spawn(self._redis_watch())
+        self._spawn(watch_redis(self.writer, self.log, self.args.redis, self.args.redis_stall_after))
         await self._start_status()
         status_runner = self._status_runner
         self.core.start(self._now())
-        self._after()
+        self.runner.pump()
         local = asyncio.get_running_loop().create_task(self._local_loop())
         try:
             try:
@@ -596,18 +554,11 @@ class PeerDaemon:
     async def _shutdown(self, local: asyncio.Task, status_runner) -> None:
         self._stopping = True
         local.cancel()
-        if self._timer is not None:
-            self._timer.cancel()
-        for conn in list(self._conns.values()):
-            try:
-                await asyncio.wait_for(conn.ws.close(code=1001, reason="rmb-peer shutting down"), 2.0)
-            except (asyncio.TimeoutError, OSError, aiohttp.ClientError):
-                pass
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(local, *self._tasks, return_exceptions=True)
-        if self._http is not None:
-            await self._http.close()
+        await self.links.close()
+        tasks = list(self.runner.tasks)
+        self.runner.close()
+        await asyncio.gather(local, *tasks, return_exceptions=True)
+        await self.links.close_session()
         if self.writer is not None:
             await self.writer.close()
         if self.redis is not None:
@@ -635,29 +586,6 @@ class PeerDaemon:
                           "write_wait_s": round(wait, 3),
                           "reads_paused": bool(writer is not None and writer.full)}}
 
-    async def _redis_watch(self) -> None:
-        """Logs a Redis stall once (rmb.peer.redis_stalled, when the write in flight has
-        waited --redis-stall-after s) and its end (rmb.peer.redis_recovered, stalled_s from
-        that write's start until this check saw it done: up to a check period late);
-        checks four times per stall period, at least once a second."""
-        after = self.args.redis_stall_after
-        writer = self.writer
-        stalled: float | None = None      # in_flight_since of the write logged as stalled
-        loop = self._loop
-        while True:
-            await asyncio.sleep(min(1.0, after / 4))
-            now = loop.time()
-            since = writer.in_flight_since
-            if stalled is not None and since != stalled:
-                self.log.emit("rmb.peer.redis_recovered", None, "warning", redis=self.args.redis,
-                              stalled_s=round(now - stalled, 3), pending=writer.pending)
-                stalled = None
-            if stalled is None and since is not None and now - since >= after:
-                stalled = since
-                self.log.emit("rmb.peer.redis_stalled", None, "error", redis=self.args.redis,
-                              waited_s=round(now - since, 3), pending=writer.pending,
-                              paused=writer.full)
-
     def _redis_failed(self, exc: Exception, n: int) -> None:
         if self.log is not None:
             what = (f"redis write failed, {n} operations dropped" if n
@@ -666,46 +594,54 @@ class PeerDaemon:
                           reason=f"{what} ({self.args.redis}, --redis): {exc!r}"[:200],
                           src="redis")
 
-    def _internal_error(self, what: str, where: str, exc: Exception) -> None:
-        if self.log is not None:
-            self.log.emit("rmb.peer.rejected", None, "error", code=500, src=where,
+    def _bug_line(self, what: str, exc: BaseException, src: str | None) -> None:
+        """The runner's bug line: rmb.peer.rejected, code 100 for an RMB remote error that
+        reached the guard (a drop), else code 500 (an internal error)."""
+        if self.log is None:
+            return
+        if isinstance(exc, RmbRemoteError):
+            self.log.emit("rmb.peer.rejected", None, "warning", code=100, src=src or what,
+                          reason=f"{what}: {exc}"[:200])
+        else:
+            self.log.emit("rmb.peer.rejected", None, "error", code=500, src=src or what,
                           reason=f"internal error on {what}: {type(exc).__name__}: {exc}"[:200])
 
     def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
+        """A task the runner tracks (its exception goes to the guard)."""
+        return self.runner.spawn(coro)
 
-    def _task_done(self, task: asyncio.Task) -> None:
-        """The task's guard: an exception that escaped a task is logged (never lost in
-        an unretrieved task), and the core's events it left are executed."""
-        self._tasks.discard(task)
-        if task.cancelled() or task.exception() is None:
-            return
-        self._guard(f"task {task.get_coro().__qualname__}", "task", task.exception())
-        if self.core is not None and not self._stopping:
-            self._after()
-
-    # ------------------------------------------------------------------ core plumbing
     def _now(self) -> float:
-        """The core's `now` (loop time, for timers); sets core.wall_offset so the core's
-        wire timestamps follow self.clock (the clock rule, DESIGN.md section 2)."""
-        now = self._loop.time()
-        if self.core is not None:
-            self.core.wall_offset = self.clock() - now
-        return now
+        """The core's `now`: wall-clock unix seconds (the runner's clock rule)."""
+        return self.clock()
 
-    def _guard(self, what: str, where: str, exc: BaseException) -> None:
-        """The one boundary policy of every entry point: an RMB remote error is a logged
-        drop (the core answers what it can itself), anything else a logged bug; the
-        daemon goes on either way."""
+    def _input_error(self, what: str, src: str, exc: Exception) -> None:
+        """An input boundary's guard: an RMB remote error is a logged drop, anything else
+        a bug (the runner's guard); the daemon goes on either way."""
         if isinstance(exc, RmbRemoteError):
             if self.log is not None:
-                self.log.emit("rmb.peer.rejected", None, "warning", code=100, src=where,
+                self.log.emit("rmb.peer.rejected", None, "warning", code=100, src=src,
                               reason=f"{what}: {exc}"[:200])
         else:
-            self._internal_error(what, where, exc)
+            self.runner.bug(exc, what, src)
+
+    def _executors(self) -> dict:
+        """The core's commands -> what executes them (the runner dispatches by type)."""
+        links = self.links
+        return {PushQueue: self._push, SendFrame: links.send, StoreBacklog: self._store_backlog,
+                DropBacklog: self._drop_backlog, LookupTwin: self._lookup_twin,
+                LookupBacklog: self._lookup_backlog, Connect: links.connect,
+                SendPing: links.ping, Disconnect: links.disconnect}
+
+    def _push(self, ev: PushQueue) -> None:
+        self.writer.push(ev.queue, ev.payload)
+
+    def _store_backlog(self, ev: StoreBacklog) -> None:
+        self.writer.set(ev.key, ev.record, ev.ttl)
+
+    def _drop_backlog(self, ev: DropBacklog) -> None:
+        self.writer.delete(ev.key)
+        if ev.elapsed is not None:
+            self.m_round_trip.observe(ev.elapsed)
 
     async def _lookup_twin(self, ev: LookupTwin) -> None:
         """Execute LookupTwin: ask the registry, hand the answer to the core, keep the
@@ -721,7 +657,7 @@ class PeerDaemon:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the task's guard: a bug fails this lookup only
-            self._internal_error("twin lookup", "registry", exc)
+            self.runner.bug(exc, "twin lookup", "registry")
             self.core.twin_lookup_failed(ev.twin, f"internal error: {exc!r}", self._now())
             self._after()
             return
@@ -732,130 +668,13 @@ class PeerDaemon:
                 else:
                     self.store.put(twin, self.clock())
             except Exception as exc:  # sqlite3.Error, OSError: the table still works
-                self._internal_error("twin store write", str(self.args.data_dir), exc)
+                self.runner.bug(exc, "twin store write", str(self.args.data_dir))
         self.core.twin_resolved(ev.twin, twin, self._now())
         self._after()
 
     def _after(self) -> None:
-        """Execute the core's events, then re-arm the timer."""
-        core = self.core
-        writer = self.writer
-        while (ev := core.next_event()) is not None:
-            if isinstance(ev, PushQueue):
-                writer.push(ev.queue, ev.payload)
-            elif isinstance(ev, SendFrame):
-                self._send(ev)
-            elif isinstance(ev, StoreBacklog):
-                writer.set(ev.key, ev.record, ev.ttl)
-            elif isinstance(ev, DropBacklog):
-                writer.delete(ev.key)
-                if ev.elapsed is not None:
-                    self.m_round_trip.observe(ev.elapsed)
-            elif isinstance(ev, LookupTwin):
-                self._spawn(self._lookup_twin(ev))
-            elif isinstance(ev, LookupBacklog):
-                self._spawn(self._lookup_backlog(ev))
-            elif isinstance(ev, Connect):
-                if not self._stopping:
-                    self._spawn(self._connection(ev.relay, ev.attempt))
-            elif isinstance(ev, SendPing):
-                self._ping(ev)
-            elif isinstance(ev, Disconnect):
-                conn = self._conns.get(ev.relay)
-                if conn is not None and conn.attempt == ev.attempt:
-                    conn.ws.transport.abort()
-        # The timer is re-armed only when the core's deadline moved EARLIER than the armed
-        # one (or none is armed): a later deadline (e.g. the oldest request just completed)
-        # keeps the armed timer, which fires early, finds nothing due and re-arms. Saves a
-        # cancel + call_later per reply.
-        deadline = core.get_timer()
-        if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer_at = deadline
-            self._timer = self._loop.call_at(deadline, self._on_timer)
-
-    def _after_soon(self) -> None:
-        """_after() once the running task yields (call_soon): a relay reader handles a
-        slice of frames that were already received without a pass of the event loop, so
-        their events are executed once per slice, not once per frame; none of them could
-        leave earlier anyway (the writers run when the loop does)."""
-        if not self._after_pending:
-            self._after_pending = True
-            self._loop.call_soon(self._after_deferred)
-
-    def _after_deferred(self) -> None:
-        self._after_pending = False
-        try:
-            self._after()
-        except Exception as exc:  # the callback's guard: logged, the daemon goes on
-            self._guard("core events", "loop", exc)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = None
-        try:
-            self.core.handle_timer(self._now())
-        except Exception as exc:  # the timer's guard: logged, the timer is re-armed
-            self._guard("timer", "timer", exc)
-        self._after()
-
-    def _send(self, ev: SendFrame) -> None:
-        conn = self._conns.get(ev.relay)
-        if conn is None or conn.attempt != ev.attempt:
-            now = self._now()
-            self.core.relay_lost(ev.relay, ev.attempt, now, "connection gone before write")
-            self.core.resend(ev, now)
-            return
-        conn.outq.append(ev)
-        conn.wake.set()
-
-    async def _writer(self, relay: str, conn: _Conn) -> None:
-        """Writes the connection's frames in order; on a failed write the connection is
-        reported lost and its unsent frames are re-routed through another relay. A batch of
-        several frames is written with the socket corked (Linux TCP_CORK), so it leaves in
-        full-size segments instead of one send per frame."""
-        sock = conn.ws.transport.get_extra_info("socket") if _TCP_CORK is not None else None
-        while True:
-            await conn.wake.wait()
-            conn.wake.clear()
-            while conn.outq:
-                conn.sending = sending = deque(conn.outq)
-                conn.outq = []
-                corked = len(sending) > 1 and _cork(sock, 1)
-                try:
-                    while sending:
-                        try:
-                            await conn.ws.send(sending[0].data)
-                        except (OSError, aiohttp.ClientError, RuntimeError) as exc:
-                            self._requeue(relay, conn, f"write failed: {exc!r}")
-                            return
-                        sending.popleft()
-                finally:
-                    if corked:
-                        _cork(sock, 0)
-
-    def _requeue(self, relay: str, conn: _Conn, reason: str) -> None:
-        """The connection is lost: every frame not yet written (the writer's batch
-        included, even when the writer task was cancelled mid-batch) is re-routed through
-        another relay or held in the core's outbox until one connects."""
-        now = self._now()
-        self.core.relay_lost(relay, conn.attempt, now, reason[:200])
-        for ev in conn.unsent():
-            self.core.resend(ev, now)
-        self._after()
-
-    def _ping(self, ev: SendPing) -> None:
-        conn = self._conns.get(ev.relay)
-        if conn is None or conn.attempt != ev.attempt:
-            return
-
-        async def ping() -> None:
-            try:
-                await conn.ws.ping()     # the pong is the reader's (relay activity)
-            except (OSError, aiohttp.ClientError, RuntimeError):
-                pass  # the connection's reader reports the loss
-        self._spawn(ping())
+        """Execute the core's commands, then re-arm the timer (a pass of the runner)."""
+        self.runner.pump()
 
     async def _lookup_backlog(self, ev: LookupBacklog) -> None:
         try:
@@ -869,99 +688,6 @@ class PeerDaemon:
             self.log.emit("rmb.peer.rejected", ev.uid, "info", code=102,
                           reason="reply for an unknown or expired request", src=str(ev.src_twin))
         self._after()
-
-    # ------------------------------------------------------------------ relays
-    async def _connection(self, relay: str, attempt: int) -> None:
-        core = self.core
-        token = make_token(self.args.identity, self.twin_id, None, int(self.clock()), ttl=TOKEN_TTL)
-        if self._http is None:
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0),
-                timeout=aiohttp.ClientTimeout(total=None))
-        try:
-            async with asyncio.timeout(10):
-                # autoping off: the reader answers pings and sees pongs (relay activity)
-                raw = await self._http.ws_connect(
-                    URL(f"{relay}/?{token}", encoded=True), autoping=False, heartbeat=None,
-                    compress=0, max_msg_size=2 * MAX_ENVELOPE_SIZE,
-                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # handshake refused (401...), OSError, timeouts: retry later
-            if isinstance(exc, aiohttp.WSServerHandshakeError):   # str() has the token
-                why = f"server rejected WebSocket connection: HTTP {exc.status} {exc.message}"
-            else:
-                why = str(exc) or type(exc).__name__
-            core.relay_failed(relay, attempt, self._now(), f"connect failed: {why}"[:200])
-            self._after()
-            return
-        delay_transport(raw._conn.transport, URL(relay).host or "")   # test only: RELAY_SUITE_LINKS
-        ws = _RelaySocket(raw)
-        conn = _Conn(ws, attempt)
-        conn.writer = self._spawn(self._writer(relay, conn))
-        self._conns[relay] = conn
-        core.relay_connected(relay, attempt, self._now())
-        if relay not in core.live_relays() or self._stopping:
-            del self._conns[relay]
-            conn.writer.cancel()
-            await ws.close()
-            self._after()
-            return
-        self._connected.set()
-        self._after()
-        reason = "closed"
-        handled = 0
-        receive = ws.receive
-        BINARY = WSMsgType.BINARY
-        writer = self.writer
-        try:
-            while True:
-                if writer.full:       # Redis is behind: let TCP hold the relay's traffic
-                    await writer.room()
-                msg = await receive()
-                kind = msg.type
-                if kind is BINARY:
-                    now = self._now()
-                    try:
-                        core.receive_frame(msg.data, relay, now)
-                    except Exception as exc:  # the frame's guard: a bug drops only this frame
-                        self._guard("relay frame", relay, exc)
-                    if not self._after_pending:
-                        self._after_soon()
-                    handled += 1
-                    if handled >= YIELD_EVERY:
-                        # frames already queued are returned without a pass of the event
-                        # loop: let what these produced leave first (see YIELD_EVERY)
-                        handled = 0
-                        await asyncio.sleep(0)
-                elif kind is WSMsgType.PING:
-                    core.relay_activity(relay, self._now(), attempt)
-                    await ws.pong(msg.data)
-                elif kind is WSMsgType.PONG:
-                    core.relay_activity(relay, self._now(), attempt)
-                    self._after()
-                elif kind is WSMsgType.TEXT:
-                    core.relay_activity(relay, self._now(), attempt)
-                    if self.log is not None:
-                        self.log.emit("rmb.peer.rejected", None, "warning", code=100,
-                                      reason="text frame from relay", src=relay)
-                elif kind is WSMsgType.CLOSE:
-                    reason = f"closed by relay ({ws.close_code} {msg.extra or ''})"
-                    break
-                elif kind is WSMsgType.ERROR:
-                    reason = f"closed: {msg.data!r} ({ws.close_code})"
-                    break
-                else:  # CLOSING (we close it), CLOSED (connection lost)
-                    reason = f"closed ({ws.close_code})"
-                    break
-        except OSError as exc:
-            reason = f"socket error: {exc!r}"
-        finally:
-            if self._conns.get(relay) is conn:
-                del self._conns[relay]
-            conn.writer.cancel()
-            if not self._stopping:
-                self._requeue(relay, conn, reason)
 
     # ------------------------------------------------------------------ local queues
     async def _local_loop(self) -> None:
@@ -984,7 +710,7 @@ class PeerDaemon:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # the task's guard: logged, the loop goes on
-                    self._guard("queue read", LOCAL_QUEUE, exc)
+                    self._input_error("queue read", LOCAL_QUEUE, exc)
                     await asyncio.sleep(1.0)
                     continue
                 while items:
@@ -1016,7 +742,7 @@ class PeerDaemon:
             else:
                 self.core.receive_service_reply(raw, now)
         except Exception as exc:  # the queue item's guard: a bug drops only this item
-            self._guard("local message", LOCAL_QUEUE if local else REPLY_QUEUE, exc)
+            self._input_error("local message", LOCAL_QUEUE if local else REPLY_QUEUE, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,8 +81,8 @@ def make(core, **kw):
     done: list = []
     kw.setdefault("executors", {Send: done.append})
     kw.setdefault("on_event", done.append)
-    runner = CoreRunner(core, log=lambda where, exc: lines.append((where, type(exc).__name__)),
-                        bug_metric=lambda: bugs.append(1), name="test", **kw)
+    runner = CoreRunner(core, log=lambda where, exc, src: lines.append((where, type(exc).__name__)),
+                        bug_metric=lambda where, exc: bugs.append(1), name="test", **kw)
     return runner, done, lines, bugs
 
 
@@ -236,3 +236,18 @@ async def test_pump_soon_coalesces_and_close_cancels_tasks():
     task = runner.spawn(asyncio.sleep(3600))
     await runner.aclose()
     assert task.cancelled() and not runner.tasks
+
+
+def test_a_runner_can_be_built_before_the_loop_runs_and_pump_soon_can_wait():
+    core = EchoCore()
+    runner, done, *_ = make(core)                  # no running loop here
+
+    async def main():
+        core.out.append(Happened("later"))
+        runner.pump_soon(0.01)
+        runner.pump_soon()                         # coalesced with the pending one
+        await asyncio.sleep(0)
+        assert done == []
+        await asyncio.sleep(0.05)
+        assert done == [Happened("later")]
+    asyncio.run(main())

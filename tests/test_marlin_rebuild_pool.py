@@ -25,7 +25,7 @@ from daemon_runtime.eventlog import EventLog
 from marlin_cluster.cluster import ClusterMemberCore
 from marlin_cluster.consumer import ConsumerCore
 from marlin_cluster.crypto import NodeKey, keccak256
-from marlin_cluster.daemon import CoreRunner, Metrics, RebuildPool
+from marlin_cluster.daemon import MarlinRunner, Metrics, RebuildPool
 from marlin_cluster.events import MARLIN_EVENTS, BlockRebuilt
 from marlin_cluster.membership import Membership
 from marlin_cluster.params import CHANNEL_BTC, CHANNEL_RAW, Params
@@ -111,7 +111,7 @@ async def _run(pool_kind: str, marker_dir: Path, btc: bytes, wait_s: float) -> l
             if len(delivered) == 2:
                 done.set()
 
-    runner = CoreRunner("consumer", core, consumer_t, log, Metrics(), on_event, pool if pool.offload else None)
+    runner = MarlinRunner("consumer", core, consumer_t, log, Metrics(), on_event, pool if pool.offload else None)
     try:
         await asyncio.gather(*(asyncio.wrap_future(f) for f in pool.warm()))
         for frame in btc_frames + other_frames:     # the Bitcoin block completes first

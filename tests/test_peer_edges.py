@@ -122,12 +122,12 @@ async def test_the_writers_batch_is_rerouted_when_its_connection_drops(cluster):
             break
         await asyncio.sleep(0.05)
     assert core.live_relays() == [r1.url, r2.url]
-    from rmb_peer.daemon import _Conn
-    real = daemon._conns[r1.url]
+    from rmb_peer.relays import _Conn
+    real = daemon.links.conns[r1.url]
     stuck = _Conn(_StuckSocket(), real.attempt)     # swap r1's socket for a stuck one
     real.writer.cancel()
-    daemon._conns[r1.url] = stuck
-    stuck.writer = daemon._spawn(daemon._writer(r1.url, stuck))
+    daemon.links.conns[r1.url] = stuck
+    stuck.writer = daemon.runner.spawn(daemon.links._writer(r1.url, stuck))
     from rmb_peer.envelope import Envelope, new_uid
 
     def frame(i):
@@ -138,7 +138,7 @@ async def test_the_writers_batch_is_rerouted_when_its_connection_drops(cluster):
         return SendFrame(r1.url, real.attempt, env.SerializeToString(), env.uid, "request", b.id)
     frames = [frame(i) for i in range(5)]
     for ev in frames:
-        daemon._send(ev)
+        daemon.links.send(ev)
     await asyncio.sleep(0.1)
     assert stuck.ws.sent == [frames[0].data] and len(stuck.sending) == 5
     resent = []
@@ -146,7 +146,7 @@ async def test_the_writers_batch_is_rerouted_when_its_connection_drops(cluster):
     core.resend = lambda ev, now: (resent.append(ev), original(ev, now))[1]
     # what the reader's finally does when the connection closes
     stuck.writer.cancel()
-    daemon._requeue(r1.url, stuck, "closed: test")
+    daemon.links._requeue(r1.url, stuck, "closed: test")
     core.resend = original
     assert [ev.data for ev in resent] == [f.data for f in frames]   # none lost
     assert r1.url not in core.live_relays()
@@ -196,7 +196,7 @@ async def test_a_bug_at_any_entry_point_is_logged_and_the_peer_keeps_serving(clu
     # (usually [102, 500, 500]; on a slow machine the three may reach the peer in
     # separate reads, so which request meets which bug may vary)
     assert 500 in codes and 102 in codes, results
-    pa.daemon._on_timer()                              # the timer's guard
+    pa.daemon.runner._fire()                           # the timer's guard
     # the next request dies in B's relay-frame guard (A expires it: 102); then all flows
     deadline = time.monotonic() + 60
     while True:
@@ -275,14 +275,14 @@ async def test_relay_connection_keepalive_both_ways(cluster):
         if core.live_relays() == [r1.url, r2.url]:
             break
         await asyncio.sleep(0.05)
-    conn1 = daemon._conns[r1.url]
+    conn1 = daemon.links.conns[r1.url]
     await asyncio.sleep(2.0)
-    assert daemon._conns.get(r1.url) is conn1              # the relay never closed it
+    assert daemon.links.conns.get(r1.url) is conn1              # the relay never closed it
     assert core.relays[r1.url].state == "up"
     from rmb_peer.core import SendPing
-    conn2 = daemon._conns[r2.url]
+    conn2 = daemon.links.conns[r2.url]
     core.relays[r2.url].last_rx = 0.0
-    daemon._ping(SendPing(r2.url, conn2.attempt))
+    daemon.links.ping(SendPing(r2.url, conn2.attempt))
     for _ in range(100):
         if core.relays[r2.url].last_rx > 0.0:
             break

@@ -43,7 +43,7 @@ async def test_burst_output_leaves_per_slice_in_order(redis_url, tmp_path):
         core.receive_local = counting
 
         sent: list[tuple[str, int]] = []   # (uid, requests A had handled when it was written)
-        [conn] = pa.daemon._conns.values()
+        [conn] = pa.daemon.links.conns.values()
         ws_send = conn.ws.send
 
         async def recording_send(data, *args, **kw):

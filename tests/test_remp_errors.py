@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from remp_node import catchain, consensus, errors, rmq, tl, validator, wire
+from remp_node import errors
+from remp_node.core import catchain, consensus, rmq, validator
+from remp_node.wire import tl
+from remp_node.wire import packets as wire
 from remp_node.errors import REASON_RE, RempLocalError, RempRemoteError
 
 MODULES = [errors, tl, wire, catchain, rmq, consensus, validator]
@@ -74,7 +77,7 @@ def test_no_private_exception_types_for_control_flow(mod):
 
 
 def test_codec_misuse_is_local_and_short_input_is_remote():
-    from remp_node.keys import NodeKey
+    from remp_node.wire.keys import NodeKey
     key = NodeKey.from_seed(bytes(32))
     with pytest.raises(RempLocalError) as info:
         wire.encode_remp_message(b"x", b"short id", 0, key)

@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from remp_node.keys import NodeKey
-from remp_node.receipts import (
+from remp_node.wire.keys import NodeKey
+from remp_node.wire.receipts import (
     FINAL_KINDS, KIND_NAMES, KINDS, Accepted, Duplicate, Ignored, Level, New, Receipt,
     ReceiptError, Rejected, SentToValidators, SignedReceipt, Timeout, from_json, is_final,
     is_source_final, kind_of, level_of_kind, make_signed_receipt, sign_receipt, to_json,
     verify_receipt_json,
 )
-from remp_node.tl import ZERO_BLOCK_ID, BlockIdExt
+from remp_node.wire.tl import ZERO_BLOCK_ID, BlockIdExt
 
 SHARD_BLOCK = BlockIdExt(0, 0x4000000000000000, 123, bytes(range(32)), bytes(range(32, 64)))
 MC_BLOCK = BlockIdExt(-1, 0x8000000000000000, 234, b"\x11" * 32, b"\x22" * 32)

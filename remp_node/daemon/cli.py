@@ -5,9 +5,9 @@
     remp-node validator --network D --key D/keys/v1.key --data-dir DATA [...]
     remp-node fullnode  --network D --key D/keys/fullnode1.key --data-dir DATA [...]
 
-`init` writes a local network directory (remp_node/netfiles.py: network.json with the
+`init` writes a local network directory (remp_node/daemon/netfiles.py: network.json with the
 zerostate config of DESIGN.md section 4, one key file per node with mode 0600, 127.0.0.1
-addresses, the demo's wallets). The daemon roles live in remp_node/node.py.
+addresses, the demo's wallets). The daemon roles live in remp_node/daemon/node.py.
 
 Sources: DESIGN.md sections 2, 4, 6 and 7.
 """
@@ -81,7 +81,7 @@ def _init(argv: list[str]) -> int:
 
 
 ROLES = {"init": "write a local network directory",
-         "verify": "check receipt JSON signatures offline (remp_node/verify.py)",
+         "verify": "check receipt JSON signatures offline (remp_node/daemon/verify.py)",
          "validator": "run a validator (shard and masterchain) daemon",
          "fullnode": "run a full node (REMP client + API) daemon"}
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .cache import AddResult, CacheStatus, MessageCache
-from .errors import RempLocalError, RempRemoteError
-from .keys import NodeKey, key_id
-from .tl import (TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256, pack_long,
+from ..errors import RempLocalError, RempRemoteError
+from ..wire.keys import NodeKey, key_id
+from ..wire.tl import (TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256, pack_long,
                  tl_constructor_id)
 
 __all__ = [

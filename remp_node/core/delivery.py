@@ -113,9 +113,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from .keys import NodeKey, key_id as key_id_of, verify
-from .receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptError, SignedReceipt
-from .tl import (REMP_MESSAGE, REMP_NEW, REMP_SIGNED_RECEIPT, TLError, TLReader, pack_bytes, pack_id,
+from ..wire.keys import NodeKey, key_id as key_id_of, verify
+from ..wire.receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptError, SignedReceipt
+from ..wire.tl import (REMP_MESSAGE, REMP_NEW, REMP_SIGNED_RECEIPT, TLError, TLReader, pack_bytes, pack_id,
                  pack_int, pack_int256, pack_long, tl_constructor_id)
 from .validator import CH_CLIENT, CHANNEL_NAMES
 

@@ -97,7 +97,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from nacl import bindings as sodium
 
-from .keys import NodeKey, key_id as key_id_of
+from ..wire.keys import NodeKey, key_id as key_id_of
 
 __all__ = ["TransportLimits", "TransportCore", "TransportError", "TransportEvent",
            "PayloadReceived", "DatagramDropped", "DROP_REASONS", "HEADER_SIZE", "OVERHEAD",

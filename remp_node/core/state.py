@@ -32,9 +32,9 @@ from typing import Iterable, Mapping
 from pytoniq_core import Address, Builder, Cell, MessageAny
 from pytoniq_core.tlb.transaction import ExternalMsgInfo
 
-from .keys import NodeKey, verify
-from .messages import ExternalMessage, MessageRejected, parse_account_id
-from .shards import (FULL_SHARD, MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN, shard_contains, shard_for_account,
+from ..wire.keys import NodeKey, verify
+from ..wire.messages import ExternalMessage, MessageRejected, parse_account_id
+from ..wire.shards import (FULL_SHARD, MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN, shard_contains, shard_for_account,
                      shard_hex, shard_prefixes)
 
 #: Largest amount a Coins field holds (VarUInteger 16: 15 bytes).

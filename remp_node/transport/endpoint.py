@@ -1,5 +1,5 @@
 """The datagram endpoint the REMP daemons use: the authenticated, fragmenting transport of
-remp_node/transport.py driven by remp_node/udp.py.
+remp_node/transport/core.py driven by remp_node/transport/udp.py.
 
     ep = await open_endpoint(key, peers, bind, on_payload, faults=None)
     ep.send(dst_key_id, payload); ep.send_many(dst_key_id, [payload, ...]); ep.address;
@@ -74,7 +74,7 @@ class AuthEndpoint:
         return out
 
     def send(self, dst: bytes, payload: bytes) -> None:
-        from .transport import TransportError
+        from .core import TransportError
         try:
             self.ep.send(dst, payload)
         except TransportError as exc:   # unknown peer / oversized payload: a local bug, counted
@@ -85,7 +85,7 @@ class AuthEndpoint:
         """Several payloads for one peer, in order; small ones share datagrams (transport.py,
         "Bundles"). A refused batch (unknown peer, a payload over max_payload) is counted as
         send() counts it and then sent one by one, so the others still leave."""
-        from .transport import TransportError
+        from .core import TransportError
         try:
             self.ep.send_many(dst, payloads)
         except TransportError:
@@ -102,7 +102,7 @@ async def open_endpoint(key, peers: dict[bytes, tuple[bytes, tuple[str, int]]], 
     """Bind A's authenticated UDP endpoint for node `key` (NodeKey) talking to `peers`
     (module doc). on_drop(transport.DatagramDropped) for every dropped datagram. epoch: this
     run's transport epoch (must grow across restarts; default: the current time in us)."""
-    from .transport import TransportCore
+    from .core import TransportCore
     from .udp import Faults as UdpFaults, UdpEndpoint
     core = TransportCore(key, {pk: (addr[0], int(addr[1])) for pk, addr in peers.values()}, epoch=epoch)
     uf = None

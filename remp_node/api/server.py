@@ -37,7 +37,7 @@
   validator sent its own final status (client.MessageSettled), or (1000, "grace") after
   ``--subscription-grace`` seconds (60) from the decision, or when the client leaves. A
   subscriber sees exactly the statuses ``GET /messages/{id}`` lists when it ends.
-- ``/graphql``: ever-q-server's REMP API shape (remp_node/graphql.py) when strawberry-graphql
+- ``/graphql``: ever-q-server's REMP API shape (remp_node/api/graphql.py) when strawberry-graphql
   is installed: mutation ``postRequests(requests: [Request])`` and subscription
   ``rempReceipts(messageId)`` over graphql-transport-ws.
 - Every status is appended to a Redis stream (the reference's Kafka topic keyed by message
@@ -64,11 +64,11 @@ from typing import TYPE_CHECKING
 from aiohttp import WSMsgType, web
 from prometheus_client import Counter as PCounter, Gauge
 
-from .messages import MessageRejected, message_id_of, parse_external_message
-from .store import StoreError
+from ..wire.messages import MessageRejected, message_id_of, parse_external_message
+from ..daemon.store import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .node import FullnodeDaemon
+    from ..daemon.node import FullnodeDaemon
 
 __all__ = ["StatusHub", "add_api_routes", "decode_body", "parse_message_id"]
 
@@ -399,7 +399,7 @@ class StatusHub:
             self.m_refused.labels("undecodable").inc()
             return 400, {"error": reason}
         try:
-            from .client import submitted_message_id
+            from ..core.client import submitted_message_id
             mid = submitted_message_id(boc, parsed)
             held = self.daemon.held_final(mid)
             if held is not None:

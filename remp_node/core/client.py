@@ -60,15 +60,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from .keys import NodeKey, key_id
-from .messages import ExternalMessage, MessageRejected, message_id_of, parse_external_message
-from .shards import shard_hex
-from .receipts import (
+from ..wire.keys import NodeKey, key_id
+from ..wire.messages import ExternalMessage, MessageRejected, message_id_of, parse_external_message
+from ..wire.shards import shard_hex
+from ..wire.receipts import (
     Accepted, Level, Receipt, ReceiptError, Rejected, SentToValidators, SignedReceipt, Timeout,
     is_source_final, kind_of, sign_receipt, to_json,
 )
-from .tl import ZERO_BLOCK_ID
-from .wire import RempMessageDatagram, decode_datagram, encode_remp_message
+from ..wire.tl import ZERO_BLOCK_ID
+from ..wire.packets import RempMessageDatagram, decode_datagram, encode_remp_message
 
 #: Seconds between adding validators / resending (reference: client resend 2 s).
 RESEND_INTERVAL = 2.0

@@ -39,10 +39,10 @@ from pathlib import Path
 
 from daemon_runtime.ports import free_ports
 
-from .keys import NodeKey
-from .schedule import ScheduleError, ValidatorInfo, ZeroStateConfig
-from .shards import shard_prefixes
-from .state import ZeroState, real_message_destinations, wallet_address, zero_state_from_config
+from ..wire.keys import NodeKey
+from ..core.schedule import ScheduleError, ValidatorInfo, ZeroStateConfig
+from ..wire.shards import shard_prefixes
+from ..core.state import ZeroState, real_message_destinations, wallet_address, zero_state_from_config
 
 __all__ = ["NetFilesError", "NodeEntry", "Network", "init_network", "load_network", "load_key",
            "write_private_json", "DEFAULT_TIMING"]
@@ -83,7 +83,7 @@ class NodeEntry:
 
     @property
     def key_id(self) -> bytes:
-        from .keys import key_id
+        from ..wire.keys import key_id
         return key_id(self.public_key)
 
     def to_dict(self) -> dict:

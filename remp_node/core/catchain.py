@@ -87,14 +87,14 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Iterable
 
-from .errors import RempLocalError, RempRemoteError
-from .keys import NodeKey, key_id, verify
-from .tl import (TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256,
+from ..errors import RempLocalError, RempRemoteError
+from ..wire.keys import NodeKey, key_id, verify
+from ..wire.tl import (TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256,
                  tl_constructor_id)
 
 
 def _tl_id(line: str) -> int:
-    """Constructor id of a ton_api.tl line (remp_node.tl drops `(vector x)` parentheses
+    """Constructor id of a ton_api.tl line (remp_node.wire.tl drops `(vector x)` parentheses
     as TON's TL compiler does: catchain.getDifference = 0xd06cced8)."""
     return tl_constructor_id(line)
 

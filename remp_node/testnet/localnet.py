@@ -19,7 +19,7 @@ from pathlib import Path
 
 from daemon_runtime.daemons import Daemon, LaunchError, script
 
-from .netfiles import Network, load_network
+from ..daemon.netfiles import Network, load_network
 
 __all__ = ["LocalNet", "load_jsonl"]
 
@@ -113,7 +113,7 @@ class LocalNet:
     @property
     def apis(self) -> list[str]:
         """Every full node's base URL, in label order (fullnode1, fullnode2, ...): what a
-        remp_node.submit.Submitter spreads messages over."""
+        remp_node.api.submit.Submitter spreads messages over."""
         return [f"http://127.0.0.1:{d.info['port']}" for label, d in self.daemons.items()
                 if label.startswith("fullnode")]
 

@@ -29,11 +29,11 @@ from typing import Callable
 
 from daemon_runtime.ratelimit import LogLimiter
 
-from .transport import DatagramDropped, PayloadReceived, TransportCore
+from .core import DatagramDropped, PayloadReceived, TransportCore
 
 __all__ = ["UdpEndpoint", "Faults"]
 
-log = logging.getLogger("remp_node.udp")
+log = logging.getLogger("remp_node.transport.udp")
 
 #: Default SO_RCVBUF / SO_SNDBUF of an endpoint (bytes).
 SOCKET_BUFFER = 4 << 20

@@ -16,7 +16,7 @@ import re
 import struct
 import zlib
 
-from .errors import RempRemoteError
+from ..errors import RempRemoteError
 
 
 class TLError(RempRemoteError):

@@ -2,9 +2,9 @@
 around the sans-I/O cores; DESIGN.md section 2).
 
 Both roles: typed config (daemon_runtime.config: --config TOML < env REMP_NODE_* < flags),
---help, one HTTP port for /metrics, /health (and the full node's API, remp_node/api.py),
+--help, one HTTP port for /metrics, /health (and the full node's API, remp_node/api/server.py),
 SIGTERM/SIGINT graceful shutdown, a READY line, the JSON event log through eventmap.py, the
-datagram endpoint of remp_node/endpoint.py with the test-only --faults flag.
+datagram endpoint of remp_node/transport/endpoint.py with the test-only --faults flag.
 
 The loop is daemon_runtime.runner.CoreRunner with the daemon as its core: a pass runs the
 role's step (every sub-core's due timers and output, the journal or status write, the
@@ -50,20 +50,20 @@ from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, r
 from daemon_runtime.ratelimit import LogLimiter
 from daemon_runtime.runner import CoreRunner
 
-from .api import DEFAULT_MAX_PENDING
-from .client import LATE_MEMORY
-from .delivery import DEFAULT_WINDOW, INITIAL_WINDOW, MAX_WINDOW, DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
-from .endpoint import open_endpoint, parse_faults
-from .eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records, emit_records,
+from ..api.server import DEFAULT_MAX_PENDING
+from ..core.client import LATE_MEMORY
+from ..core.delivery import DEFAULT_WINDOW, INITIAL_WINDOW, MAX_WINDOW, DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
+from ..transport.endpoint import open_endpoint, parse_faults
+from ..core.eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records, emit_records,
                        fullnode_dropped_record, peer_label, validator_records)
-from .events import REMP_EVENTS
+from ..events import REMP_EVENTS
 from .netfiles import NetFilesError, load_key, load_network
-from .receipts import ReceiptError
-from .schedule import master_session_at
+from ..wire.receipts import ReceiptError
+from ..core.schedule import master_session_at
 from .store import StoreError
-from .validator import (CH_CLIENT, CH_MASTER, CHANNEL_NAMES, Dropped, MasterBlockAccepted, ReceiptSent,
+from ..core.validator import (CH_CLIENT, CH_MASTER, CHANNEL_NAMES, Dropped, MasterBlockAccepted, ReceiptSent,
                         ShardBlockAccepted, ValidatorCore, ZERO32, mux)
-from .wire import WireError
+from ..wire.packets import WireError
 
 #: seconds between a received datagram and the step that flushes its consequences (module
 #: doc of _Daemon._on_payload); added once per hop
@@ -389,7 +389,7 @@ class _Daemon:
 class ValidatorDaemon(_Daemon):
     def __init__(self, args):
         super().__init__(args, "validator")
-        from .catchain import Catchain
+        from ..core.catchain import Catchain
         from .store import ValidatorStore
         self.store = ValidatorStore(args.data_dir)
         # transport epoch = delivery stream: max(previous + 1, now) from the data dir, so a
@@ -535,9 +535,9 @@ class ValidatorDaemon(_Daemon):
 class FullnodeDaemon(_Daemon):
     def __init__(self, args):
         super().__init__(args, "fullnode")
-        from .api import StatusHub
-        from .client import RempClient
-        from .follower import ChainFollower
+        from ..api.server import StatusHub
+        from ..core.client import RempClient
+        from ..core.follower import ChainFollower
         from .store import FullnodeStore
         self.store = FullnodeStore(args.data_dir)
         self.epoch = self.store.run_epoch(time.time_ns() // 1000)
@@ -673,7 +673,7 @@ class FullnodeDaemon(_Daemon):
         in flight is a no-op of the core. Raises store.StoreError when the store cannot
         record it: then nothing was handed to the client core or sent (the API answers 503;
         a message the full node could not resubmit after a crash is never accepted)."""
-        from .client import submitted_message_id
+        from ..core.client import submitted_message_id
         now = self.now()
         mid = submitted_message_id(boc, parsed)
         if self.held_final(mid) is not None:
@@ -748,7 +748,7 @@ class FullnodeDaemon(_Daemon):
     def _follow_chain(self, now: float) -> None:
         """What the chain says about the tracked messages (client.chain_finalized /
         chain_session), from the follower's applied master blocks."""
-        from .follower import ChainBlockApplied
+        from ..core.follower import ChainBlockApplied
         while (ev := self.follower.next_event()) is not None:
             if not isinstance(ev, ChainBlockApplied):
                 continue
@@ -774,7 +774,7 @@ class FullnodeDaemon(_Daemon):
     def _client_handlers(self) -> dict[type, Callable]:
         """Client event type -> what the full node does with it besides logging it
         (eventmap.client_records): metrics, the store, the API's status hub."""
-        from .client import FinalStatus, MessageReceived, MessageSettled, ReceiptEvent
+        from ..core.client import FinalStatus, MessageReceived, MessageSettled, ReceiptEvent
         return {ReceiptEvent: self._on_receipt, MessageReceived: self._on_received,
                 FinalStatus: self._on_final, MessageSettled: lambda ev, rows: self.hub.settled(ev.message_id, ev.reason)}
 
@@ -871,7 +871,7 @@ def run_role(role: str, argv: list[str]) -> int:
     async def run(stop: asyncio.Event) -> None:
         app = web.Application(client_max_size=getattr(args, "max_body", 1 << 20))
         if role == "fullnode":
-            from .api import add_api_routes
+            from ..api.server import add_api_routes
             add_api_routes(app, daemon)
         try:
             info = await daemon.start_io(app)

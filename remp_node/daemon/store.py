@@ -40,8 +40,8 @@ import sqlite3
 from pathlib import Path
 from typing import Iterable
 
-from .delivery import OutboxChange
-from .validator import JournalEntry, ValidatorJournal
+from ..core.delivery import OutboxChange
+from ..core.validator import JournalEntry, ValidatorJournal
 
 __all__ = ["StoreError", "ValidatorStore", "FullnodeStore", "DB_NAME"]
 

@@ -20,13 +20,13 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
 from . import consensus as cons
-from .keys import NodeKey
-from .messages import MessageRejected, parse_external_message
+from ..wire.keys import NodeKey
+from ..wire.messages import MessageRejected, parse_external_message
 from .schedule import (GENESIS_MASTER_HASH, ZeroStateConfig, masterchain_members, master_session_at,
                        session_start, shard_groups)
-from .shards import MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN
+from ..wire.shards import MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN
 from .state import ZeroState
-from .tl import BlockIdExt
+from ..wire.tl import BlockIdExt
 from .validator import (CH_MASTER, PayloadError, decode_master_block, decode_shard_payload, demux, mux)
 
 __all__ = ["ChainFollower", "ChainBlockApplied", "FollowerDropped"]

@@ -124,9 +124,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, NamedTuple
 
-from .errors import RempLocalError, RempRemoteError
-from .keys import NodeKey, key_id as key_id_of, verify
-from .tl import (BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256,
+from ..errors import RempLocalError, RempRemoteError
+from ..wire.keys import NodeKey, key_id as key_id_of, verify
+from ..wire.tl import (BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256,
                  pack_int512, pack_long, tl_constructor_id)
 
 INF = float("inf")

@@ -80,20 +80,20 @@ from typing import Callable
 
 from . import consensus as cons
 from .cache import AddResult, CacheStatus, MessageCache
-from .errors import RempLocalError, RempRemoteError
-from .keys import NodeKey, key_id
-from .messages import MessageRejected, parse_external_message
-from .receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, Timeout,
+from ..errors import RempLocalError, RempRemoteError
+from ..wire.keys import NodeKey, key_id
+from ..wire.messages import MessageRejected, parse_external_message
+from ..wire.receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, Timeout,
                        make_signed_receipt, truncate_error)
 from .rmq import (MessageAcceptedByQueue, MessageDuplicate, MessageQueued, MessageRejectedByQueue,
                   RecordDropped, ReliableMessageQueue, SourceBlamed)
 from .schedule import (GENESIS_MASTER_HASH, ZeroStateConfig, masterchain_members, master_session_at,
                        session_start, shard_groups)
-from .shards import FULL_SHARD, MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN, shard_contains
+from ..wire.shards import FULL_SHARD, MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN, shard_contains
 from .state import ShardState, ZeroState
-from .tl import (ZERO_BLOCK_ID, BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int,
+from ..wire.tl import (ZERO_BLOCK_ID, BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int,
                  pack_int256, pack_long, tl_constructor_id)
-from .wire import RempMessageDatagram, WireError, decode_datagram, encode_receipt
+from ..wire.packets import RempMessageDatagram, WireError, decode_datagram, encode_receipt
 
 __all__ = ["ValidatorCore", "ValidatorError", "ValidatorJournal", "JournalEntry", "ValidatorEvent", "ReceiptSent", "ForkBlamed",
            "ShardBlockAccepted", "MasterBlockAccepted", "SessionStarted", "Dropped",

@@ -37,9 +37,9 @@ from typing import Iterable
 from daemon_runtime.eventlog import EventLogError, LogRecord
 
 from .client import FinalStatus, MessageReceived, MessageSent, ReceiptEvent
-from .receipts import SentToValidators, is_source_final, kind_of
-from .shards import shard_hex
-from .tl import ZERO_BLOCK_ID
+from ..wire.receipts import SentToValidators, is_source_final, kind_of
+from ..wire.shards import shard_hex
+from ..wire.tl import ZERO_BLOCK_ID
 from .validator import (Dropped, ForkBlamed, MasterBlockAccepted, ReceiptSent, SessionStarted,
                         ShardBlockAccepted, ValidatorEvent)
 

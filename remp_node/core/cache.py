@@ -71,7 +71,7 @@ class CacheEntry:
 
     message_id, uid: 32 bytes each; master_seqno: master session the message was first
     received in (lifetime origin); status: CacheStatus; block_id: the shard block
-    (opaque object, e.g. remp_node.tl.BlockIdExt) that holds it once ACCEPTED/FINALIZED;
+    (opaque object, e.g. remp_node.wire.tl.BlockIdExt) that holds it once ACCEPTED/FINALIZED;
     duplicate_of: for DUPLICATE entries, the id first seen with the same uid."""
 
     message_id: bytes

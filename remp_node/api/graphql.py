@@ -43,7 +43,7 @@ from graphql import GraphQLError
 from strawberry.aiohttp.views import GraphQLView
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 
-from .api import ApiError, parse_message_id
+from .server import ApiError, parse_message_id
 
 __all__ = ["build_schema", "add_graphql_route"]
 

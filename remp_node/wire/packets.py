@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from .errors import RempLocalError, RempRemoteError
+from ..errors import RempLocalError, RempRemoteError
 from .keys import NodeKey, verify
 from .messages import MAX_MESSAGE_SIZE
 from .receipts import ReceiptError, SignedReceipt

@@ -26,10 +26,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .keys import key_id
-from .shards import (FULL_SHARD, U64, ShardError, is_valid_shard, shard_contains,  # noqa: F401
+from ..wire.keys import key_id
+from ..wire.shards import (FULL_SHARD, U64, ShardError, is_valid_shard, shard_contains,  # noqa: F401
                      shard_for_account, shard_hex, shard_range, split_shards)
-from .tl import pack_id, pack_int, pack_int256, pack_long, tl_constructor_id
+from ..wire.tl import pack_id, pack_int, pack_int256, pack_long, tl_constructor_id
 
 MASTERCHAIN = -1
 GENESIS_MASTER_HASH = bytes(32)

@@ -1,7 +1,7 @@
-"""`remp-node verify` / `python -m remp_node.verify`: check REMP receipts offline.
+"""`remp-node verify` / `python -m remp_node.daemon.verify`: check REMP receipts offline.
 
-    python -m remp_node.verify --validators NET/network.json receipts.jsonl
-    curl -s http://fullnode/messages/<id> | python -m remp_node.verify --validators keys.json -
+    python -m remp_node.daemon.verify --validators NET/network.json receipts.jsonl
+    curl -s http://fullnode/messages/<id> | python -m remp_node.daemon.verify --validators keys.json -
 
 Reads receipt JSON (the seed's shape, receipts.to_json) from files or stdin ("-" or no
 file): one JSON object, a JSON array of objects, JSON lines, or an object with a
@@ -33,8 +33,8 @@ import json
 import sys
 from typing import Any, Iterable, TextIO
 
-from .keys import key_id
-from .receipts import ReceiptError, verify_receipt_json
+from ..wire.keys import key_id
+from ..wire.receipts import ReceiptError, verify_receipt_json
 
 __all__ = ["main", "load_keys", "parse_receipts", "verify_all", "build_parser", "VerifyInputError"]
 

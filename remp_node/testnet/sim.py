@@ -24,18 +24,18 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .client import FinalStatus, ReceiptEvent, RempClient
-from .eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records,
+from ..core.client import FinalStatus, ReceiptEvent, RempClient
+from ..core.eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records,
                        emit_records, fullnode_dropped_record, peer_label, validator_records)
-from .keys import NodeKey
-from .shards import shard_prefixes
+from ..wire.keys import NodeKey
+from ..wire.shards import shard_prefixes
 from .network import SimNetwork
-from .receipts import ReceiptError, SignedReceipt, to_json
-from .schedule import ValidatorInfo, ZeroStateConfig
-from .state import ZeroState, build_zero_state
-from .validator import (CH_CLIENT, CHANNEL_NAMES, ForkBlamed, MasterBlockAccepted, ReceiptSent,
+from ..wire.receipts import ReceiptError, SignedReceipt, to_json
+from ..core.schedule import ValidatorInfo, ZeroStateConfig
+from ..core.state import ZeroState, build_zero_state
+from ..core.validator import (CH_CLIENT, CHANNEL_NAMES, ForkBlamed, MasterBlockAccepted, ReceiptSent,
                         ValidatorCore, ValidatorJournal, ZERO32, demux, mux)
-from .wire import WireError, decode_datagram
+from ..wire.packets import WireError, decode_datagram
 
 __all__ = ["Simulation", "SimConfig", "classify_datagram"]
 
@@ -49,7 +49,7 @@ def classify_datagram(data: bytes) -> str:
 
 
 def default_catchain_factory(session_id, members, local, block_interval=0.05):
-    from .catchain import Catchain
+    from ..core.catchain import Catchain
     return Catchain(session_id, members, local, block_interval=block_interval, sync_interval=0.5)
 
 

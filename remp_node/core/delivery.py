@@ -113,6 +113,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
+from ..errors import RempLocalError, RempRemoteError
 from ..wire.keys import NodeKey, key_id as key_id_of, verify
 from ..wire.receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptError, SignedReceipt
 from ..wire.tl import (REMP_MESSAGE, REMP_NEW, REMP_SIGNED_RECEIPT, TLError, TLReader, pack_bytes, pack_id,
@@ -163,7 +164,7 @@ DEFAULT_WINDOW = 32
 MAX_WINDOW = 4096
 
 
-class DeliveryError(ValueError):
+class DeliveryError(RempRemoteError):
     """A remote delivery packet is malformed or does not verify. reason: "malformed" |
     "unknown_source" | "bad_signature" | "wrong_destination" | "wrong_source" |
     "stale_stream" | "buffer_full"."""
@@ -174,7 +175,7 @@ class DeliveryError(ValueError):
         self.detail = detail
 
 
-class DeliveryMisuse(Exception):
+class DeliveryMisuse(RempLocalError):
     """Local misuse of ReceiptSender / ReceiptReceiver (not a ValueError)."""
 
 

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING
 from aiohttp import WSMsgType, web
 from prometheus_client import Counter as PCounter, Gauge
 
+from ..errors import RempRemoteError
 from ..wire.messages import MessageRejected, message_id_of, parse_external_message
 from ..daemon.store import StoreError
 
@@ -91,7 +92,7 @@ end
 return {n}"""
 
 
-class ApiError(ValueError):
+class ApiError(RempRemoteError):
     """A request the API refuses: status code + message."""
 
     def __init__(self, status: int, message: str):

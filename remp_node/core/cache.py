@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from ..errors import RempLocalError
 
 __all__ = ["CacheStatus", "CacheEntry", "AddOutcome", "AddResult", "MessageCache",
            "CacheTransitionError", "LIFETIME_SESSIONS"]
@@ -40,7 +41,7 @@ class CacheStatus(enum.Enum):
     DUPLICATE = "duplicate"      # same body (uid) as an earlier message id
 
 
-class CacheTransitionError(Exception):
+class CacheTransitionError(RempLocalError):
     """Local misuse: a status change the cache's table does not allow (names state and input)."""
 
     def __init__(self, message_id: bytes, state: CacheStatus, to: CacheStatus):

@@ -60,6 +60,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from ..errors import RempLocalError
 from ..wire.keys import NodeKey, key_id
 from ..wire.messages import ExternalMessage, MessageRejected, message_id_of, parse_external_message
 from ..wire.shards import shard_hex
@@ -110,7 +111,7 @@ LATE_MEMORY = 60.0
 GroupsFn = Callable[[int, float], "tuple[Sequence[bytes], Sequence[bytes]]"]
 
 
-class ClientError(Exception):
+class ClientError(RempLocalError):
     """Local misuse of RempClient (e.g. an account of an unknown workchain state)."""
 
 

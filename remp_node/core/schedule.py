@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ..errors import RempRemoteError
 from ..wire.keys import key_id
 from ..wire.shards import (FULL_SHARD, U64, ShardError, is_valid_shard, shard_contains,  # noqa: F401
                      shard_for_account, shard_hex, shard_range, split_shards)
@@ -40,7 +41,7 @@ TL_GROUP_SEED = ("remp.schedule.groupSeed prev_mc_block_hash:int256 session_seqn
 GROUP_SEED = tl_constructor_id(TL_GROUP_SEED)
 
 
-class ScheduleError(ValueError):
+class ScheduleError(RempRemoteError):
     """Invalid zerostate config or schedule argument."""
 
 

@@ -32,6 +32,7 @@ from typing import Iterable, Mapping
 from pytoniq_core import Address, Builder, Cell, MessageAny
 from pytoniq_core.tlb.transaction import ExternalMsgInfo
 
+from ..errors import RempRemoteError
 from ..wire.keys import NodeKey, verify
 from ..wire.messages import ExternalMessage, MessageRejected, parse_account_id
 from ..wire.shards import (FULL_SHARD, MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN, shard_contains, shard_for_account,
@@ -85,7 +86,7 @@ class WalletTransfer:
     amount: int
 
 
-class WalletBodyError(ValueError):
+class WalletBodyError(RempRemoteError):
     """A wallet message body that does not have the wallet layout (see module doc)."""
 
 

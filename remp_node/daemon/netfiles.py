@@ -39,6 +39,7 @@ from pathlib import Path
 
 from daemon_runtime.ports import free_ports
 
+from ..errors import RempRemoteError
 from ..wire.keys import NodeKey
 from ..core.schedule import ScheduleError, ValidatorInfo, ZeroStateConfig
 from ..wire.shards import shard_prefixes
@@ -53,7 +54,7 @@ DEFAULT_TIMING = {"rmq_block_interval": 0.1, "master_block_interval": None,
                   "shard_round_timeout": 0.6, "master_round_timeout": 1.0, "resend_interval": 2.0}
 
 
-class NetFilesError(ValueError):
+class NetFilesError(RempRemoteError):
     """A malformed or inconsistent network directory or key file."""
 
 

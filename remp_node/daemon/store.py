@@ -40,6 +40,7 @@ import sqlite3
 from pathlib import Path
 from typing import Iterable
 
+from ..errors import RempLocalError
 from ..core.delivery import OutboxChange
 from ..core.validator import JournalEntry, ValidatorJournal
 
@@ -48,7 +49,7 @@ __all__ = ["StoreError", "ValidatorStore", "FullnodeStore", "DB_NAME"]
 DB_NAME = "remp.sqlite3"
 
 
-class StoreError(Exception):
+class StoreError(RempLocalError):
     """The store cannot be opened or written (local failure)."""
 
 

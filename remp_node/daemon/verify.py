@@ -33,6 +33,7 @@ import json
 import sys
 from typing import Any, Iterable, TextIO
 
+from ..errors import RempRemoteError
 from ..wire.keys import key_id
 from ..wire.receipts import ReceiptError, verify_receipt_json
 
@@ -42,7 +43,7 @@ __all__ = ["main", "load_keys", "parse_receipts", "verify_all", "build_parser", 
 MAX_INPUT_BYTES = 256 << 20
 
 
-class VerifyInputError(ValueError):
+class VerifyInputError(RempRemoteError):
     """Unusable input: a key set or receipt source that cannot be read or parsed."""
 
 

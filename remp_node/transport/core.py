@@ -97,6 +97,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from nacl import bindings as sodium
 
+from ..errors import RempLocalError
 from ..wire.keys import NodeKey, key_id as key_id_of
 
 __all__ = ["TransportLimits", "TransportCore", "TransportError", "TransportEvent",
@@ -136,7 +137,7 @@ DROP_REASONS = ("garbage", "oversized", "unknown_peer", "rate_limited", "stale_e
                 "replayed", "malformed", "too_many_parts", "inflight_limit", "reassembly_timeout")
 
 
-class TransportError(Exception):
+class TransportError(RempLocalError):
     """Local misuse of TransportCore (not a remote error; not a ValueError)."""
 
 

@@ -32,6 +32,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Union
 
+from ..errors import RempRemoteError
 from .keys import NodeKey, key_id, verify
 from .tl import (
     REMP_ACCEPTED, REMP_COLLATOR, REMP_DUPLICATE, REMP_FULLNODE, REMP_IGNORED,
@@ -67,7 +68,7 @@ MASTERCHAIN_SHARD = 0x8000000000000000
 NO_MASTER_BLOCK_ID = BlockIdExt(0, 0x8000000000000000, 0, b"\x00" * 32, b"\x00" * 32)
 
 
-class ReceiptError(ValueError):
+class ReceiptError(RempRemoteError):
     """A remote receipt (TL bytes or JSON) is malformed or does not verify.
 
     `reason`: "malformed" | "unknown_source" | "bad_signature"; str(exc) says exactly what.

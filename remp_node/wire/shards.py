@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ..errors import RempRemoteError
+
 __all__ = ["U64", "FULL_SHARD", "MASTERCHAIN_KEY", "MASTERCHAIN_WORKCHAIN", "ShardError", "is_valid_shard", "shard_range", "shard_depth",
            "shard_contains", "shard_prefixes", "split_shards", "shard_for_account", "shard_hex"]
 
@@ -37,7 +39,7 @@ MASTERCHAIN_KEY = -1
 MAX_SPLIT_DEPTH = 8
 
 
-class ShardError(ValueError):
+class ShardError(RempRemoteError):
     """An invalid shard ident, account id or shard split."""
 
 

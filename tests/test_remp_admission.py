@@ -49,13 +49,27 @@ async def test_full_node_at_its_bound_refuses_with_retry_after_and_retried_messa
                     break
                 await asyncio.sleep(0.5)
             bocs = transfers(net, 30, 100)
-            first = await asyncio.gather(*(post(b) for b in bocs))
-            # at once, while the first ten are not final: postRequests is refused too
             extra = transfers(net, 1, 900)[0]
-            async with s.post(api + "/graphql", json={
-                    "query": "mutation($r: [Request!]!) { postRequests(requests: $r) }",
-                    "variables": {"r": [{"body": base64.b64encode(extra).decode()}]}}) as r:
-                doc = await r.json()
+            at_bound = asyncio.Event()
+            accepted = 0
+
+            async def burst_post(boc):
+                nonlocal accepted
+                out = await post(boc)
+                accepted += out[0] == 202
+                if accepted >= 10:
+                    at_bound.set()
+                return out
+
+            async def graphql_at_bound():
+                # sent as soon as the tenth message is accepted, while those ten are not
+                # final (a shard block takes 0.2 s): postRequests is refused too
+                await asyncio.wait_for(at_bound.wait(), timeout=120)
+                async with s.post(api + "/graphql", json={
+                        "query": "mutation($r: [Request!]!) { postRequests(requests: $r) }",
+                        "variables": {"r": [{"body": base64.b64encode(extra).decode()}]}}) as r:
+                    return await r.json()
+            *first, doc = await asyncio.gather(*(burst_post(b) for b in bocs), graphql_at_bound())
             refused = [(b, ra, d) for b, (st, ra, d) in zip(bocs, first) if st == 503]
             assert refused, "no refusal past --max-pending 10"
             assert sum(1 for st, _, _ in first if st == 202) >= 10

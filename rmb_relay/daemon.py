@@ -53,7 +53,7 @@ when installed (--event-loop).
 Robustness: twin records are served stale-while-revalidate up to
 --twin-max-stale past their TTL (rmb_relay/lookups.py) and a lookup that must reach the
 registry delays only envelopes for that twin; federation out is bounded per domain
-(circuit, in-flight cap, job cap: rmb_relay/core.py FederationScheduler); warnings are
+(circuit, in-flight cap, job cap: rmb_relay/core/federation.py FederationScheduler); warnings are
 rate-limited per reason (rmb.relay.suppressed + rmb_relay_log_suppressed); fd exhaustion
 is reported (rmb.relay.accept_failed, rmb_relay_accept_failed, rmb_relay_open_fds); each
 entry point (frame, queue item, timer, task, HTTP handler) has one guard that turns an
@@ -61,7 +61,7 @@ unexpected exception into rmb.relay.bug without killing the daemon. Extra events
 rmb_relay/events.py.
 
 Structure (DESIGN.md section 2): the decisions live in the sans-I/O RelayCore
-(rmb_relay/relay_core.py: per-session state table, routing, twin table, federation plan,
+(rmb_relay/core/relay.py: per-session state table, routing, twin table, federation plan,
 federation-in checks). This module is its asyncio adapter: it feeds the core's inputs
 (peer_connected, receive_frame, twin_resolved, enqueued, queue_replayed,
 federation_result, receive_federation, handle_timer) and executes its commands
@@ -100,17 +100,15 @@ from rmb_peer.envelope import MAX_ENVELOPE_SIZE, Envelope, address_str, message_
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
 from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
+from daemon_runtime.ratelimit import LogLimiter
 from rmb_relay.core import (
-    ERR_EXPIRED, ERR_OFFLINE, TAG_FAIL_FAST, FederationScheduler, FixedWindowLimiter,
-    LogLimiter, NoLimit, Ranker, Session, session_str,
+    ERR_EXPIRED, ERR_OFFLINE, TAG_FAIL_FAST, CloseConnection, Enqueue, FederationAnswer,
+    FederationScheduler, FixedWindowLimiter, Log, LookupTwin, NoLimit, PostFederation, Ranker,
+    RelayCore, ReplayQueue, Session, WriteFrame, session_str,
 )
-from rmb_relay.eventmap import effects_of, reason_label
+from rmb_relay.core.eventmap import effects_of, reason_label
 from rmb_relay.events import RELAY_EVENTS
 from rmb_relay.lookups import TwinLookups
-from rmb_relay.relay_core import (
-    CloseConnection, Enqueue, FederationAnswer, Log, LookupTwin, PostFederation, RelayCore,
-    ReplayQueue, WriteFrame,
-)
 
 __all__ = ["RelayServer", "build_parser", "main", "DEFAULT_PORT"]
 

@@ -55,7 +55,7 @@ async def test_held_back_frames_of_a_closed_connection_are_queued_and_replayed(c
     flush is not lost: it goes back to the core (write_failed), into the destination's
     offline queue, and is replayed, in order, when the twin reconnects; no `forwarded`
     event is logged for it (it was never written)."""
-    from rmb_relay.relay_core import Log, WriteFrame
+    from rmb_relay.core import Log, WriteFrame
 
     relay = await cluster.relay()
     ia, a = await cluster.twin([relay.domain])

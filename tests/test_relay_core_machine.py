@@ -12,7 +12,7 @@ import pytest
 from rmb_peer.envelope import Envelope
 from rmb_peer.twins import DirectoryError, UnknownTwin
 from rmb_relay.core import FederationScheduler, FixedWindowLimiter, Ranker
-from rmb_relay.relay_core import (
+from rmb_relay.core import (
     CloseConnection, Enqueue, LookupTwin, Log, PostFederation, RelayCore, RelayStateError,
     ReplayQueue, WriteFrame,
 )
@@ -247,7 +247,7 @@ def test_federation_in_verifies_waits_for_lookups_and_answers():
     from rmb_peer.challenge import sign_envelope
     from rmb_peer.identity import Identity
     from rmb_peer.twins import Twin
-    from rmb_relay.relay_core import FederationAnswer
+    from rmb_relay.core import FederationAnswer
 
     alice = Identity.from_seed(os.urandom(32), "ed25519")
     mallory = Identity.from_seed(os.urandom(32), "ed25519")

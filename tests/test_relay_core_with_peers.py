@@ -1,4 +1,4 @@
-"""Two rmb-peer cores (rmb_peer.core.PeerCore) and the relay core (rmb_relay.relay_core.
+"""Two rmb-peer cores (rmb_peer.core.PeerCore) and the relay core (rmb_relay.core.
 RelayCore) driven against each other in memory with a fake clock (DESIGN.md
 section 2): an app request goes peer 1 -> relay -> peer 2 -> service, the reply comes back
 the same way; with peer 2 offline the request is queued by the relay and replayed when it
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from rmb_peer.core import Connect, LookupTwin as PeerLookupTwin, PeerCore, PushQueue, SendFrame
 from rmb_peer.identity import E2EKey, Identity
 from rmb_peer.twins import Twin
-from rmb_relay.relay_core import (
+from rmb_relay.core import (
     CloseConnection, Enqueue, LookupTwin, ReplayQueue, RelayCore, WriteFrame,
 )
 

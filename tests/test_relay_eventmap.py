@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rmb_relay.core import ERR_OFFLINE, ERR_RATE_LIMIT
-from rmb_relay.eventmap import Effects, effects_of, reason_label
-from rmb_relay.relay_core import ERR_BAD_SIGNATURE
+from rmb_relay.core.eventmap import Effects, effects_of, reason_label
+from rmb_relay.core import ERR_BAD_SIGNATURE
 
 
 def test_refusals_count_by_bounded_reason_and_are_rate_limited():

@@ -1,6 +1,6 @@
 """Relay core Log commands -> metrics and the log rate limit (pure: no I/O, no clock).
 
-The relay core (rmb_relay.relay_core.RelayCore) says what happened as `Log` commands
+The relay core (rmb_relay.core.RelayCore) says what happened as `Log` commands
 (event name, level, attributes of the RMB catalogue, rmb_peer/events.py and
 rmb_relay/events.py); this table says what each one counts and how its line is
 rate-limited, so the adapter (rmb_relay.daemon.RelayServer._emit) only executes it.
@@ -22,11 +22,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from rmb_relay.core import (
+from rmb_relay.core.errors import (
     ERR_DOMAIN_FULL, ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_NO_RELAYS,
     ERR_OFFLINE, ERR_QUEUE_FULL, ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, ERR_WRONG_SOURCE,
-)
-from rmb_relay.relay_core import (
     ERR_BAD_SIGNATURE, ERR_FED_RATE, ERR_NOT_HERE, ERR_SHARE_FULL, ERR_UNKNOWN_SOURCE,
     ERR_UNSIGNED,
 )

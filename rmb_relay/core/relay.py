@@ -41,117 +41,25 @@ from rmb_peer.envelope import (
     relay_error,
 )
 from rmb_peer.identity import SignatureError
-from rmb_relay.core import (
-    ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_QUEUE_FULL,
-    ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, Drop, FederationAccepted,
-    FederationAttemptFailed, NoLimit,
-    FederationCircuit, FederationExpired, FederationRefused, FederationScheduler, Federate,
-    Forward, Local, Ranker, RelayCoreError, RelayRouter, Refuse, Reply, Session, session_of,
+from rmb_relay.core.commands import (
+    CloseConnection, Enqueue, FederationAnswer, Log, LookupTwin, PostFederation, RelayCommand,
+    ReplayQueue, WriteFrame,
+)
+from rmb_relay.core.errors import (
+    CLOSE_INVALID, CLOSE_REPLACED, ERR_BAD_SIGNATURE, ERR_EXPIRED, ERR_FEDERATION_FULL,
+    ERR_FED_RATE, ERR_MISSING_DESTINATION, ERR_NOT_HERE, ERR_OFFLINE, ERR_QUEUE_FULL,
+    ERR_RATE_LIMIT, ERR_SHARE_FULL, ERR_UNKNOWN_DESTINATION, ERR_UNKNOWN_SOURCE, ERR_UNSIGNED,
+    TAG_FAIL_FAST, RelayStateError,
+)
+from rmb_relay.core.federation import (
+    FederationAccepted, FederationAttemptFailed, FederationCircuit, FederationExpired,
+    FederationRefused, FederationScheduler, Ranker,
+)
+from rmb_relay.core.limits import NoLimit
+from rmb_relay.core.routing import (
+    FORWARD, Drop, Federate, Forward, Local, RelayRouter, Refuse, Reply, Session, session_of,
     session_str,
 )
-from rmb_relay.core import FORWARD, Attempt
-
-#: federation-in refusals (our texts; rmb-rs accepts every parsable POST)
-ERR_UNSIGNED = "federated envelope has no source twin (unsigned envelopes are not federated)"
-ERR_NOT_HERE = "destination twin is not served by this relay"
-ERR_UNKNOWN_SOURCE = "unknown source twin"
-ERR_BAD_SIGNATURE = "bad envelope signature"
-ERR_FED_RATE = "federation rate limit of this source relay exceeded"
-#: one sender's share of a twin's offline queue is used up (--queue-per-source)
-ERR_SHARE_FULL = "your share of the destination offline queue is full, dropping message"
-
-CLOSE_UNSUPPORTED = 1003
-CLOSE_INVALID = 1007
-CLOSE_REPLACED = 4000
-
-
-class RelayStateError(RelayCoreError):
-    """An impossible per-session transition (local misuse); names the state and input."""
-
-
-# --------------------------------------------------------------------------- commands
-
-class RelayCommand:
-    """Base class of everything RelayCore.next_event() returns."""
-
-
-@dataclass
-class WriteFrame(RelayCommand):
-    """Write `data` (a serialized envelope) to connection `conn` as one binary frame.
-    `session`: the destination session when this is a delivery (None for a reply to the
-    sender); `log`: the event to log once the write succeeded. A delivery whose write
-    fails is handed back with write_failed(cmd, now) (it is queued instead)."""
-    conn: Any
-    data: bytes
-    session: Session | None = None
-    log: "Log | None" = None
-
-
-@dataclass
-class Enqueue(RelayCommand):
-    """Append `data` to `session`'s offline queue, keeping it until `until` (unix s);
-    answer with enqueued(token, "queued" | "full" | "share" | "failed", now) ("share":
-    the sender `src` holds its whole share of that queue)."""
-    token: int
-    session: Session
-    data: bytes
-    until: float
-    uid: str
-    kind: str
-    src: str
-
-
-@dataclass
-class ReplayQueue(RelayCommand):
-    """Replay `session`'s offline queue, in order, onto `conn`; then queue_replayed(conn)."""
-    conn: Any
-    session: Session
-
-
-@dataclass
-class LookupTwin(RelayCommand):
-    """Ask the registry for twin `twin`; answer with twin_resolved(twin, record | error)."""
-    twin: int
-
-
-@dataclass
-class PostFederation(Attempt, RelayCommand):
-    """POST `data` to http://`domain`/ within `timeout` s; answer with
-    federation_result(job, "accepted" | "refused" | "failed", now, status, reason).
-    The fields are the FederationScheduler's Attempt (job, uid, domain, attempt, data,
-    timeout), carried as a command."""
-
-
-@dataclass
-class CloseConnection(RelayCommand):
-    """Close connection `conn` with WebSocket close `code` and `reason` (text)."""
-    conn: Any
-    code: int
-    reason: str
-
-
-@dataclass
-class Log(RelayCommand):
-    """One event-log line: catalogue `event` (rmb.relay.*), `uid` as trace_id, `level`,
-    `attrs` (catalogue attributes)."""
-    event: str
-    uid: str | None
-    level: str
-    attrs: dict
-
-
-@dataclass
-class FederationAnswer(RelayCommand):
-    """Answer the federation POST `request` (the adapter's handle) with HTTP `status` and
-    `text`. `uid`, `src`, `dst`, `origin` for the log line of a refusal (status >= 400)."""
-    request: Any
-    status: int
-    text: str
-    uid: str | None = None
-    src: str = ""
-    dst: str = ""
-    origin: str = ""
-
 
 @dataclass
 class _FedRequest:
@@ -683,9 +591,7 @@ class RelayCore:
 
     def _pump_federation(self, now: float) -> None:
         self.federation_touched = True
-        for att in self.federation.attempts_due(now):
-            self._out.append(PostFederation(att.job, att.uid, att.domain, att.attempt, att.data,
-                                            att.timeout))
+        self._out.extend(self.federation.attempts_due(now))
         while (ev := self.federation.next_event()) is not None:
             if isinstance(ev, FederationAccepted):
                 self._log("rmb.relay.federated", ev.uid, domain=ev.domain, attempt=ev.attempt,

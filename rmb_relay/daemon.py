@@ -102,9 +102,10 @@ from rmb_peer.token import TokenError, token_claims_unverified, verify_token
 from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
 from daemon_runtime.ratelimit import LogLimiter
 from rmb_relay.core import (
-    ERR_EXPIRED, ERR_OFFLINE, TAG_FAIL_FAST, CloseConnection, Enqueue, FederationAnswer,
-    FederationScheduler, FixedWindowLimiter, Log, LookupTwin, NoLimit, PostFederation, Ranker,
-    RelayCore, ReplayQueue, Session, WriteFrame, session_str,
+    ERR_EXPIRED, ERR_OFFLINE, TAG_FAIL_FAST, AckQueue, CloseConnection, Enqueue,
+    FederationAnswer, FederationScheduler, FixedWindowLimiter, Log, LookupTwin, NoLimit,
+    PostFederation, ProbeQueue, Ranker, ReadQueue, RelayCore, ReplayFrames, Session, WriteFrame,
+    session_str,
 )
 from rmb_relay.core.eventmap import effects_of, reason_label
 from rmb_relay.events import RELAY_EVENTS
@@ -299,16 +300,12 @@ class _SessionView:
 class _Peer:
     """One authenticated WebSocket connection."""
 
-    __slots__ = ("ws", "session", "name", "replaying", "queue_writes", "queued_seq", "replay_task",
-                 "transport", "out", "out_bytes")
+    __slots__ = ("ws", "session", "name", "replay_task", "transport", "out", "out_bytes")
 
     def __init__(self, ws: web.WebSocketResponse, session: Session, transport=None):
         self.ws = ws
         self.session = session
         self.name = session_str(session)
-        self.replaying = True          # offline queue not yet drained: live traffic queues too
-        self.queue_writes = 0          # XADDs in flight for this session
-        self.queued_seq = 0            # XADDs started for this session (replay race guard)
         self.replay_task: asyncio.Task | None = None
         self.transport = transport     # for write coalescing (RelayServer._write)
         #: None: no write yet in this loop pass; else the WriteFrames held back for the
@@ -470,10 +467,6 @@ class RelayServer:
         self.fed_limiter = FixedWindowLimiter(*federation_limit) if federation_limit else NoLimit()
         self._accept_failures = 0
         self._watchdog: asyncio.Task | None = None
-        #: connections whose offline replay a Redis failure stopped (_replay), and the task
-        #: that resumes them once Redis answers (_retry_replays)
-        self._replay_stalled: set[_Peer] = set()
-        self._replay_retry: asyncio.Task | None = None
         limiter = FixedWindowLimiter(*limit) if limit else NoLimit()
         rng = rng or random.Random()
         self.ranker = Ranker(ranker_period, rng)
@@ -760,8 +753,6 @@ class RelayServer:
             self._timer.cancel()
         if self._watchdog is not None:
             self._watchdog.cancel()
-        if self._replay_retry is not None:
-            self._replay_retry.cancel()
         left = [peer for _session, peer in self.table.items()]
         if left:
             for peer in left:
@@ -1024,7 +1015,7 @@ class RelayServer:
             self.metrics.connections.set(len(self.table))
             if peer.replay_task is not None and not peer.replay_task.done():
                 peer.replay_task.cancel()
-            # a cancelled task keeps its CancelledError, whose traceback holds _replay's
+            # a cancelled task keeps its CancelledError, whose traceback holds _read_queue's
             # frame and so this peer: peer -> task -> error -> frame -> peer is a cycle
             peer.replay_task = None
             for cmd in self.core.take():       # only log lines can follow a disconnect
@@ -1155,8 +1146,17 @@ class RelayServer:
                     task = asyncio.get_running_loop().create_task(self._post(cmd))
                     self._fed_tasks.add(task)
                     task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
-            elif t is ReplayQueue:
-                cmd.conn.replay_task = self._spawn(self._replay(cmd.conn), "offline replay")
+            elif t is ReadQueue:
+                cmd.conn.replay_task = self._spawn(self._read_queue(cmd), "offline replay")
+            elif t is ReplayFrames:
+                await self._replay_frames(cmd)
+                closed = await self._run(current) or closed
+            elif t is AckQueue:
+                await self._ack_queue(cmd)
+                closed = await self._run(current) or closed
+            elif t is ProbeQueue:
+                task = asyncio.get_running_loop().create_task(self._probe_queue())
+                task.add_done_callback(lambda t: self._task_done(t, "offline replay retry"))
             elif t is FederationAnswer:
                 if cmd.status >= 400 and cmd.text != ERR_OFFLINE and cmd.text != ERR_EXPIRED:
                     label = reason_label(cmd.text)
@@ -1217,10 +1217,6 @@ class RelayServer:
         """Enqueue executor: XADD to the session's offline stream unless it holds
         --queue-maxlen entries. Returns QUEUED, FULL (nothing evicted; counted) or FAILED
         (Redis error, logged)."""
-        peer = self.table.get(cmd.session)
-        if peer is not None:
-            peer.queue_writes += 1
-            peer.queued_seq += 1
         now = self.clock()
         try:
             length = await self._redis_call(self._enqueue_script(
@@ -1237,9 +1233,6 @@ class RelayServer:
             self._warn("queue error", "rmb.relay.queue_error", cmd.uid, level="error",
                        dst=session_str(cmd.session), reason=repr(exc)[:200])
             return FAILED
-        finally:
-            if peer is not None:
-                peer.queue_writes -= 1
         if int(length) == -2:
             self.metrics.queue_full.labels(via).inc()
             return SHARE_FULL
@@ -1248,85 +1241,14 @@ class RelayServer:
             return FULL
         return QUEUED
 
-    @staticmethod
-    def _senders_of(entries, done) -> dict[bytes, int]:
-        gone = set(done)
-        out: dict[bytes, int] = {}
-        for entry_id, fields in entries:
-            sender = fields.get(b"s")
-            if entry_id in gone and sender is not None:
-                out[sender] = out.get(sender, 0) + 1
-        return out
-
-    async def _replay(self, peer: _Peer, late: bool = False) -> None:
-        """Drains the session's offline stream in order onto the new connection; entries
-        are deleted only after their write succeeded; then live delivery starts.
-
-        A replay stopped by a Redis failure (timeout, connection error) lets the session go
-        live at once, so its live traffic does not wait on a broken queue; what was still in
-        the stream is then drained by a late replay (late=True: the session is already live,
-        so the drain ends when the stream is empty) as soon as Redis answers again
-        (_retry_replays), on the same connection. Those entries are older than anything
-        delivered live meanwhile, so they arrive after it; their deadlines still apply."""
-        key = self._qkey(peer.session)
+    async def _read_queue(self, cmd: ReadQueue) -> None:
+        """ReadQueue executor (a task per batch; the peer's replay_task)."""
+        peer = cmd.conn
+        if peer.ws.closed:
+            return
         try:
-            while not peer.ws.closed:
-                seq = peer.queued_seq
-                entries = await self._redis_call(self.redis.xrange(key, "-", "+", count=256))
-                if not entries:
-                    if late:
-                        return
-                    if peer.queue_writes == 0 and seq == peer.queued_seq:
-                        peer.replaying = False
-                        self.core.queue_replayed(peer, self.clock())
-                        await self._run()
-                        return
-                    await asyncio.sleep(0.001)   # an XADD for this session is in flight
-                    continue
-                done: list[bytes] = []
-                senders: dict[bytes, int] = {}
-                now = self.clock()
-                broken = False
-                for entry_id, fields in entries:
-                    sender = fields.get(b"s")
-                    if sender is not None:
-                        senders[sender] = senders.get(sender, 0) + 1
-                    try:                               # the queue item guard
-                        data = fields[b"e"]
-                        until = float(fields[b"d"])
-                        queued_at = float(fields.get(b"t", now))
-                    except (KeyError, ValueError) as exc:
-                        done.append(entry_id)          # a malformed entry: dropped, logged
-                        self._bug(f"offline queue entry {entry_id!r} of {peer.name}", exc)
-                        continue
-                    queued = _lenient_decode(data)     # it parsed when it was queued
-                    uid = queued.uid if queued is not None else None
-                    kind = message_kind(queued) if queued is not None else None
-                    src = _src(queued) if queued is not None else None
-                    if until <= now:
-                        done.append(entry_id)
-                        self.metrics.expired.inc()
-                        self.events.emit("rmb.relay.expired", uid, kind=kind, src=src,
-                                         dst=peer.name, reason="expired in the offline queue")
-                        continue
-                    if not await self._send(peer, data):
-                        broken = True
-                        break
-                    done.append(entry_id)
-                    self.metrics.dl_replay.inc()
-                    self.events.emit("rmb.relay.delivered", uid, kind=kind, src=src,
-                                     dst=peer.name, size=len(data),
-                                     queued_ms=max(0.0, (now - queued_at) * 1000.0))
-                if broken:                             # not deleted: still counted
-                    senders = self._senders_of(entries, done)
-                if done:
-                    async with self.redis.pipeline(transaction=True) as pipe:
-                        pipe.xdel(key, *done)
-                        for sender, count in senders.items():
-                            pipe.hincrby(key + ":src", sender, -count)
-                        await self._redis_call(pipe.execute())
-                if broken:
-                    return
+            entries = await self._redis_call(self.redis.xrange(self._qkey(cmd.session), "-",
+                                                               "+", count=cmd.count))
         except asyncio.CancelledError as exc:
             # the connection closed: the frames the cancellation unwound (Redis client,
             # asyncio.timeout) hold the error in their locals, a cycle error -> traceback
@@ -1334,42 +1256,54 @@ class RelayServer:
             traceback.clear_frames(exc.__traceback__)
             raise
         except (TimeoutError, aioredis.RedisError, OSError) as exc:
-            if not late:
-                peer.replaying = False  # live traffic must not wait on a broken queue
-                self.core.queue_replayed(peer, self.clock())
-            self.events.emit("rmb.relay.queue_error", None, level="error", dst=peer.name,
-                             reason=f"replay stopped: {exc!r}; resumed once Redis answers"[:200])
-            self._replay_stalled.add(peer)
-            if self._replay_retry is None or self._replay_retry.done():
-                self._replay_retry = asyncio.get_running_loop().create_task(self._retry_replays())
-                self._replay_retry.add_done_callback(
-                    lambda t: self._task_done(t, "offline replay retry"))
+            self.core.queue_failed(peer, repr(exc), self.clock())
+        else:
+            self.core.queue_read(peer, entries, self.clock())
+        await self._run()
 
-    async def _retry_replays(self) -> None:
-        """Every second, while replays stopped by a Redis failure wait (_replay_stalled):
-        PING Redis (bounded by --redis-timeout); once it answers, start a late replay for
-        each of those connections that is still open and still its session's current one.
-        Not a routing task: close() cancels it instead of waiting for it."""
-        while self._replay_stalled and not self._closing:
-            await asyncio.sleep(1.0)
-            # a connection that closed meanwhile replays on its next connect: not kept here
-            self._replay_stalled = {p for p in self._replay_stalled if not p.ws.closed}
-            if not self._replay_stalled:
-                return
-            if self._redis_down is not None:
-                continue                       # the probe is waiting on it already
+    async def _replay_frames(self, cmd: ReplayFrames) -> None:
+        """ReplayFrames executor: writes in order, stops at the first failed write."""
+        done = 0
+        for _entry_id, data, log in cmd.items:
+            if data is not None:
+                if not await self._send(cmd.conn, data):
+                    break
+                self.metrics.dl_replay.inc()
+            if log is not None:
+                self._emit(log)
+            done += 1
+        self.core.replay_written(cmd.conn, done, self.clock())
+
+    async def _ack_queue(self, cmd: AckQueue) -> None:
+        """AckQueue executor: XDEL and the per-sender counts in one transaction."""
+        key = self._qkey(cmd.session)
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.xdel(key, *cmd.ids)
+                for sender, count in cmd.senders.items():
+                    pipe.hincrby(key + ":src", sender, -count)
+                await self._redis_call(pipe.execute())
+        except asyncio.CancelledError as exc:
+            traceback.clear_frames(exc.__traceback__)
+            raise
+        except (TimeoutError, aioredis.RedisError, OSError) as exc:
+            self.core.queue_failed(cmd.conn, repr(exc), self.clock())
+        else:
+            self.core.queue_acked(cmd.conn, cmd.more, self.clock())
+
+    async def _probe_queue(self) -> None:
+        """ProbeQueue executor: PING Redis (bounded by --redis-timeout); not a routing task
+        (close() cancels it instead of waiting for it)."""
+        ok = False
+        if self._redis_down is None:     # else the Redis probe is waiting on it already
             try:
                 async with asyncio.timeout(self.redis_timeout):
                     await self.redis.ping()
+                ok = True
             except (TimeoutError, aioredis.RedisError, OSError):
-                continue
-            peers, self._replay_stalled = self._replay_stalled, set()
-            for peer in peers:
-                if peer.ws.closed or self.table.get(peer.session) is not peer:
-                    continue                   # a new connection replays on its own
-                if peer.replay_task is None or peer.replay_task.done():
-                    peer.replay_task = self._spawn(self._replay(peer, late=True),
-                                                   "offline replay (resumed)")
+                pass
+        self.core.queue_probed(ok, self.clock())
+        await self._run()
 
     # ------------------------------------------------------------------ federation out
     def _arm_timer(self) -> None:

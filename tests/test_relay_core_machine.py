@@ -14,7 +14,7 @@ from rmb_peer.twins import DirectoryError, UnknownTwin
 from rmb_relay.core import FederationScheduler, FixedWindowLimiter, Ranker
 from rmb_relay.core import (
     CloseConnection, Enqueue, LookupTwin, Log, PostFederation, RelayCore, RelayStateError,
-    ReplayQueue, WriteFrame,
+    ReadQueue, WriteFrame,
 )
 from tests.test_relay_core import T0, make_env
 
@@ -63,7 +63,7 @@ def test_offline_replay_order_then_live():
     for e in enq:
         core.enqueued(e.token, "queued", T0)
     core.peer_connected("B", (2, None), T0 + 1)
-    assert of(drain(core), ReplayQueue) == [ReplayQueue("B", (2, None))]
+    assert of(drain(core), ReadQueue) == [ReadQueue("B", (2, None))]
     live = [make_env(src=(1, None), dst=(2, None)) for _ in range(2)]
     for env in live:                                         # B still replaying: queue too
         core.receive_frame("A", env.SerializeToString(), T0 + 1)

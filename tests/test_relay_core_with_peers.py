@@ -13,7 +13,8 @@ from rmb_peer.core import Connect, LookupTwin as PeerLookupTwin, PeerCore, PushQ
 from rmb_peer.identity import E2EKey, Identity
 from rmb_peer.twins import Twin
 from rmb_relay.core import (
-    CloseConnection, Enqueue, LookupTwin, ReplayQueue, RelayCore, WriteFrame,
+    AckQueue, CloseConnection, Enqueue, LookupTwin, ReadQueue, RelayCore, ReplayFrames,
+    WriteFrame,
 )
 
 T0 = 1_700_000_000.0
@@ -77,10 +78,18 @@ class World:
                 elif isinstance(cmd, Enqueue):
                     self.stream.setdefault(cmd.session, []).append(cmd.data)
                     self.relay.enqueued(cmd.token, "queued", self.now)
-                elif isinstance(cmd, ReplayQueue):
-                    for data in self.stream.pop(cmd.session, []):
-                        self.peers[cmd.conn].receive_frame(data, "r1", self.now)
-                    self.relay.queue_replayed(cmd.conn, self.now)
+                elif isinstance(cmd, ReadQueue):
+                    entries = [(str(i).encode(), {b"e": d, b"d": b"%f" % (self.now + 60),
+                                                  b"t": b"%f" % self.now})
+                               for i, d in enumerate(self.stream.pop(cmd.session, []))]
+                    self.relay.queue_read(cmd.conn, entries, self.now)
+                elif isinstance(cmd, ReplayFrames):
+                    for _id, data, _log in cmd.items:
+                        if data is not None:
+                            self.peers[cmd.conn].receive_frame(data, "r1", self.now)
+                    self.relay.replay_written(cmd.conn, len(cmd.items), self.now)
+                elif isinstance(cmd, AckQueue):
+                    self.relay.queue_acked(cmd.conn, cmd.more, self.now)
                 elif isinstance(cmd, CloseConnection):
                     raise AssertionError(f"unexpected close {cmd}")
             if not busy:

@@ -280,8 +280,7 @@ async def test_metrics_and_health(cluster):
     ib, b = await cluster.twin([relay.domain])
     async with connect(url(relay, ia, a)) as wa, connect(url(relay, ib, b)) as wb:
         for _ in range(200):       # both offline replays done: the round trip is live
-            peers = [relay.table.get((t, None)) for t in (a, b)]
-            if all(p is not None and not p.replaying for p in peers):
+            if all(relay.core.state_of((t, None)) == "live" for t in (a, b)):
                 break
             await asyncio.sleep(0.01)
         await roundtrip(wa, a, wb, b)

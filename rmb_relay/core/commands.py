@@ -14,7 +14,10 @@ __all__ = [
     "RelayCommand",
     "WriteFrame",
     "Enqueue",
-    "ReplayQueue",
+    "ReadQueue",
+    "ReplayFrames",
+    "AckQueue",
+    "ProbeQueue",
     "LookupTwin",
     "PostFederation",
     "CloseConnection",
@@ -53,10 +56,44 @@ class Enqueue(RelayCommand):
 
 
 @dataclass
-class ReplayQueue(RelayCommand):
-    """Replay `session`'s offline queue, in order, onto `conn`; then queue_replayed(conn)."""
+class ReadQueue(RelayCommand):
+    """Read up to `count` entries, oldest first, of `session`'s offline stream; answer
+    with queue_read(conn, entries, now), or queue_failed(conn, reason, now) when Redis
+    fails. `conn`: the connection being replayed to (nothing to do once it closed);
+    `late`: a replay resumed after a Redis failure (the session is live already)."""
     conn: Any
     session: Session
+    late: bool = False
+    count: int = 256
+
+
+@dataclass
+class ReplayFrames(RelayCommand):
+    """Offline replay onto `conn`: `items` [(entry id, data | None, log | None)] in stream
+    order. Write each `data` as one binary frame (stop at the first write that fails),
+    then write its `log` (rmb.relay.delivered; counted as a replay delivery); an item
+    without data is a drop whose log is written in its place. Answer with
+    replay_written(conn, items done, now)."""
+    conn: Any
+    session: Session
+    items: list
+
+
+@dataclass
+class AckQueue(RelayCommand):
+    """Delete entries `ids` from `session`'s offline stream and take `senders` (sender
+    twin -> entries) off its per-sender counts, in one transaction; answer with
+    queue_acked(conn, more, now), or queue_failed(conn, reason, now)."""
+    conn: Any
+    session: Session
+    ids: list
+    senders: dict
+    more: bool
+
+
+@dataclass
+class ProbeQueue(RelayCommand):
+    """Check that Redis answers (PING, bounded); answer with queue_probed(ok, now)."""
 
 
 @dataclass

@@ -29,9 +29,9 @@ such as EnvelopeError) never leave the core: garbage from a peer becomes a reply
 or a close command; RelayStateError (a RelayCoreError, an RmbLocalError: local misuse)
 does.
 
-Twin records: the core keeps its own table (record, fetched at). A record younger than
-`twin_ttl` is used; one older but younger than twin_ttl + `twin_max_stale` is used AND a
-refresh is asked for (stale-while-revalidate); otherwise the envelope waits in a per-twin
+Twin records: the core keeps its own table (record, fetched at) under the shared rule
+rmb_peer.twins.TwinFreshness(twin_ttl, twin_max_stale): a fresh record is used; a stale
+one is used AND a refresh is asked for (stale-while-revalidate); otherwise the envelope waits in a per-twin
 chain (in arrival order) for one LookupTwin, so a slow lookup delays only that twin.
 """
 from __future__ import annotations
@@ -46,6 +46,7 @@ from rmb_peer.envelope import (
     relay_error,
 )
 from rmb_peer.identity import SignatureError
+from rmb_peer.freshness import TwinFreshness
 from rmb_relay.core.commands import (
     AckQueue, CloseConnection, Enqueue, FederationAnswer, Log, LookupTwin, ProbeQueue, ReadQueue,
     RelayCommand, ReplayFrames, WriteFrame,
@@ -136,8 +137,8 @@ class RelayCore:
         self.federation = federation if federation is not None else FederationScheduler(self.ranker)
         self.max_size = max_size
         self.queue_ttl = queue_ttl
-        self.twin_ttl = twin_ttl
-        self.twin_max_stale = twin_max_stale
+        #: the twin table's rule (rmb_peer.twins.TwinFreshness, shared with the peer)
+        self.freshness = TwinFreshness(twin_ttl, twin_max_stale)
         self.max_twins = max_twins
         self._sessions: dict[Session, _Conn] = {}
         self._conns: dict[Any, _Conn] = {}
@@ -167,6 +168,14 @@ class RelayCore:
         self._out: collections.deque[RelayCommand] = collections.deque()
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def twin_ttl(self) -> float:
+        return self.freshness.ttl
+
+    @twin_ttl.setter
+    def twin_ttl(self, value: float) -> None:
+        self.freshness = TwinFreshness(value, self.freshness.max_stale)
+
     def _move(self, c: _Conn, inp: str) -> None:
         new = self._TRANSITIONS.get((c.state, inp))
         if new is None:
@@ -508,8 +517,8 @@ class RelayCore:
         if hit is not None:
             record, at = hit
             age = now - at
-            if age <= self.twin_ttl + self.twin_max_stale:
-                if age > self.twin_ttl and dst[0] not in self._refreshing:
+            if self.freshness.servable(age):
+                if not self.freshness.fresh(age) and dst[0] not in self._refreshing:
                     self._refreshing.add(dst[0])
                     self.refreshes += 1
                     self._out.append(LookupTwin(dst[0]))
@@ -571,8 +580,8 @@ class RelayCore:
         if twin in req.resolved:
             return req.resolved[twin]
         hit = self._twins.get(twin)
-        if hit is not None and now - hit[1] <= self.twin_ttl + self.twin_max_stale:
-            if now - hit[1] > self.twin_ttl and twin not in self._refreshing:
+        if hit is not None and self.freshness.servable(now - hit[1]):
+            if not self.freshness.fresh(now - hit[1]) and twin not in self._refreshing:
                 self._refreshing.add(twin)
                 self.refreshes += 1
                 self._out.append(LookupTwin(twin))
@@ -707,7 +716,7 @@ class RelayCore:
             self._twins.pop(twin, None)
         else:
             hit = self._twins.get(twin)
-            if hit is not None and now - hit[1] <= self.twin_ttl + self.twin_max_stale:
+            if hit is not None and self.freshness.servable(now - hit[1]):
                 self._log("rmb.relay.twin_stale", None, "warning", twin=twin,
                           stale_s=now - hit[1], reason=str(record)[:200])
                 record, is_error = hit[0], False

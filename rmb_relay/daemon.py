@@ -96,6 +96,7 @@ from websockets.frames import Frame, Opcode
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.linkmodel import delay_transport, pause as linkmodel_pause
 from daemon_runtime.redis_server import reconnecting_redis
+from daemon_runtime.runner import CoreRunner
 from rmb_peer.envelope import MAX_ENVELOPE_SIZE, Envelope, address_str, message_kind
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
@@ -104,7 +105,8 @@ from daemon_runtime.ratelimit import LogLimiter
 from rmb_relay.core import (
     ERR_EXPIRED, ERR_OFFLINE, TAG_FAIL_FAST, AckQueue, CloseConnection, Enqueue,
     FederationAnswer, FederationScheduler, FixedWindowLimiter, Log, LookupTwin, NoLimit,
-    PostFederation, ProbeQueue, Ranker, ReadQueue, RelayCore, ReplayFrames, Session, WriteFrame,
+    PostFederation, ProbeQueue, Ranker, ReadQueue, RelayCore, RelayCommand, ReplayFrames, Session,
+    WriteFrame,
     session_str,
 )
 from rmb_relay.core.eventmap import effects_of, reason_label
@@ -388,7 +390,7 @@ class _Metrics:
         self.connections = Gauge("rmb_relay_connections", "authenticated peer connections",
                                  registry=r)
         self.fed_jobs = Gauge("rmb_relay_federation_jobs", "envelopes waiting for federation",
-                              registry=r)
+                              registry=r)     # RelayServer sets its function
         self.queue_failed = Counter("rmb_relay_queue_failed",
                                     "envelopes for offline twins not queued because Redis "
                                     "failed or did not answer (the sender got an error)",
@@ -499,6 +501,7 @@ class RelayServer:
         self.table = _SessionView(self.core)
         self._last_outcome = QUEUED
         self.metrics = _Metrics()
+        self.metrics.fed_jobs.set_function(lambda: len(self.federation))
         Gauge("rmb_relay_redis_down_seconds", "seconds since Redis first did not answer within "
               "--redis-timeout (0 while it answers; /health redis.down_s)",
               registry=self.metrics.registry).set_function(
@@ -510,7 +513,12 @@ class RelayServer:
         self._site: web.TCPSite | None = None
         self._fed_tasks: set[asyncio.Task] = set()
         self._tasks: set[asyncio.Task] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        #: the shared core runner (built in start(), on the running loop): one pass per
+        #: input (next_event drained into _cmds), one timer, one guard, the clock rule
+        self.runner: CoreRunner | None = None
+        self._cmds: list = []
+        self._feeding = False
+        self._background = False
         self._closing = False
         self._prev_handler = None
         self._enqueue_script = self.redis.register_script(_ENQUEUE_LUA)
@@ -534,6 +542,9 @@ class RelayServer:
                                      logger=_HttpServerLog(self))
         await self._runner.setup()
         self.core.twin_ttl = self.directory.cache_ttl
+        self.runner = CoreRunner(self.core, executors={RelayCommand: self._collect},
+                                 log=lambda where, exc, src: self._bug(where, exc),
+                                 name="rmb-relay", wall=lambda: self.clock())
         await self._listen()
         loop = asyncio.get_running_loop()
         self._prev_handler = loop.get_exception_handler()
@@ -749,8 +760,8 @@ class RelayServer:
         drained = await self._wait_drained(deadline)
         if self._fed_tasks:
             await asyncio.wait(set(self._fed_tasks), timeout=max(0.0, deadline - loop.time()))
-        if self._timer is not None:
-            self._timer.cancel()
+        if self.runner is not None:
+            self.runner.close()
         if self._watchdog is not None:
             self._watchdog.cancel()
         left = [peer for _session, peer in self.table.items()]
@@ -891,7 +902,7 @@ class RelayServer:
         await self.redis.delete(self._fedkey)
         self.events.emit("rmb.relay.federation_outbox", None, count=resumed,
                          reason="resumed at start")
-        self.core.handle_timer(now)                # dispatch the attempts due
+        self._feed(self.core.handle_timer)        # dispatch the attempts due
         await self._run()
         return resumed
 
@@ -978,7 +989,7 @@ class RelayServer:
     async def _serve_peer(self, ws: web.WebSocketResponse, session: Session,
                           transport: asyncio.BaseTransport | None = None) -> None:
         peer = _Peer(ws, session, transport)
-        self.core.peer_connected(peer, session, self.clock())
+        self._feed(self.core.peer_connected, peer, session)
         self.metrics.connections.set(len(self.table))
         await self._run(peer)
         reason = "closed by peer"
@@ -1011,14 +1022,15 @@ class RelayServer:
         finally:
             # the core's table is identity-checked: a replaced connection's cleanup leaves
             # the new one registered
-            self.core.peer_disconnected(peer, self.clock(), reason)
+            self._feed(lambda now: self.core.peer_disconnected(peer, now, reason))
             self.metrics.connections.set(len(self.table))
             if peer.replay_task is not None and not peer.replay_task.done():
                 peer.replay_task.cancel()
             # a cancelled task keeps its CancelledError, whose traceback holds _read_queue's
             # frame and so this peer: peer -> task -> error -> frame -> peer is a cycle
             peer.replay_task = None
-            for cmd in self.core.take():       # only log lines can follow a disconnect
+            cmds, self._cmds = self._cmds, []
+            for cmd in cmds:                   # only log lines can follow a disconnect
                 if type(cmd) is Log:
                     self._emit(cmd)
 
@@ -1056,7 +1068,7 @@ class RelayServer:
             if await self._send(peer, cmd.data):
                 self._written(cmd)
             elif cmd.session is not None:
-                self.core.write_failed(cmd, self.clock())   # closed meanwhile: queue it
+                self._feed(self.core.write_failed, cmd)     # closed meanwhile: queue it
                 return True
             return False
         out.append(cmd)
@@ -1080,11 +1092,10 @@ class RelayServer:
             return
         transport = peer.transport
         if peer.ws.closed or transport is None or transport.is_closing():
-            now = self.clock()
             requeue = False
             for cmd in out:
                 if cmd.session is not None:
-                    self.core.write_failed(cmd, now)
+                    self._feed(self.core.write_failed, cmd)
                     requeue = True
             if requeue:
                 self._spawn(self._run(), "requeue after a failed write")
@@ -1112,18 +1123,41 @@ class RelayServer:
         """Handles one frame through the core; returns a close reason when the core closed
         this connection (bytes that are not an envelope)."""
         self.metrics.rx_peer.inc()
-        self.core.receive_frame(peer, data, self.clock())
+        self._feed(self.core.receive_frame, peer, data)
         return await self._run(peer)
 
     # ------------------------------------------------------------------ executors
+    def _feed(self, fn, *args):
+        """One input to the core through the runner (fn(*args, now=...), then a pass that
+        collects its commands); returns what fn returns. The caller runs them: _run."""
+        self._feeding = True
+        try:
+            return self.runner.feed(fn, *args)
+        finally:
+            self._feeding = False
+
+    def _collect(self, cmd: RelayCommand) -> None:
+        """The runner's executor for every command: kept, in order, for _run, which
+        executes one input's commands in order and awaits the ones that do I/O (an
+        Enqueue's XADD before the next one: per-sender order into the offline stream).
+        Commands of a pass the runner started itself (its timer) get a _run task."""
+        self._cmds.append(cmd)
+        if not self._feeding and not self._background:
+            self._background = True
+            self._spawn(self._run_background(), "core timer")
+
+    async def _run_background(self) -> None:
+        self._background = False
+        await self._run()
+
     async def _run(self, current: _Peer | None = None) -> str | None:
         """Executes the commands the core produced for the input just applied, in order
         (taken at once, so concurrent callers never interleave one input's commands).
         Returns the close reason when `current` was closed by a command."""
         closed = None
         core = self.core
-        arm = False
-        for cmd in core.take():
+        cmds, self._cmds = self._cmds, []
+        for cmd in cmds:
             t = type(cmd)
             if t is WriteFrame:
                 out = cmd.conn.out
@@ -1136,12 +1170,11 @@ class RelayServer:
                 self._emit(cmd)
             elif t is Enqueue:
                 self._last_outcome = await self._xadd(cmd)
-                core.enqueued(cmd.token, self._last_outcome, self.clock())
+                self._feed(core.enqueued, cmd.token, self._last_outcome)
                 closed = await self._run(current) or closed
             elif t is LookupTwin:
                 self._spawn(self._lookup(cmd.twin), "twin lookup")
             elif t is PostFederation:
-                arm = True
                 if not self._closing:
                     task = asyncio.get_running_loop().create_task(self._post(cmd))
                     self._fed_tasks.add(task)
@@ -1175,9 +1208,6 @@ class RelayServer:
                     self._spawn(cmd.conn.ws.close(code=cmd.code,
                                                   message=cmd.reason.encode()[:120]),
                                 "close replaced connection")
-        if arm or core.federation_touched:
-            core.federation_touched = False
-            self._arm_timer()
         return closed
 
     def _emit(self, cmd: Log) -> None:
@@ -1199,7 +1229,7 @@ class RelayServer:
             record: object = await self.directory.get(twin)
         except (UnknownTwin, DirectoryError) as exc:
             record = exc
-        self.core.twin_resolved(twin, record, self.clock())
+        self._feed(self.core.twin_resolved, twin, record)
         done = False
         while not done:
             try:
@@ -1208,7 +1238,7 @@ class RelayServer:
                 raise
             except Exception as exc:  # noqa: BLE001 - the chain must close whatever happens
                 self._bug(f"routing after the lookup of twin {twin}", exc)
-            done = self.core.chain_done(twin, self.clock())      # arrivals while queueing
+            done = self._feed(self.core.chain_done, twin)        # arrivals while queueing
 
     def _qkey(self, session: Session) -> str:
         return self._qprefix + session_str(session)
@@ -1256,9 +1286,9 @@ class RelayServer:
             traceback.clear_frames(exc.__traceback__)
             raise
         except (TimeoutError, aioredis.RedisError, OSError) as exc:
-            self.core.queue_failed(peer, repr(exc), self.clock())
+            self._feed(self.core.queue_failed, peer, repr(exc))
         else:
-            self.core.queue_read(peer, entries, self.clock())
+            self._feed(self.core.queue_read, peer, entries)
         await self._run()
 
     async def _replay_frames(self, cmd: ReplayFrames) -> None:
@@ -1272,7 +1302,7 @@ class RelayServer:
             if log is not None:
                 self._emit(log)
             done += 1
-        self.core.replay_written(cmd.conn, done, self.clock())
+        self._feed(self.core.replay_written, cmd.conn, done)
 
     async def _ack_queue(self, cmd: AckQueue) -> None:
         """AckQueue executor: XDEL and the per-sender counts in one transaction."""
@@ -1287,9 +1317,9 @@ class RelayServer:
             traceback.clear_frames(exc.__traceback__)
             raise
         except (TimeoutError, aioredis.RedisError, OSError) as exc:
-            self.core.queue_failed(cmd.conn, repr(exc), self.clock())
+            self._feed(self.core.queue_failed, cmd.conn, repr(exc))
         else:
-            self.core.queue_acked(cmd.conn, cmd.more, self.clock())
+            self._feed(self.core.queue_acked, cmd.conn, cmd.more)
 
     async def _probe_queue(self) -> None:
         """ProbeQueue executor: PING Redis (bounded by --redis-timeout); not a routing task
@@ -1302,29 +1332,10 @@ class RelayServer:
                 ok = True
             except (TimeoutError, aioredis.RedisError, OSError):
                 pass
-        self.core.queue_probed(ok, self.clock())
+        self._feed(self.core.queue_probed, ok)
         await self._run()
 
     # ------------------------------------------------------------------ federation out
-    def _arm_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.metrics.fed_jobs.set(len(self.federation))
-        when = self.core.get_timer()
-        if when is not None and not self._closing:
-            delay = max(0.0, when - self.clock())
-            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
-
-    def _on_timer(self) -> None:
-        """Timer entry point; its guard logs a bug and re-arms instead of losing the timer."""
-        self._timer = None
-        try:
-            self.core.handle_timer(self.clock())
-        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
-            self._bug("federation timer", exc)
-        self._spawn(self._run(), "federation timer")
-
     async def _post(self, att) -> None:
         """PostFederation executor."""
         status, reason = 0, ""
@@ -1343,7 +1354,8 @@ class RelayServer:
         outcome = "accepted" if status == 202 else "refused" if 400 <= status < 500 else "failed"
         if status and status != 202 and not reason:
             reason = f"HTTP {status}"
-        self.core.federation_result(att.job, outcome, self.clock(), status=status, reason=reason)
+        self._feed(lambda now: self.core.federation_result(att.job, outcome, now, status=status,
+                                                           reason=reason))
         await self._run()
 
     # ------------------------------------------------------------------ federation in
@@ -1383,7 +1395,7 @@ class RelayServer:
                                     None, origin)
         self.metrics.rx_fed.inc()
         answer = asyncio.get_running_loop().create_future()
-        self.core.receive_federation(answer, data, origin, self.clock())
+        self._feed(self.core.receive_federation, answer, data, origin)
         await self._run()
         try:
             status, text = await asyncio.wait_for(answer, FEDERATION_ANSWER_TIMEOUT)

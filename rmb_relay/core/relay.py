@@ -162,8 +162,6 @@ class RelayCore:
         self._fed_waiting: dict[int, list[_FedRequest]] = {}
         #: background refreshes of stale twin records asked for (tests, metrics)
         self.refreshes = 0
-        #: set when federation state changed (the adapter re-arms its timer), then cleared
-        self.federation_touched = False
         self._token = 0
         self._out: collections.deque[RelayCommand] = collections.deque()
 
@@ -405,7 +403,6 @@ class RelayCore:
         self._stalled[conn] = c
         if self._retry_at is None:
             self._retry_at = now + self.RETRY_S
-            self.federation_touched = True
 
     def queue_probed(self, ok: bool, now: float) -> None:
         """The answer to ProbeQueue: Redis answered (`ok`) or not. On an answer every
@@ -413,7 +410,6 @@ class RelayCore:
         if not ok:
             if self._stalled and self._retry_at is None:
                 self._retry_at = now + self.RETRY_S
-                self.federation_touched = True
             return
         stalled, self._stalled = self._stalled, {}
         for conn, c in stalled.items():
@@ -777,14 +773,12 @@ class RelayCore:
 
     # ------------------------------------------------------------------ federation
     def take(self) -> list[RelayCommand]:
-        """Every pending command at once (the adapter takes them right after each input,
-        so each caller executes the commands its own input caused, in order)."""
+        """Every pending command at once (what draining next_event() gives, as a list)."""
         out = list(self._out)
         self._out.clear()
         return out
 
     def _pump_federation(self, now: float) -> None:
-        self.federation_touched = True
         self._out.extend(self.federation.attempts_due(now))
         while (ev := self.federation.next_event()) is not None:
             if isinstance(ev, FederationAccepted):

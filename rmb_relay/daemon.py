@@ -75,12 +75,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
-import logging
-import os
 import random
-import socket
-import sys
 import time
 import traceback
 from typing import Callable
@@ -88,22 +83,20 @@ from typing import Callable
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, WSMsgType, web
-from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import Gauge
 from websockets.frames import Frame, Opcode
 
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.linkmodel import delay_transport, pause as linkmodel_pause
 from daemon_runtime.redis_server import reconnecting_redis
 from daemon_runtime.runner import CoreRunner
-from rmb_peer.envelope import MAX_ENVELOPE_SIZE, Envelope, address_str, message_kind
+from rmb_peer.envelope import MAX_ENVELOPE_SIZE, Envelope, address_str
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
 from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
 from daemon_runtime.ratelimit import LogLimiter
 from rmb_relay.core import (
-    ERR_EXPIRED, ERR_OFFLINE, TAG_FAIL_FAST, AckQueue, CloseConnection, Enqueue,
+    ERR_EXPIRED, ERR_OFFLINE, AckQueue, CloseConnection, Enqueue,
     FederationAnswer, FederationScheduler, FixedWindowLimiter, Log, LookupTwin, NoLimit,
     PostFederation, ProbeQueue, Ranker, ReadQueue, RelayCore, RelayCommand, ReplayFrames, Session,
     WriteFrame,
@@ -111,6 +104,10 @@ from rmb_relay.core import (
 )
 from rmb_relay.core.eventmap import effects_of, reason_label
 from rmb_relay.events import RELAY_EVENTS
+from rmb_relay.metrics import RelayMetrics
+from rmb_relay.serving import (
+    HttpServerLog, ListenerWatch, fd_limit, raise_fd_limit, release_connection_cycles,
+)
 from rmb_relay.lookups import TwinLookups
 
 __all__ = ["RelayServer", "build_parser", "main", "DEFAULT_PORT"]
@@ -157,12 +154,6 @@ return n + 1
 """
 
 
-def _is_fail_fast(env: Envelope) -> bool:
-    if not env.HasField("tags"):
-        return False
-    return TAG_FAIL_FAST in env.tags.replace(",", " ").split()
-
-
 def _lenient_decode(data: bytes) -> Envelope | None:
     """Best-effort decode of bytes parse_envelope refused, to answer with a relay error
     (same uid) instead of closing. None when they do not decode or carry no uid."""
@@ -178,108 +169,6 @@ def _lenient_decode(data: bytes) -> Envelope | None:
 
 class RelayStartError(RuntimeError):
     """The relay cannot start (Redis unreachable); the text names the URL and the flag."""
-
-
-def _fd_limit() -> int:
-    try:
-        import resource
-        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, ValueError, OSError):
-        return 0
-
-
-def raise_fd_limit() -> int:
-    """Raises the soft RLIMIT_NOFILE to the hard limit (10,000 peers need 10,000 fds);
-    returns the new soft limit."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if target > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):
-            pass
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-def _release_connection_cycles(request: web.Request, ws: web.WebSocketResponse,
-                               transport: asyncio.BaseTransport | None) -> None:
-    """Breaks the two reference cycles a closed WebSocket connection is left in, so that
-    reference counting frees it (response, RequestHandler, transport, buffers) when its
-    handler returns instead of a generation-2 pass of the cyclic GC, which on a daemon's
-    heap comes tens of seconds later (2,000 closed connections: all alive 1 s after close,
-    none after 70 s).
-
-    1. aiohttp (3.14): WebSocketResponse(heartbeat=...) hands the RequestHandler
-       `ws._on_data_received` (a bound method) and nothing clears it, not even
-       connection_lost: RequestHandler -> callback -> WebSocketResponse -> Request /
-       writers / data queue -> RequestHandler. The WebSocket is closed here (aiohttp's
-       close cancelled its heartbeat timers), so the callback has nothing left to do.
-    2. aiohttp keeps the error that ended a connection (a reset: ClientConnectionResetError)
-       as `ws.exception()`; its traceback holds the frames of the response's own close()
-       and receive(), whose locals hold the response. Those frames have returned: their
-       locals are cleared (traceback.clear_frames), the error itself is kept.
-    3. asyncio (CPython 3.11 selector_events): a socket transport stores its own bound
-       `_read_ready__data_received` as `_read_ready_cb`. Only dropped for a transport
-       that is closing: close() has removed its reader, so the callback is never called
-       again.
-
-    1 and 3 are private attributes of those libraries: each is touched only if present with
-    the shape described, so a version without the cycle is left alone."""
-    protocol = request.protocol
-    if getattr(protocol, "_data_received_cb", None) is not None:
-        protocol._data_received_cb = None
-    exc, depth = ws.exception(), 0
-    while exc is not None and depth < 8:         # the error, its context and cause chain
-        traceback.clear_frames(exc.__traceback__)
-        exc, depth = exc.__cause__ or exc.__context__, depth + 1
-    if transport is not None and transport.is_closing():
-        cb = getattr(transport, "_read_ready_cb", None)
-        if getattr(cb, "__self__", None) is transport:
-            transport._read_ready_cb = None
-
-
-class _HttpServerLog(logging.Logger):
-    """The logger handed to aiohttp's HTTP server (its RequestHandler `logger`): what aiohttp
-    would print on stderr with a traceback becomes one event line.
-
-    A request aiohttp cannot parse (a request line or header over its 8190-byte limit,
-    non-ASCII or malformed request line, bad method: aiohttp.http_exceptions
-    HttpProcessingError, logged by aiohttp at debug level for a bad method, else as an
-    error) is answered 400 by aiohttp itself; here it is logged as rmb.relay.bad_request
-    with the reason and the client address, rate-limited per reason (RelayServer._warn)
-    and counted in rmb_relay_bad_requests_total. Anything else aiohttp reports at
-    warning level or above ("Unhandled exception" out of a handler) is a bug:
-    rmb.relay.bug. Other debug and info messages are dropped."""
-
-    def __init__(self, relay: "RelayServer"):
-        super().__init__("rmb.relay.http", logging.DEBUG)
-        self.relay = relay
-
-    def isEnabledFor(self, level: int) -> bool:     # noqa: N802 - logging's name
-        return True        # aiohttp logs a bad method at debug: _log sorts them out
-
-    def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False,
-             stacklevel=1):
-        exc = exc_info if isinstance(exc_info, BaseException) else None
-        if exc is None and exc_info:
-            exc = sys.exc_info()[1]
-        if level < logging.WARNING and not isinstance(exc, HttpProcessingError):
-            return
-        try:
-            text = (msg % args) if args else str(msg)
-        except (TypeError, ValueError):
-            text = str(msg)
-        relay = self.relay
-        if isinstance(exc, HttpProcessingError):
-            code = getattr(exc, "code", 400) or 400
-            detail = getattr(exc, "message", "") or str(exc)
-            reason = f"{type(exc).__name__}: {detail}"[:200]
-            relay.metrics.bad_requests.labels(type(exc).__name__).inc()
-            relay._warn(f"bad request {type(exc).__name__}", "rmb.relay.bad_request", None,
-                        status=int(code), reason=reason, src=text.rsplit(" ", 1)[-1][:64])
-        else:
-            relay._bug("HTTP server", exc if exc is not None else RuntimeError(text[:200]))
 
 
 class _SessionView:
@@ -328,101 +217,6 @@ def _binary_frame(data: bytes) -> bytes:
     return Frame(Opcode.BINARY, data).serialize(mask=False, extensions=[])
 
 
-class _Count:
-    """A plain counter for the per-envelope hot path (prometheus_client's Counter.inc takes
-    a lock and checks labels on every call); exported by _HotCounters."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def inc(self, amount: int = 1) -> None:
-        self.value += amount
-
-
-class _HotCounters:
-    """Collector for the per-envelope counters: same metric names, labels and `_total`
-    samples as prometheus_client Counters."""
-
-    def __init__(self, families: list[tuple[str, str, str, dict[str, _Count]]]):
-        self.families = families
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        for name, doc, label, counts in self.families:
-            fam = CounterMetricFamily(name, doc, labels=[label])
-            for value, count in counts.items():
-                fam.add_metric([value], count.value)
-            yield fam
-
-
-class _Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.rx_peer, self.rx_fed = _Count(), _Count()
-        self.dl_live, self.dl_replay = _Count(), _Count()
-        r.register(_HotCounters([
-            ("rmb_relay_envelopes_received", "envelopes received", "via",
-             {"peer": self.rx_peer, "federation": self.rx_fed}),
-            ("rmb_relay_envelopes_delivered", "envelopes written to a local connection", "path",
-             {"live": self.dl_live, "replay": self.dl_replay}),
-        ]))
-        self.queued = Counter("rmb_relay_envelopes_queued", "envelopes queued for offline twins",
-                              registry=r)
-        self.federated = Counter("rmb_relay_federation_accepted",
-                                 "envelopes accepted by another relay", registry=r)
-        self.fed_failed = Counter("rmb_relay_federation_attempts_failed",
-                                  "federation attempts that failed", ["domain"], registry=r)
-        self.rejected = Counter("rmb_relay_envelopes_rejected",
-                                "envelopes answered with a relay error or dropped", ["reason"],
-                                registry=r)
-        self.expired = Counter("rmb_relay_envelopes_expired", "envelopes whose TTL ran out",
-                               registry=r)
-        self.auth_failed = Counter("rmb_relay_auth_failed", "refused connection attempts",
-                                   ["status"], registry=r)
-        self.bad_requests = Counter("rmb_relay_bad_requests", "HTTP requests the relay could "
-                                    "not parse (answered 400 by the HTTP server), by error "
-                                    "class", ["reason"], registry=r)
-        self.connections = Gauge("rmb_relay_connections", "authenticated peer connections",
-                                 registry=r)
-        self.fed_jobs = Gauge("rmb_relay_federation_jobs", "envelopes waiting for federation",
-                              registry=r)     # RelayServer sets its function
-        self.queue_failed = Counter("rmb_relay_queue_failed",
-                                    "envelopes for offline twins not queued because Redis "
-                                    "failed or did not answer (the sender got an error)",
-                                    ["reason"], registry=r)
-        self.queue_full = Counter("rmb_relay_queue_full",
-                                  "envelopes refused because the destination's offline queue "
-                                  "was full (the sender got an error)", ["via"], registry=r)
-        self.queue_full.labels("peer")   # exported at 0 from the start: increase() sees the first
-        self.accept_failed = Counter("rmb_relay_accept_failed",
-                                     "connections the relay could not accept (fd limit)",
-                                     ["reason"], registry=r)
-        self.suppressed = Counter("rmb_relay_log_suppressed",
-                                  "warning lines withheld by the log rate limit", ["reason"],
-                                  registry=r)
-        self.open_fds = Gauge("rmb_relay_open_fds", "open file descriptors of the relay "
-                              "(sampled every second)", registry=r)
-        self.fd_limit = Gauge("rmb_relay_fd_limit", "RLIMIT_NOFILE soft limit of the relay",
-                              registry=r)
-        self.fed_refused = Counter("rmb_relay_federation_refused",
-                                   "federation POSTs refused (bad signature, unknown twin, "
-                                   "limits, ...)", ["reason"], registry=r)
-        self.stale_served = Counter("rmb_relay_twin_stale_served",
-                                    "twin records served past their TTL because the "
-                                    "registry could not be reached", registry=r)
-        self.circuit_opened = Counter("rmb_relay_federation_circuit_opened",
-                                      "times a federation domain's circuit opened", ["domain"],
-                                      registry=r)
-        self.capacity_refused = Counter("rmb_relay_capacity_refused",
-                                        "handshakes refused with 503 near the fd limit",
-                                        registry=r)
-
-
 class RelayServer:
     """The relay bound to host:port (0 = any free port).
 
@@ -467,7 +261,7 @@ class RelayServer:
         self.verify_federation = verify_federation
         #: per source relay (remote address) fixed 60 s windows on federation POSTs
         self.fed_limiter = FixedWindowLimiter(*federation_limit) if federation_limit else NoLimit()
-        self._accept_failures = 0
+        self.watch = ListenerWatch(self)
         self._watchdog: asyncio.Task | None = None
         limiter = FixedWindowLimiter(*limit) if limit else NoLimit()
         rng = rng or random.Random()
@@ -500,7 +294,7 @@ class RelayServer:
         self.router = self.core.router
         self.table = _SessionView(self.core)
         self._last_outcome = QUEUED
-        self.metrics = _Metrics()
+        self.metrics = RelayMetrics()
         self.metrics.fed_jobs.set_function(lambda: len(self.federation))
         Gauge("rmb_relay_redis_down_seconds", "seconds since Redis first did not answer within "
               "--redis-timeout (0 while it answers; /health redis.down_s)",
@@ -539,7 +333,7 @@ class RelayServer:
                                   f"--redis URL): {exc}") from None
         self._http = aiohttp.ClientSession()
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
-                                     logger=_HttpServerLog(self))
+                                     logger=HttpServerLog(self))
         await self._runner.setup()
         self.core.twin_ttl = self.directory.cache_ttl
         self.runner = CoreRunner(self.core, executors={RelayCommand: self._collect},
@@ -548,9 +342,9 @@ class RelayServer:
         await self._listen()
         loop = asyncio.get_running_loop()
         self._prev_handler = loop.get_exception_handler()
-        loop.set_exception_handler(self._loop_exception)
-        self.metrics.fd_limit.set(_fd_limit())
-        self._watchdog = loop.create_task(self._watch())
+        loop.set_exception_handler(self.watch._loop_exception)
+        self.metrics.fd_limit.set(fd_limit())
+        self._watchdog = loop.create_task(self.watch._watch())
         await self.restore_federation()
         return self.port
 
@@ -559,89 +353,6 @@ class RelayServer:
         await site.start()
         self._site = site
         self.port = site._server.sockets[0].getsockname()[1]  # aiohttp has no public accessor
-
-    # ------------------------------------------------------------------ fd exhaustion
-    def _loop_exception(self, loop, context: dict) -> None:
-        """asyncio reports accept() failing with EMFILE/ENFILE here (and retries after 1 s);
-        count it and log it rate-limited instead of leaving it to the default handler."""
-        message = str(context.get("message", ""))
-        exc = context.get("exception")
-        if "accept" in message and isinstance(exc, OSError):
-            self._accept_failed(f"{message}: {exc.strerror or exc}")
-            return
-        if self._prev_handler is not None:
-            self._prev_handler(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    def _accept_failed(self, reason: str) -> None:
-        label = "EMFILE" if "Too many open files" in reason or "EMFILE" in reason else "other"
-        self.metrics.accept_failed.labels(label).inc()
-        self._accept_failures += 1
-        emit, _ = self.log_limiter.allow("accept_failed", asyncio.get_running_loop().time())
-        if emit:
-            self.events.emit("rmb.relay.accept_failed", None, level="error",
-                             reason=reason[:200], count=self._accept_failures)
-            self._accept_failures = 0
-
-    def _listening(self) -> bool:
-        """Is the listening socket still accepting? uvloop closes a server whose accept
-        failed (EMFILE) without a word (uvloop streamserver: _fatal_error on an OSError)."""
-        server = self._site._server if self._site is not None else None
-        if server is None:
-            return False
-        try:
-            socks = server.sockets
-            if not socks:
-                return False
-            return socks[0].getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
-        except (OSError, AttributeError, ValueError):
-            return False
-
-    async def _watch(self) -> None:
-        """Every second: re-open the listener if the event loop closed it (fd exhaustion
-        under uvloop), flush rate-limited warning summaries."""
-        while not self._closing:
-            await asyncio.sleep(1.0)
-            try:
-                now = asyncio.get_running_loop().time()
-                for key, count in self.log_limiter.flush(now):
-                    self.events.emit("rmb.relay.suppressed", None, level="warning",
-                                     reason=key[:200], count=count)
-                self._check_fds()
-                if not self._closing and not self._listening():
-                    self._accept_failed("listener closed by the event loop (fd limit?); "
-                                        "re-opening it")
-                    try:
-                        if self._site is not None:
-                            await self._site.stop()
-                    except Exception:  # noqa: BLE001 - the old site is already broken
-                        pass
-                    try:
-                        await self._listen()
-                    except OSError as exc:
-                        self._accept_failed(f"re-opening the listener failed: {exc}")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the guard of this timer entry point
-                self._bug("watchdog", exc)
-
-    def _check_fds(self) -> None:
-        """At the fd limit accept() fails: asyncio reports it to _loop_exception, but
-        libuv (uvloop) accepts and closes the waiting connections itself without a word
-        (uv__emfile_trick). So the open fds are counted here and the limit reported."""
-        limit = _fd_limit()
-        try:
-            used = len(os.listdir("/proc/self/fd"))
-        except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE):   # not even one fd left to look
-                self._accept_failed(f"EMFILE: fd limit {limit} reached; new connections "
-                                    "are refused")
-            return
-        self.metrics.open_fds.set(used)
-        if limit > 0 and used >= limit - 2:
-            self._accept_failed(f"EMFILE: fd limit reached ({used} open of {limit}); "
-                                "new connections are refused")
 
     def _on_stale(self, twin, age: float, exc: Exception) -> None:
         """TwinDirectory served a record past its TTL because the registry failed
@@ -655,13 +366,6 @@ class RelayServer:
         logged bug; the daemon keeps running."""
         self.events.emit("rmb.relay.bug", None, level="error", src=where,
                          reason=f"{type(exc).__name__}: {exc}"[:300])
-
-    def _over_capacity(self) -> bool:
-        """True when accepting one more peer would leave fewer than fd_reserve fds."""
-        limit = _fd_limit()
-        server = self._runner.server if self._runner is not None else None
-        used = len(server.connections) if server is not None else 0
-        return limit > 0 and used + self.fd_reserve >= limit
 
     def _warn(self, key: str, event: str, uid: str | None, level: str = "warning",
               **attrs) -> None:
@@ -792,7 +496,7 @@ class RelayServer:
         if self._own_directory:
             await self.directory.close()
         await self.redis.aclose()
-        if loop.get_exception_handler() == self._loop_exception:
+        if loop.get_exception_handler() == self.watch._loop_exception:
             loop.set_exception_handler(self._prev_handler)
 
     async def _going_away(self, peer: _Peer) -> None:
@@ -940,10 +644,10 @@ class RelayServer:
     async def _peer_entry(self, request: web.Request) -> web.StreamResponse:
         if self._closing:
             return web.Response(status=503, text="relay shutting down\n")
-        if self._over_capacity():
+        if self.watch._over_capacity():
             self.metrics.capacity_refused.inc()
             self._warn("at connection capacity", "rmb.relay.auth_failed", None, status=503,
-                       reason=f"at connection capacity (fd limit {_fd_limit()})")
+                       reason=f"at connection capacity (fd limit {fd_limit()})")
             return web.Response(status=503, text="relay at connection capacity\n")
         version = request.headers.get("Sec-WebSocket-Version")
         if version is not None and version != WS_VERSION:
@@ -982,7 +686,7 @@ class RelayServer:
         try:
             await self._serve_peer(ws, (twin_id, sid), transport)
         finally:
-            _release_connection_cycles(request, ws, transport)
+            release_connection_cycles(request, ws, transport)
         return ws
 
     # ------------------------------------------------------------------ peers

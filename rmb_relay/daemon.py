@@ -77,7 +77,6 @@ import argparse
 import asyncio
 import random
 import time
-import traceback
 from typing import Callable
 
 import aiohttp
@@ -105,6 +104,7 @@ from rmb_relay.core import (
 from rmb_relay.core.eventmap import effects_of, reason_label
 from rmb_relay.events import RELAY_EVENTS
 from rmb_relay.metrics import RelayMetrics
+from rmb_relay.offline_queue import OfflineQueue
 from rmb_relay.serving import (
     HttpServerLog, ListenerWatch, fd_limit, raise_fd_limit, release_connection_cycles,
 )
@@ -133,40 +133,6 @@ FRAME_FACTOR = 4
 FEDERATION_ANSWER_TIMEOUT = 15.0
 #: per source relay: envelopes and bytes per 60 s window on POST / (--federation-limit)
 DEFAULT_FEDERATION_LIMIT = (120_000, 512 * 1024 * 1024)
-#: offline-queue outcomes of _enqueue / _deliver
-QUEUED, FULL, FAILED, SHARE_FULL = "queued", "full", "failed", "share"
-
-#: XADD only below the cap: a full queue refuses the new envelope instead of trimming the
-#: oldest (XADD MAXLEN did that silently). Returns the new length or -1.
-#: A second bound per sender twin (KEYS[2]: hash sender -> entries it has in the stream):
-#: one sender cannot take more than --queue-per-source entries of a twin's queue, so it
-#: cannot crowd the others out either (-2).
-_ENQUEUE_LUA = """
-local n = redis.call('XLEN', KEYS[1])
-if n >= tonumber(ARGV[1]) then return -1 end
-local c = tonumber(redis.call('HGET', KEYS[2], ARGV[6]) or '0')
-if c >= tonumber(ARGV[7]) then return -2 end
-redis.call('XADD', KEYS[1], '*', 'e', ARGV[2], 'd', ARGV[3], 't', ARGV[4], 's', ARGV[6])
-redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[5])
-return n + 1
-"""
-
-
-def _lenient_decode(data: bytes) -> Envelope | None:
-    """Best-effort decode of bytes parse_envelope refused, to answer with a relay error
-    (same uid) instead of closing. None when they do not decode or carry no uid."""
-    env = Envelope()
-    try:
-        env.ParseFromString(bytes(data))
-    except Exception:  # noqa: BLE001 - any decode failure means "not an envelope"
-        return None
-    if not env.uid:
-        return None
-    return env
-
-
 class RelayStartError(RuntimeError):
     """The relay cannot start (Redis unreachable); the text names the URL and the flag."""
 
@@ -275,7 +241,6 @@ class RelayServer:
         self.redis_timeout = redis_timeout
         #: loop time Redis first did not answer within redis_timeout (None: answering);
         #: meanwhile envelopes for offline twins fail at once and a probe PINGs it
-        self._redis_down: float | None = None
         self.directory = directory or TwinDirectory(registry_url, negative_ttl=10.0,
                                                     on_stale=self._on_stale)
         self._own_directory = directory is None
@@ -293,15 +258,13 @@ class RelayServer:
                               verify_federation=verify_federation)
         self.router = self.core.router
         self.table = _SessionView(self.core)
-        self._last_outcome = QUEUED
         self.metrics = RelayMetrics()
         self.metrics.fed_jobs.set_function(lambda: len(self.federation))
         Gauge("rmb_relay_redis_down_seconds", "seconds since Redis first did not answer within "
               "--redis-timeout (0 while it answers; /health redis.down_s)",
               registry=self.metrics.registry).set_function(
-            lambda: 0.0 if self._redis_down is None
-            else asyncio.get_running_loop().time() - self._redis_down)
-        self._qprefix = f"rmb.relay.{self.domains[0]}.queue."
+            lambda: 0.0 if self.queues.down_since is None
+            else asyncio.get_running_loop().time() - self.queues.down_since)
         self._http: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -315,7 +278,8 @@ class RelayServer:
         self._background = False
         self._closing = False
         self._prev_handler = None
-        self._enqueue_script = self.redis.register_script(_ENQUEUE_LUA)
+        #: the offline queue and the federation outbox (Redis streams)
+        self.queues = OfflineQueue(self)
         self.app = web.Application(client_max_size=max_size)
         self.app.router.add_route("GET", "/", self._handle_get)
         self.app.router.add_route("POST", "/", self._handle_post)
@@ -345,7 +309,7 @@ class RelayServer:
         loop.set_exception_handler(self.watch._loop_exception)
         self.metrics.fd_limit.set(fd_limit())
         self._watchdog = loop.create_task(self.watch._watch())
-        await self.restore_federation()
+        await self.queues.restore_federation()
         return self.port
 
     async def _listen(self) -> None:
@@ -383,49 +347,13 @@ class RelayServer:
     def health(self) -> dict:
         """/health: ok = not closing and Redis answering; `redis.down_s`: seconds since it
         first did not answer within --redis-timeout (0 while it answers)."""
-        down = self._redis_down
+        down = self.queues.down_since
         down_s = 0.0 if down is None else asyncio.get_running_loop().time() - down
         return {"ok": not self._closing and down is None, "service": "rmb-relay",
                 "domains": self.domains, "connections": len(self.table),
                 "federation_jobs": len(self.federation),
                 "redis": {"url": self.redis_url, "answering": down is None,
                           "down_s": round(down_s, 3)}}
-
-    async def _redis_call(self, awaitable):
-        """Await an offline-queue Redis command for at most --redis-timeout s. Raises
-        TimeoutError (builtin) when Redis did not answer: Redis is then marked down (every
-        queue command fails at once, no waiting) until a probe's PING is answered, logged
-        as rmb.relay.redis_recovered. Redis's own errors (RedisError, OSError) pass through."""
-        if self._redis_down is not None:
-            if asyncio.iscoroutine(awaitable):
-                awaitable.close()
-            raise TimeoutError(f"Redis at {self.redis_url} has not answered for "
-                               f"{asyncio.get_running_loop().time() - self._redis_down:.0f} s")
-        try:
-            async with asyncio.timeout(self.redis_timeout):
-                return await awaitable
-        except TimeoutError:
-            if self._redis_down is None:
-                self._redis_down = asyncio.get_running_loop().time()
-                self._spawn(self._redis_probe(), "Redis probe")
-            raise TimeoutError(f"Redis at {self.redis_url} did not answer within "
-                               f"{self.redis_timeout:g} s (--redis-timeout)") from None
-
-    async def _redis_probe(self) -> None:
-        """PING Redis once a second (each bounded by --redis-timeout) until it answers."""
-        loop = asyncio.get_running_loop()
-        while not self._closing:
-            await asyncio.sleep(1.0)
-            try:
-                async with asyncio.timeout(self.redis_timeout):
-                    await self.redis.ping()
-            except (TimeoutError, aioredis.RedisError, OSError):
-                continue
-            down_s = loop.time() - self._redis_down
-            self._redis_down = None
-            self.events.emit("rmb.relay.redis_recovered", None, level="warning",
-                             redis=self.redis_url, down_s=round(down_s, 3))
-            return
 
     async def close(self, grace: float = 5.0) -> None:
         """Graceful shutdown, a drain bounded by `grace` s (--grace; DESIGN.md section 2):
@@ -442,7 +370,7 @@ class RelayServer:
            then give federation POSTs in flight the rest of the grace;
         4. federation jobs still pending (backoff, circuit open, or no time left) are saved
            to the Redis federation outbox `rmb.relay.<domain>.federation` and resumed by
-           the next start() (restore_federation): not expired, not dropped;
+           the next start() (OfflineQueue.restore_federation): not expired, not dropped;
         5. sessions that did not answer in time are closed (1001) and cancelled, then
            Redis, the registry client and the HTTP server are released.
 
@@ -478,7 +406,7 @@ class RelayServer:
             await asyncio.wait(closers, timeout=0.5)
         for task in list(self._fed_tasks) + list(self._tasks):
             task.cancel()
-        saved = await self._save_federation()
+        saved = await self.queues.save_federation()
         busy = sum(1 for t in self._tasks if not t.done())
         self.events.emit(
             "rmb.relay.drained", None, level="info" if drained else "warning",
@@ -532,83 +460,6 @@ class RelayServer:
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.01)
-
-    @property
-    def _fedkey(self) -> str:
-        return f"rmb.relay.{self.domains[0]}.federation"
-
-    async def _save_federation(self) -> int:
-        """Writes every pending federation job to the outbox stream (envelope bytes, twin
-        relay domains, sender session, deadline); restore_federation() resumes them.
-        Returns the number saved; on a Redis error each job is logged as expired."""
-        jobs = list(self.federation._jobs.values())
-        self.federation._jobs.clear()
-        if not jobs:
-            return 0
-        try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                for job in jobs:
-                    pipe.xadd(self._fedkey, {
-                        "e": job.data, "d": ",".join(job.domains), "u": repr(job.deadline),
-                        "c": session_str(job.context) if isinstance(job.context, tuple) else ""})
-                pipe.expire(self._fedkey, int(self.queue_ttl) + 1)
-                await pipe.execute()
-        except (aioredis.RedisError, OSError) as exc:
-            for job in jobs:
-                self.events.emit("rmb.relay.expired", job.env.uid, level="error", dst="",
-                                 reason=f"relay shut down before federation and the outbox "
-                                        f"failed: {exc!r}"[:200])
-            return 0
-        self.events.emit("rmb.relay.federation_outbox", None, count=len(jobs),
-                         reason="saved at shutdown")
-        return len(jobs)
-
-    async def restore_federation(self) -> int:
-        """Resumes the federation jobs a previous run saved at shutdown (start() calls it):
-        each envelope still before its deadline is planned again for its relays and the
-        outbox is emptied. Returns the number resumed."""
-        try:
-            entries = await self.redis.xrange(self._fedkey, "-", "+")
-        except (aioredis.RedisError, OSError) as exc:
-            self._warn("federation outbox", "rmb.relay.queue_error", None, level="error",
-                       dst=self._fedkey, reason=f"federation outbox unreadable: {exc!r}"[:200])
-            return 0
-        if not entries:
-            return 0
-        now = self.clock()
-        resumed = 0
-        for _entry_id, fields in entries:
-            try:                                   # the queue item guard
-                data = fields[b"e"]
-                domains = [d for d in fields[b"d"].decode().split(",") if d]
-                until = float(fields[b"u"])
-                ctx = fields.get(b"c", b"").decode()
-                env = _lenient_decode(data)
-                if env is None or not domains:
-                    raise ValueError("not an envelope with relays")
-                context: Session | None = None
-                if ctx:
-                    twin, _, sid = ctx.partition(":")
-                    context = (int(twin), sid or None)
-            except (KeyError, ValueError, UnicodeDecodeError) as exc:
-                self._bug(f"federation outbox entry {_entry_id!r}", exc)
-                continue
-            if until <= now:
-                self.metrics.expired.inc()
-                self.events.emit("rmb.relay.expired", env.uid, level="warning", dst="",
-                                 reason="expired in the federation outbox")
-                continue
-            if self.federation.submit(env, data, domains, now, context=context) is not None:
-                resumed += 1
-            else:
-                self.events.emit("rmb.relay.expired", env.uid, level="warning", dst="",
-                                 reason=f"federation outbox: {self.federation.refusal}")
-        await self.redis.delete(self._fedkey)
-        self.events.emit("rmb.relay.federation_outbox", None, count=resumed,
-                         reason="resumed at start")
-        self._feed(self.core.handle_timer)        # dispatch the attempts due
-        await self._run()
-        return resumed
 
     def _spawn(self, coro, where: str = "task") -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -730,7 +581,7 @@ class RelayServer:
             self.metrics.connections.set(len(self.table))
             if peer.replay_task is not None and not peer.replay_task.done():
                 peer.replay_task.cancel()
-            # a cancelled task keeps its CancelledError, whose traceback holds _read_queue's
+            # a cancelled task keeps its CancelledError, whose traceback holds OfflineQueue.read's
             # frame and so this peer: peer -> task -> error -> frame -> peer is a cycle
             peer.replay_task = None
             cmds, self._cmds = self._cmds, []
@@ -873,8 +724,7 @@ class RelayServer:
             elif t is Log:
                 self._emit(cmd)
             elif t is Enqueue:
-                self._last_outcome = await self._xadd(cmd)
-                self._feed(core.enqueued, cmd.token, self._last_outcome)
+                self._feed(core.enqueued, cmd.token, await self.queues.enqueue(cmd))
                 closed = await self._run(current) or closed
             elif t is LookupTwin:
                 self._spawn(self._lookup(cmd.twin), "twin lookup")
@@ -884,15 +734,15 @@ class RelayServer:
                     self._fed_tasks.add(task)
                     task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
             elif t is ReadQueue:
-                cmd.conn.replay_task = self._spawn(self._read_queue(cmd), "offline replay")
+                cmd.conn.replay_task = self._spawn(self.queues.read(cmd), "offline replay")
             elif t is ReplayFrames:
                 await self._replay_frames(cmd)
                 closed = await self._run(current) or closed
             elif t is AckQueue:
-                await self._ack_queue(cmd)
+                await self.queues.ack(cmd)
                 closed = await self._run(current) or closed
             elif t is ProbeQueue:
-                task = asyncio.get_running_loop().create_task(self._probe_queue())
+                task = asyncio.get_running_loop().create_task(self.queues.probe())
                 task.add_done_callback(lambda t: self._task_done(t, "offline replay retry"))
             elif t is FederationAnswer:
                 if cmd.status >= 400 and cmd.text != ERR_OFFLINE and cmd.text != ERR_EXPIRED:
@@ -944,57 +794,6 @@ class RelayServer:
                 self._bug(f"routing after the lookup of twin {twin}", exc)
             done = self._feed(self.core.chain_done, twin)        # arrivals while queueing
 
-    def _qkey(self, session: Session) -> str:
-        return self._qprefix + session_str(session)
-
-    async def _xadd(self, cmd: Enqueue, via: str = "peer") -> str:
-        """Enqueue executor: XADD to the session's offline stream unless it holds
-        --queue-maxlen entries. Returns QUEUED, FULL (nothing evicted; counted) or FAILED
-        (Redis error, logged)."""
-        now = self.clock()
-        try:
-            length = await self._redis_call(self._enqueue_script(
-                keys=[self._qkey(cmd.session), self._qkey(cmd.session) + ":src"],
-                args=[self.queue_maxlen, cmd.data, repr(cmd.until), repr(now),
-                      int(self.queue_ttl) + 1, cmd.src.split(":")[0], self.queue_per_source]))
-        except TimeoutError as exc:
-            self.metrics.queue_failed.labels("timeout").inc()
-            self._warn("queue error: Redis not answering", "rmb.relay.queue_error", cmd.uid,
-                       level="error", dst=session_str(cmd.session), reason=str(exc)[:200])
-            return FAILED
-        except (aioredis.RedisError, OSError) as exc:
-            self.metrics.queue_failed.labels("error").inc()
-            self._warn("queue error", "rmb.relay.queue_error", cmd.uid, level="error",
-                       dst=session_str(cmd.session), reason=repr(exc)[:200])
-            return FAILED
-        if int(length) == -2:
-            self.metrics.queue_full.labels(via).inc()
-            return SHARE_FULL
-        if int(length) < 0:
-            self.metrics.queue_full.labels(via).inc()
-            return FULL
-        return QUEUED
-
-    async def _read_queue(self, cmd: ReadQueue) -> None:
-        """ReadQueue executor (a task per batch; the peer's replay_task)."""
-        peer = cmd.conn
-        if peer.ws.closed:
-            return
-        try:
-            entries = await self._redis_call(self.redis.xrange(self._qkey(cmd.session), "-",
-                                                               "+", count=cmd.count))
-        except asyncio.CancelledError as exc:
-            # the connection closed: the frames the cancellation unwound (Redis client,
-            # asyncio.timeout) hold the error in their locals, a cycle error -> traceback
-            # -> frame -> error that would keep this peer until a cyclic GC pass
-            traceback.clear_frames(exc.__traceback__)
-            raise
-        except (TimeoutError, aioredis.RedisError, OSError) as exc:
-            self._feed(self.core.queue_failed, peer, repr(exc))
-        else:
-            self._feed(self.core.queue_read, peer, entries)
-        await self._run()
-
     async def _replay_frames(self, cmd: ReplayFrames) -> None:
         """ReplayFrames executor: writes in order, stops at the first failed write."""
         done = 0
@@ -1007,37 +806,6 @@ class RelayServer:
                 self._emit(log)
             done += 1
         self._feed(self.core.replay_written, cmd.conn, done)
-
-    async def _ack_queue(self, cmd: AckQueue) -> None:
-        """AckQueue executor: XDEL and the per-sender counts in one transaction."""
-        key = self._qkey(cmd.session)
-        try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xdel(key, *cmd.ids)
-                for sender, count in cmd.senders.items():
-                    pipe.hincrby(key + ":src", sender, -count)
-                await self._redis_call(pipe.execute())
-        except asyncio.CancelledError as exc:
-            traceback.clear_frames(exc.__traceback__)
-            raise
-        except (TimeoutError, aioredis.RedisError, OSError) as exc:
-            self._feed(self.core.queue_failed, cmd.conn, repr(exc))
-        else:
-            self._feed(self.core.queue_acked, cmd.conn, cmd.more)
-
-    async def _probe_queue(self) -> None:
-        """ProbeQueue executor: PING Redis (bounded by --redis-timeout); not a routing task
-        (close() cancels it instead of waiting for it)."""
-        ok = False
-        if self._redis_down is None:     # else the Redis probe is waiting on it already
-            try:
-                async with asyncio.timeout(self.redis_timeout):
-                    await self.redis.ping()
-                ok = True
-            except (TimeoutError, aioredis.RedisError, OSError):
-                pass
-        self._feed(self.core.queue_probed, ok)
-        await self._run()
 
     # ------------------------------------------------------------------ federation out
     async def _post(self, att) -> None:
@@ -1271,3 +1039,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
+

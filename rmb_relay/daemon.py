@@ -63,12 +63,16 @@ rmb_relay/events.py.
 Structure (DESIGN.md section 2): the decisions live in the sans-I/O RelayCore
 (rmb_relay/core/relay.py: per-session state table, routing, twin table, federation plan,
 federation-in checks). This module is its asyncio adapter: it feeds the core's inputs
-(peer_connected, receive_frame, twin_resolved, enqueued, queue_replayed,
-federation_result, receive_federation, handle_timer) and executes its commands
-(WriteFrame on aiohttp WebSockets, Enqueue / ReplayQueue on Redis streams, LookupTwin on
+(peer_connected, receive_frame, twin_resolved, enqueued, queue_read, replay_written,
+queue_acked, queue_failed, queue_probed, federation_result, receive_federation) through
+daemon_runtime's CoreRunner (one pass per input, one timer, one guard) and executes its
+commands in order
+(WriteFrame / ReplayFrames on aiohttp WebSockets: rmb_relay/peer_io.py; Enqueue,
+ReadQueue, AckQueue, ProbeQueue on Redis streams: rmb_relay/offline_queue.py; LookupTwin on
 the registry client, PostFederation with aiohttp, CloseConnection, Log to the event log
-and metrics). Clock: the core gets wall-clock unix seconds (envelope expiry compares with
-wire timestamps); its timer deadline becomes a loop call_later delay. Token auth (GET)
+and metrics through rmb_relay.core.eventmap). Clock: the runner's rule (the core gets
+wall-clock unix seconds: envelope expiry compares with wire timestamps; its timer is armed
+on the loop clock). Token auth (GET)
 stays here: it uses rmb_relay.lookups.TwinLookups (stale-while-revalidate).
 """
 from __future__ import annotations
@@ -83,7 +87,6 @@ import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, WSMsgType, web
 from prometheus_client import Gauge
-from websockets.frames import Frame, Opcode
 
 from daemon_runtime.eventlog import EventLog
 from daemon_runtime.linkmodel import delay_transport, pause as linkmodel_pause
@@ -99,12 +102,12 @@ from rmb_relay.core import (
     FederationAnswer, FederationScheduler, FixedWindowLimiter, Log, LookupTwin, NoLimit,
     PostFederation, ProbeQueue, Ranker, ReadQueue, RelayCore, RelayCommand, ReplayFrames, Session,
     WriteFrame,
-    session_str,
 )
 from rmb_relay.core.eventmap import effects_of, reason_label
 from rmb_relay.events import RELAY_EVENTS
 from rmb_relay.metrics import RelayMetrics
 from rmb_relay.offline_queue import OfflineQueue
+from rmb_relay.peer_io import COALESCE_MAX, Peer, PeerWriter
 from rmb_relay.serving import (
     HttpServerLog, ListenerWatch, fd_limit, raise_fd_limit, release_connection_cycles,
 )
@@ -138,7 +141,7 @@ class RelayStartError(RuntimeError):
 
 
 class _SessionView:
-    """Read-only view of the core's sessions: session -> its _Peer (tests, health, close)."""
+    """Read-only view of the core's sessions: session -> its Peer (tests, health, close)."""
 
     def __init__(self, core):
         self._core = core
@@ -152,35 +155,6 @@ class _SessionView:
 
     def items(self):
         return [(sess, c.conn) for sess, c in self._core._sessions.items()]
-
-
-class _Peer:
-    """One authenticated WebSocket connection."""
-
-    __slots__ = ("ws", "session", "name", "replay_task", "transport", "out", "out_bytes")
-
-    def __init__(self, ws: web.WebSocketResponse, session: Session, transport=None):
-        self.ws = ws
-        self.session = session
-        self.name = session_str(session)
-        self.replay_task: asyncio.Task | None = None
-        self.transport = transport     # for write coalescing (RelayServer._write)
-        #: None: no write yet in this loop pass; else the WriteFrames held back for the
-        #: end of the pass (RelayServer._flush), in order
-        self.out: list[WriteFrame] | None = None
-        self.out_bytes = 0             # their size
-
-
-#: Write coalescing: at most this many bytes of frames are held back for one peer within a
-#: loop pass (then flushed at once), and the transport's buffer above this makes the
-#: writer wait for the socket to drain (backpressure, as aiohttp's own writer does).
-_COALESCE_MAX = 1 << 18
-
-
-def _binary_frame(data: bytes) -> bytes:
-    """One unfragmented, unmasked (server to client) binary frame, framed by the websockets
-    library (RFC 6455; the relay's WebSocketResponse negotiates no extension)."""
-    return Frame(Opcode.BINARY, data).serialize(mask=False, extensions=[])
 
 
 class RelayServer:
@@ -278,6 +252,8 @@ class RelayServer:
         self._background = False
         self._closing = False
         self._prev_handler = None
+        #: writes to peer WebSockets (coalescing, replay writes, half close)
+        self.writer = PeerWriter(self)
         #: the offline queue and the federation outbox (Redis streams)
         self.queues = OfflineQueue(self)
         self.app = web.Application(client_max_size=max_size)
@@ -388,7 +364,7 @@ class RelayServer:
             self._site._server.close()   # stop listening; aiohttp has no public "pause"
         sessions = len(self.table)
         for _session, peer in self.table.items():
-            await self._going_away(peer)
+            await self.writer.going_away(peer)
         drained = await self._wait_drained(deadline)
         if self._fed_tasks:
             await asyncio.wait(set(self._fed_tasks), timeout=max(0.0, deadline - loop.time()))
@@ -399,7 +375,7 @@ class RelayServer:
         left = [peer for _session, peer in self.table.items()]
         if left:
             for peer in left:
-                self._flush(peer)
+                self.writer.flush(peer)
             closers = [loop.create_task(peer.ws.close(code=WSCloseCode.GOING_AWAY,
                                                       message=b"relay shutting down"))
                        for peer in left]
@@ -426,28 +402,6 @@ class RelayServer:
         await self.redis.aclose()
         if loop.get_exception_handler() == self.watch._loop_exception:
             loop.set_exception_handler(self._prev_handler)
-
-    async def _going_away(self, peer: _Peer) -> None:
-        """Sends `peer` a Close frame (1001 going away) without ending our read loop: its
-        _serve_peer keeps routing the frames that arrive until the peer's own Close. Our
-        writes to it fail from now on (aiohttp: writer closing), so deliveries to this
-        session go to its offline queue (write_failed). aiohttp has no public call for a
-        half close: its writer is used; another aiohttp falls back to ws.close()."""
-        ws = peer.ws
-        self._flush(peer)
-        if ws.closed:
-            return
-        writer = getattr(ws, "_writer", None)
-        cancel_heartbeat = getattr(ws, "_cancel_heartbeat", None)
-        if writer is None or cancel_heartbeat is None or not hasattr(writer, "close"):
-            self._spawn(ws.close(code=WSCloseCode.GOING_AWAY, message=b"relay shutting down"),
-                        "close on shutdown")
-            return
-        cancel_heartbeat()       # no ping into a closing connection, no pong timeout
-        try:
-            await writer.close(WSCloseCode.GOING_AWAY, b"relay shutting down")
-        except (ConnectionError, RuntimeError, OSError):
-            pass                 # the connection is gone already: its read loop ends
 
     async def _wait_drained(self, deadline: float) -> bool:
         """Polls until no session is left (each answered its Close and the frames before it
@@ -543,7 +497,7 @@ class RelayServer:
     # ------------------------------------------------------------------ peers
     async def _serve_peer(self, ws: web.WebSocketResponse, session: Session,
                           transport: asyncio.BaseTransport | None = None) -> None:
-        peer = _Peer(ws, session, transport)
+        peer = Peer(ws, session, transport)
         self._feed(self.core.peer_connected, peer, session)
         self.metrics.connections.set(len(self.table))
         await self._run(peer)
@@ -565,7 +519,7 @@ class RelayServer:
                         break
                 elif msg.type == WSMsgType.TEXT:
                     reason = "text frame: envelopes are binary protobuf"
-                    self._flush(peer)
+                    self.writer.flush(peer)
                     await ws.close(code=CLOSE_UNSUPPORTED, message=reason.encode())
                     break
                 elif msg.type == WSMsgType.ERROR:
@@ -589,92 +543,7 @@ class RelayServer:
                 if type(cmd) is Log:
                     self._emit(cmd)
 
-    async def _send(self, peer: _Peer, data: bytes) -> bool:
-        """Writes one frame at once (frames held back for this peer go first, so the order
-        on the wire is the order of the calls). False when the connection is closed."""
-        if peer.out:
-            self._flush(peer)
-        if peer.ws.closed:
-            return False
-        try:
-            await peer.ws.send_bytes(data)
-            return True
-        except (ConnectionError, RuntimeError):
-            return False
-
-    async def _write(self, cmd: WriteFrame) -> bool:
-        """Executes a WriteFrame, coalescing bursts: the first frame to a peer in a loop
-        pass is written at once (no added latency); later ones in the same pass are held
-        back and leave together at the end of the pass (`_flush`, call_soon) in ONE
-        transport write, instead of one write (a send syscall) each (measured: the
-        per-frame write was the relay's largest cost per envelope). A frame's log line
-        and live-delivery count follow its write, wherever it happens; a frame that
-        cannot be written goes back to the core (write_failed: its offline queue); True
-        then (the caller runs the core's new commands)."""
-        peer = cmd.conn
-        out = peer.out
-        if out is None or peer.transport is None:
-            if out is None and peer.transport is not None:
-                if peer.transport.get_write_buffer_size() > _COALESCE_MAX:
-                    await self._drain(peer)     # a slow reader: wait before writing more
-                peer.out = []
-                peer.out_bytes = 0
-                asyncio.get_running_loop().call_soon(self._flush, peer)
-            if await self._send(peer, cmd.data):
-                self._written(cmd)
-            elif cmd.session is not None:
-                self._feed(self.core.write_failed, cmd)     # closed meanwhile: queue it
-                return True
-            return False
-        out.append(cmd)
-        peer.out_bytes += len(cmd.data)
-        if peer.out_bytes > _COALESCE_MAX or peer.transport.get_write_buffer_size() > _COALESCE_MAX:
-            self._flush(peer)
-            await self._drain(peer)
-        return False
-
-    def _written(self, cmd: WriteFrame) -> None:
-        log = cmd.log
-        if log is not None:
-            self.metrics.dl_live.inc()
-            self.events.emit_attrs(log.event, log.uid, log.level, log.attrs)
-
-    def _flush(self, peer: _Peer) -> None:
-        """Writes the frames held back for `peer` (see _write) in one transport write and
-        ends its loop pass; frames of a connection closed meanwhile go back to the core."""
-        out, peer.out = peer.out, None
-        if not out:
-            return
-        transport = peer.transport
-        if peer.ws.closed or transport is None or transport.is_closing():
-            requeue = False
-            for cmd in out:
-                if cmd.session is not None:
-                    self._feed(self.core.write_failed, cmd)
-                    requeue = True
-            if requeue:
-                self._spawn(self._run(), "requeue after a failed write")
-            return
-        transport.write(b"".join([_binary_frame(cmd.data) for cmd in out]))
-        logs = [(log.event, log.uid, log.level, log.attrs) for log in
-                [cmd.log for cmd in out] if log is not None]
-        if logs:        # one moment, one write: one timestamp, one write of the lines
-            self.metrics.dl_live.inc(len(logs))
-            self.events.emit_many(logs)
-
-    @staticmethod
-    async def _drain(peer: _Peer) -> None:
-        """Waits while the peer's socket does not take more (the protocol was paused by the
-        transport's high-water mark): what aiohttp's writer does after 64 KiB of writes."""
-        proto = peer.transport.get_protocol()
-        drain = getattr(proto, "_drain_helper", None)
-        if drain is not None and getattr(proto, "_paused", False):
-            try:
-                await drain()
-            except (ConnectionError, RuntimeError):
-                pass          # closed: the next write fails and is handled there
-
-    async def _on_binary(self, peer: _Peer, data: bytes) -> str | None:
+    async def _on_binary(self, peer: Peer, data: bytes) -> str | None:
         """Handles one frame through the core; returns a close reason when the core closed
         this connection (bytes that are not an envelope)."""
         self.metrics.rx_peer.inc()
@@ -705,7 +574,7 @@ class RelayServer:
         self._background = False
         await self._run()
 
-    async def _run(self, current: _Peer | None = None) -> str | None:
+    async def _run(self, current: Peer | None = None) -> str | None:
         """Executes the commands the core produced for the input just applied, in order
         (taken at once, so concurrent callers never interleave one input's commands).
         Returns the close reason when `current` was closed by a command."""
@@ -716,10 +585,10 @@ class RelayServer:
             t = type(cmd)
             if t is WriteFrame:
                 out = cmd.conn.out
-                if out is not None and cmd.conn.out_bytes <= _COALESCE_MAX:
+                if out is not None and cmd.conn.out_bytes <= COALESCE_MAX:
                     out.append(cmd)      # _write's held-back case, without a coroutine
                     cmd.conn.out_bytes += len(cmd.data)
-                elif await self._write(cmd):
+                elif await self.writer.write(cmd):
                     closed = await self._run(current) or closed
             elif t is Log:
                 self._emit(cmd)
@@ -736,7 +605,7 @@ class RelayServer:
             elif t is ReadQueue:
                 cmd.conn.replay_task = self._spawn(self.queues.read(cmd), "offline replay")
             elif t is ReplayFrames:
-                await self._replay_frames(cmd)
+                await self.writer.replay_frames(cmd)
                 closed = await self._run(current) or closed
             elif t is AckQueue:
                 await self.queues.ack(cmd)
@@ -754,7 +623,7 @@ class RelayServer:
                 if not cmd.request.done():
                     cmd.request.set_result((cmd.status, cmd.text))
             elif t is CloseConnection:
-                self._flush(cmd.conn)      # frames held back leave before the Close
+                self.writer.flush(cmd.conn)      # frames held back leave before the Close
                 if cmd.conn is current:
                     await current.ws.close(code=cmd.code, message=cmd.reason.encode()[:120])
                     closed = cmd.reason
@@ -793,19 +662,6 @@ class RelayServer:
             except Exception as exc:  # noqa: BLE001 - the chain must close whatever happens
                 self._bug(f"routing after the lookup of twin {twin}", exc)
             done = self._feed(self.core.chain_done, twin)        # arrivals while queueing
-
-    async def _replay_frames(self, cmd: ReplayFrames) -> None:
-        """ReplayFrames executor: writes in order, stops at the first failed write."""
-        done = 0
-        for _entry_id, data, log in cmd.items:
-            if data is not None:
-                if not await self._send(cmd.conn, data):
-                    break
-                self.metrics.dl_replay.inc()
-            if log is not None:
-                self._emit(log)
-            done += 1
-        self._feed(self.core.replay_written, cmd.conn, done)
 
     # ------------------------------------------------------------------ federation out
     async def _post(self, att) -> None:

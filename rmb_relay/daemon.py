@@ -92,18 +92,18 @@ from daemon_runtime.eventlog import EventLog
 from daemon_runtime.linkmodel import delay_transport, pause as linkmodel_pause
 from daemon_runtime.redis_server import reconnecting_redis
 from daemon_runtime.runner import CoreRunner
-from rmb_peer.envelope import MAX_ENVELOPE_SIZE, Envelope, address_str
+from rmb_peer.envelope import MAX_ENVELOPE_SIZE
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
 from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
 from daemon_runtime.ratelimit import LogLimiter
 from rmb_relay.core import (
-    ERR_EXPIRED, ERR_OFFLINE, AckQueue, CloseConnection, Enqueue,
+    ERR_OFFLINE, AckQueue, CloseConnection, Enqueue,
     FederationAnswer, FederationScheduler, FixedWindowLimiter, Log, LookupTwin, NoLimit,
     PostFederation, ProbeQueue, Ranker, ReadQueue, RelayCore, RelayCommand, ReplayFrames, Session,
     WriteFrame,
 )
-from rmb_relay.core.eventmap import effects_of, reason_label
+from rmb_relay.core.eventmap import effects_of, reason_label, refusal_of
 from rmb_relay.events import RELAY_EVENTS
 from rmb_relay.metrics import RelayMetrics
 from rmb_relay.offline_queue import OfflineQueue
@@ -614,10 +614,10 @@ class RelayServer:
                 task = asyncio.get_running_loop().create_task(self.queues.probe())
                 task.add_done_callback(lambda t: self._task_done(t, "offline replay retry"))
             elif t is FederationAnswer:
-                if cmd.status >= 400 and cmd.text != ERR_OFFLINE and cmd.text != ERR_EXPIRED:
-                    label = reason_label(cmd.text)
-                    self.metrics.fed_refused.labels(label).inc()
-                    self._warn("federation in: " + label, "rmb.relay.rejected", cmd.uid,
+                fx = refusal_of(cmd.status, cmd.text)
+                if fx is not None:
+                    self.metrics.fed_refused.labels(fx.label).inc()
+                    self._warn(fx.limit_key, "rmb.relay.rejected", cmd.uid,
                                reason=cmd.text[:200],
                                src=f"federation {cmd.origin} {cmd.src}".strip(), dst=cmd.dst)
                 if not cmd.request.done():
@@ -698,15 +698,12 @@ class RelayServer:
             self._bug("federation POST", exc)
             return web.Response(status=500, text="internal error\n")
 
-    def _fed_refuse(self, status: int, text: str, env: Envelope | None, origin: str) -> web.Response:
-        """A refused federation POST: counted (label = reason), one rate-limited line."""
-        label = reason_label(text)
-        self.metrics.fed_refused.labels(label).inc()
-        self._warn("federation in: " + label, "rmb.relay.rejected",
-                   env.uid if env is not None and env.uid else None, reason=text[:200],
-                   src=f"federation {origin}" + (f" {_src(env)}" if env is not None else ""),
-                   dst=address_str(env.destination) if env is not None
-                   and env.HasField("destination") else "")
+    def _fed_refuse(self, status: int, text: str, origin: str) -> web.Response:
+        """A POST refused before the core saw it (413): counted, one rate-limited line."""
+        fx = refusal_of(status, text)
+        self.metrics.fed_refused.labels(fx.label).inc()
+        self._warn(fx.limit_key, "rmb.relay.rejected", None, reason=text[:200],
+                   src=f"federation {origin}", dst="")
         return web.Response(status=status, text=text + "\n")
 
     async def _federation_in(self, request: web.Request) -> web.Response:
@@ -720,7 +717,7 @@ class RelayServer:
             data = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._fed_refuse(413, f"envelope too large: limit {self.max_size} bytes",
-                                    None, origin)
+                                    origin)
         self.metrics.rx_fed.inc()
         answer = asyncio.get_running_loop().create_future()
         self._feed(self.core.receive_federation, answer, data, origin)
@@ -731,11 +728,6 @@ class RelayServer:
             status, text = 503, "twin lookup timed out"
         # `destination offline` without a newline, as rmb-rs's fail-fast answer
         return web.Response(status=status, text=text if text == ERR_OFFLINE else text + "\n")
-
-
-def _src(env: Envelope) -> str:
-    """The `src` attr of relay events: "twin[:connection]", "" without a source."""
-    return address_str(env.source) if env.HasField("source") else ""
 
 
 # ---------------------------------------------------------------------- CLI

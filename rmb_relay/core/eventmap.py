@@ -29,7 +29,7 @@ from rmb_relay.core.errors import (
     ERR_UNSIGNED,
 )
 
-__all__ = ["Effects", "effects_of", "reason_label", "KNOWN_REASONS"]
+__all__ = ["Effects", "effects_of", "refusal_of", "reason_label", "KNOWN_REASONS"]
 
 #: reasons that are metric label values as they are (the relay's fixed error texts)
 KNOWN_REASONS = frozenset({
@@ -90,3 +90,15 @@ def effects_of(event: str, attrs: dict, level: str) -> Effects:
     if event == "rmb.relay.circuit" and str(attrs.get("reason", "")).startswith("open"):
         return Effects("circuit_opened", attrs.get("domain", ""), key)
     return Effects(None, None, key)
+
+
+def refusal_of(status: int, text: str) -> Effects | None:
+    """The Effects of a federation-in answer (FederationAnswer, or the HTTP server's 413):
+    a refusal (status >= 400, except `destination offline` and `message has expired`,
+    which the sender expects and the core logs itself) counts fed_refused (label
+    reason_label(text)) and writes one rmb.relay.rejected line rate-limited per
+    "federation in: <label>"; anything else None."""
+    if status < 400 or text == ERR_OFFLINE or text == ERR_EXPIRED:
+        return None
+    label = reason_label(text)
+    return Effects("fed_refused", label, "federation in: " + label)

@@ -85,55 +85,42 @@ from typing import Callable
 
 import aiohttp
 import redis.asyncio as aioredis
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 from prometheus_client import Gauge
 
 from daemon_runtime.eventlog import EventLog
-from daemon_runtime.linkmodel import delay_transport, pause as linkmodel_pause
+from daemon_runtime.ratelimit import LogLimiter
 from daemon_runtime.redis_server import reconnecting_redis
 from daemon_runtime.runner import CoreRunner
 from rmb_peer.envelope import MAX_ENVELOPE_SIZE
 from rmb_peer.events import RMB_EVENTS
-from rmb_peer.token import TokenError, token_claims_unverified, verify_token
 from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
-from daemon_runtime.ratelimit import LogLimiter
 from rmb_relay.core import (
-    ERR_OFFLINE, AckQueue, CloseConnection, Enqueue,
+    AckQueue, CloseConnection, Enqueue,
     FederationAnswer, FederationScheduler, FixedWindowLimiter, Log, LookupTwin, NoLimit,
     PostFederation, ProbeQueue, Ranker, ReadQueue, RelayCore, RelayCommand, ReplayFrames, Session,
     WriteFrame,
 )
 from rmb_relay.core.eventmap import effects_of, reason_label, refusal_of
 from rmb_relay.events import RELAY_EVENTS
+from rmb_relay.federation_http import FederationHttp
+from rmb_relay.lookups import TwinLookups
 from rmb_relay.metrics import RelayMetrics
 from rmb_relay.offline_queue import OfflineQueue
+from rmb_relay.peer_entry import PeerEntry
 from rmb_relay.peer_io import COALESCE_MAX, Peer, PeerWriter
-from rmb_relay.serving import (
-    HttpServerLog, ListenerWatch, fd_limit, raise_fd_limit, release_connection_cycles,
-)
-from rmb_relay.lookups import TwinLookups
+from rmb_relay.serving import HttpServerLog, ListenerWatch, fd_limit, raise_fd_limit
 
 __all__ = ["RelayServer", "build_parser", "main", "DEFAULT_PORT"]
 
 DEFAULT_PORT = 8101
-#: close codes (RFC 6455 section 7.4.1) and the one app code we use
-CLOSE_UNSUPPORTED = 1003       # text frame
-CLOSE_INVALID = 1007           # bytes that are not an envelope
-CLOSE_REPLACED = 4000          # a newer connection with the same (twin, sid) took over
-FED_CONTENT_TYPE = "application/x-protobuf"
 #: seconds between the relay's WebSocket pings to each peer (rmb-peer itself pings every 20 s);
 #: a peer that does not answer within half of it is closed, so a vanished peer (no FIN) is
 #: freed within 1.5 x HEARTBEAT (was 60 s: ~90 s per dead socket)
 HEARTBEAT = 20.0
-#: seconds aiohttp waits for the peer's close frame after we close (its default is 10 s)
-CLOSE_TIMEOUT = 2.0
-#: The only WebSocket protocol version the relay speaks (RFC 6455 section 4.1: 13)
-WS_VERSION = "13"
 #: frames up to this multiple of --max-size are read and answered with a relay error when
 #: too large; only larger frames close the connection with 1009
 FRAME_FACTOR = 4
-#: longest a federation POST waits for the twin lookups its checks need, seconds
-FEDERATION_ANSWER_TIMEOUT = 15.0
 #: per source relay: envelopes and bytes per 60 s window on POST / (--federation-limit)
 DEFAULT_FEDERATION_LIMIT = (120_000, 512 * 1024 * 1024)
 class RelayStartError(RuntimeError):
@@ -252,13 +239,16 @@ class RelayServer:
         self._background = False
         self._closing = False
         self._prev_handler = None
+        #: GET /?<jwt> (peer auth and upgrade) and federation HTTP (POST out and in)
+        self.entry = PeerEntry(self)
+        self.fed_http = FederationHttp(self)
         #: writes to peer WebSockets (coalescing, replay writes, half close)
         self.writer = PeerWriter(self)
         #: the offline queue and the federation outbox (Redis streams)
         self.queues = OfflineQueue(self)
         self.app = web.Application(client_max_size=max_size)
-        self.app.router.add_route("GET", "/", self._handle_get)
-        self.app.router.add_route("POST", "/", self._handle_post)
+        self.app.router.add_route("GET", "/", self.entry.handle_get)
+        self.app.router.add_route("POST", "/", self.fed_http.handle_post)
         from daemon_runtime.lifecycle import add_status_routes
         add_status_routes(self.app, self.metrics.registry, self.health)
 
@@ -430,119 +420,6 @@ class RelayServer:
             self._bug(where, task.exception())
 
     # ------------------------------------------------------------------ HTTP entry
-    def _refuse_auth(self, status: int, reason: str) -> web.Response:
-        self.metrics.auth_failed.labels(str(status)).inc()
-        self._warn(f"auth {status} {reason[:40]}", "rmb.relay.auth_failed", None, status=status,
-                   reason=reason)
-        return web.Response(status=status, text=reason + "\n")
-
-    async def _handle_get(self, request: web.Request) -> web.StreamResponse:
-        """Peer connections: the guard of this entry point (unexpected -> logged bug)."""
-        try:
-            return await self._peer_entry(request)
-        except (asyncio.CancelledError, ConnectionError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
-            self._bug("peer connection", exc)
-            return web.Response(status=500, text="internal error\n")
-
-    async def _peer_entry(self, request: web.Request) -> web.StreamResponse:
-        if self._closing:
-            return web.Response(status=503, text="relay shutting down\n")
-        if self.watch._over_capacity():
-            self.metrics.capacity_refused.inc()
-            self._warn("at connection capacity", "rmb.relay.auth_failed", None, status=503,
-                       reason=f"at connection capacity (fd limit {fd_limit()})")
-            return web.Response(status=503, text="relay at connection capacity\n")
-        version = request.headers.get("Sec-WebSocket-Version")
-        if version is not None and version != WS_VERSION:
-            # RFC 6455 4.2.2 / 4.4: a version the server does not speak is answered 426
-            # with the version it does speak (aiohttp itself would also take 7 and 8)
-            self.metrics.auth_failed.labels("426").inc()
-            self._warn("auth 426 websocket version", "rmb.relay.auth_failed", None,
-                       status=426, reason=f"unsupported Sec-WebSocket-Version "
-                                          f"{version[:16]!r}: only {WS_VERSION} is spoken")
-            return web.Response(status=426, text=f"Sec-WebSocket-Version {WS_VERSION} only\n",
-                                headers={"Sec-WebSocket-Version": WS_VERSION})
-        token = request.rel_url.raw_query_string
-        if not token:
-            return self._refuse_auth(400, "missing token: connect to ws://host:port/?<jwt>")
-        now = self.clock()
-        try:
-            claims = token_claims_unverified(token)
-            try:
-                twin = await self.lookups.get(claims["sub"])
-            except UnknownTwin:
-                raise TokenError(401, f"unknown twin {claims['sub']}") from None
-            except DirectoryError as exc:
-                raise TokenError(500, f"twin lookup failed: {exc}") from None
-            twin_id, sid = verify_token(token, twin.account, int(now))
-        except TokenError as exc:
-            return self._refuse_auth(exc.status, exc.reason)
-        # heartbeat: a WS ping every HEARTBEAT s; no pong within half of it closes the
-        # connection (a silently lost peer is detected instead of queueing into a dead socket)
-        ws = web.WebSocketResponse(max_msg_size=self.max_frame, autoping=True, compress=False,
-                                   heartbeat=self.heartbeat, timeout=CLOSE_TIMEOUT)
-        if not ws.can_prepare(request).ok:
-            return self._refuse_auth(400, "expected a WebSocket upgrade")
-        await ws.prepare(request)
-        transport = request.transport
-        delay_transport(transport, request.remote or "")   # test only: RELAY_SUITE_LINKS
-        try:
-            await self._serve_peer(ws, (twin_id, sid), transport)
-        finally:
-            release_connection_cycles(request, ws, transport)
-        return ws
-
-    # ------------------------------------------------------------------ peers
-    async def _serve_peer(self, ws: web.WebSocketResponse, session: Session,
-                          transport: asyncio.BaseTransport | None = None) -> None:
-        peer = Peer(ws, session, transport)
-        self._feed(self.core.peer_connected, peer, session)
-        self.metrics.connections.set(len(self.table))
-        await self._run(peer)
-        reason = "closed by peer"
-        try:
-            async for msg in ws:
-                if msg.type == WSMsgType.BINARY:
-                    try:
-                        closed = await self._on_binary(peer, msg.data)
-                    except (asyncio.CancelledError, ConnectionError):
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - the frame guard (DESIGN.md 2):
-                        # remote errors were answered inside; anything else is our bug, the
-                        # frame is dropped, the connection and the daemon live on
-                        self._bug(f"frame from {peer.name}", exc)
-                        continue
-                    if closed:
-                        reason = closed
-                        break
-                elif msg.type == WSMsgType.TEXT:
-                    reason = "text frame: envelopes are binary protobuf"
-                    self.writer.flush(peer)
-                    await ws.close(code=CLOSE_UNSUPPORTED, message=reason.encode())
-                    break
-                elif msg.type == WSMsgType.ERROR:
-                    reason = f"websocket error: {ws.exception()}"
-                    break
-            else:
-                if ws.close_code == CLOSE_REPLACED:
-                    reason = "replaced by a newer connection"
-        finally:
-            # the core's table is identity-checked: a replaced connection's cleanup leaves
-            # the new one registered
-            self._feed(lambda now: self.core.peer_disconnected(peer, now, reason))
-            self.metrics.connections.set(len(self.table))
-            if peer.replay_task is not None and not peer.replay_task.done():
-                peer.replay_task.cancel()
-            # a cancelled task keeps its CancelledError, whose traceback holds OfflineQueue.read's
-            # frame and so this peer: peer -> task -> error -> frame -> peer is a cycle
-            peer.replay_task = None
-            cmds, self._cmds = self._cmds, []
-            for cmd in cmds:                   # only log lines can follow a disconnect
-                if type(cmd) is Log:
-                    self._emit(cmd)
-
     async def _on_binary(self, peer: Peer, data: bytes) -> str | None:
         """Handles one frame through the core; returns a close reason when the core closed
         this connection (bytes that are not an envelope)."""
@@ -599,7 +476,7 @@ class RelayServer:
                 self._spawn(self._lookup(cmd.twin), "twin lookup")
             elif t is PostFederation:
                 if not self._closing:
-                    task = asyncio.get_running_loop().create_task(self._post(cmd))
+                    task = asyncio.get_running_loop().create_task(self.fed_http.post(cmd))
                     self._fed_tasks.add(task)
                     task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
             elif t is ReadQueue:
@@ -664,72 +541,6 @@ class RelayServer:
             done = self._feed(self.core.chain_done, twin)        # arrivals while queueing
 
     # ------------------------------------------------------------------ federation out
-    async def _post(self, att) -> None:
-        """PostFederation executor."""
-        status, reason = 0, ""
-        try:
-            await linkmodel_pause(att.domain.rpartition(":")[0])   # test only: RELAY_SUITE_LINKS
-            async with self._http.post(f"http://{att.domain}/", data=att.data,
-                                       headers={"Content-Type": FED_CONTENT_TYPE},
-                                       timeout=aiohttp.ClientTimeout(total=att.timeout)) as resp:
-                status = resp.status
-                if status != 202:
-                    reason = (await resp.text(errors="replace")).strip()[:200]
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            reason = f"{type(exc).__name__}: {exc}"[:200]
-        if self._closing and status == 0 and not reason:
-            return
-        outcome = "accepted" if status == 202 else "refused" if 400 <= status < 500 else "failed"
-        if status and status != 202 and not reason:
-            reason = f"HTTP {status}"
-        self._feed(lambda now: self.core.federation_result(att.job, outcome, now, status=status,
-                                                           reason=reason))
-        await self._run()
-
-    # ------------------------------------------------------------------ federation in
-    async def _handle_post(self, request: web.Request) -> web.Response:
-        """Federation in: the guard of this entry point (anything unexpected is a logged
-        bug and a 500, the daemon keeps serving)."""
-        try:
-            return await self._federation_in(request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
-            self._bug("federation POST", exc)
-            return web.Response(status=500, text="internal error\n")
-
-    def _fed_refuse(self, status: int, text: str, origin: str) -> web.Response:
-        """A POST refused before the core saw it (413): counted, one rate-limited line."""
-        fx = refusal_of(status, text)
-        self.metrics.fed_refused.labels(fx.label).inc()
-        self._warn(fx.limit_key, "rmb.relay.rejected", None, reason=text[:200],
-                   src=f"federation {origin}", dst="")
-        return web.Response(status=status, text=text + "\n")
-
-    async def _federation_in(self, request: web.Request) -> web.Response:
-        """POST / from another relay: the core decides (RelayCore.receive_federation:
-        authenticated and bounded); this executes its commands and
-        answers with its FederationAnswer (413 for a body over --max-size is aiohttp's)."""
-        if self._closing:
-            return web.Response(status=503, text="relay shutting down\n")
-        origin = request.remote or "?"
-        try:
-            data = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._fed_refuse(413, f"envelope too large: limit {self.max_size} bytes",
-                                    origin)
-        self.metrics.rx_fed.inc()
-        answer = asyncio.get_running_loop().create_future()
-        self._feed(self.core.receive_federation, answer, data, origin)
-        await self._run()
-        try:
-            status, text = await asyncio.wait_for(answer, FEDERATION_ANSWER_TIMEOUT)
-        except asyncio.TimeoutError:
-            status, text = 503, "twin lookup timed out"
-        # `destination offline` without a newline, as rmb-rs's fail-fast answer
-        return web.Response(status=status, text=text if text == ERR_OFFLINE else text + "\n")
-
-
 # ---------------------------------------------------------------------- CLI
 
 def _limit_pair(values: list[int]) -> tuple[int, int]:

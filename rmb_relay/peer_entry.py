@@ -132,14 +132,17 @@ class PeerEntry:
         finally:
             # the core's table is identity-checked: a replaced connection's cleanup leaves
             # the new one registered
-            self.relay._feed(lambda now: self.relay.core.peer_disconnected(peer, now, reason))
+            relay = self.relay
+            mark = len(relay._cmds)            # commands of other inputs stay for their _run
+            relay._feed(lambda now: relay.core.peer_disconnected(peer, now, reason))
             self.relay.metrics.connections.set(len(self.relay.table))
             if peer.replay_task is not None and not peer.replay_task.done():
                 peer.replay_task.cancel()
             # a cancelled task keeps its CancelledError, whose traceback holds OfflineQueue.read's
             # frame and so this peer: peer -> task -> error -> frame -> peer is a cycle
             peer.replay_task = None
-            cmds, self.relay._cmds = self.relay._cmds, []
-            for cmd in cmds:                   # only log lines can follow a disconnect
+            cmds = relay._cmds[mark:]
+            del relay._cmds[mark:]
+            for cmd in cmds:                   # only log lines follow a disconnect
                 if type(cmd) is Log:
-                    self.relay._emit(cmd)
+                    relay._emit(cmd)

@@ -24,9 +24,10 @@ import aiohttp
 import orjson
 
 from rmb_peer.errors import RmbRemoteError
+from rmb_peer.freshness import TwinFreshness
 from rmb_peer.identity import Identity
 
-__all__ = ["Twin", "UnknownTwin", "DirectoryError", "RegistryRefused", "TwinDirectory",
+__all__ = ["TwinFreshness", "Twin", "UnknownTwin", "DirectoryError", "RegistryRefused", "TwinDirectory",
            "TwinRecordError", "write_challenge", "signed_write_body", "validate_relays",
            "validate_pk", "MAX_RELAYS", "MAX_DOMAIN_LEN", "MAX_RECORD_BYTES"]
 
@@ -178,8 +179,7 @@ class TwinDirectory:
                  on_stale: Callable[[Twin, float, Exception], None] | None = None,
                  negative_ttl: float = 0.0, max_records: int = 100_000):
         self.base_url = base_url.rstrip("/")
-        self.cache_ttl = cache_ttl
-        self.max_stale = max_stale
+        self.freshness = TwinFreshness(cache_ttl, max_stale)
         self.on_stale = on_stale
         self.negative_ttl = negative_ttl
         self.max_records = max(1, int(max_records))
@@ -197,6 +197,22 @@ class TwinDirectory:
         self.fetches = 0
         #: number of times a stale record was served because the registry failed
         self.stale_served = 0
+
+    @property
+    def cache_ttl(self) -> float:
+        return self.freshness.ttl
+
+    @cache_ttl.setter
+    def cache_ttl(self, value: float) -> None:
+        self.freshness = TwinFreshness(value, self.freshness.max_stale)
+
+    @property
+    def max_stale(self) -> float:
+        return self.freshness.max_stale
+
+    @max_stale.setter
+    def max_stale(self, value: float) -> None:
+        self.freshness = TwinFreshness(self.freshness.ttl, value)
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -240,7 +256,7 @@ class TwinDirectory:
 
     def _cached(self, table: dict, key: Any) -> Twin | None:
         hit = table.get(key)
-        if hit is None or hit[1] + self.cache_ttl <= self._clock():
+        if hit is None or not self.freshness.fresh(self._clock() - hit[1]):
             return None   # kept: a stale record is still served if the registry fails
         return hit[0]
 
@@ -249,7 +265,7 @@ class TwinDirectory:
         if hit is None:
             return None
         age = self._clock() - hit[1]
-        if age > self.cache_ttl + self.max_stale:
+        if not self.freshness.servable(age):
             return None
         self.stale_served += 1
         if self.on_stale is not None:

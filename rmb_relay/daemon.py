@@ -53,7 +53,7 @@ when installed (--event-loop).
 Robustness: twin records are served stale-while-revalidate up to
 --twin-max-stale past their TTL (rmb_relay/lookups.py) and a lookup that must reach the
 registry delays only envelopes for that twin; federation out is bounded per domain
-(circuit, in-flight cap, job cap: rmb_relay/core.py FederationScheduler); warnings are
+(circuit, in-flight cap, job cap: rmb_relay/core/federation.py FederationScheduler); warnings are
 rate-limited per reason (rmb.relay.suppressed + rmb_relay_log_suppressed); fd exhaustion
 is reported (rmb.relay.accept_failed, rmb_relay_accept_failed, rmb_relay_open_fds); each
 entry point (frame, queue item, timer, task, HTTP handler) has one guard that turns an
@@ -61,228 +61,74 @@ unexpected exception into rmb.relay.bug without killing the daemon. Extra events
 rmb_relay/events.py.
 
 Structure (DESIGN.md section 2): the decisions live in the sans-I/O RelayCore
-(rmb_relay/relay_core.py: per-session state table, routing, twin table, federation plan,
+(rmb_relay/core/relay.py: per-session state table, routing, twin table, federation plan,
 federation-in checks). This module is its asyncio adapter: it feeds the core's inputs
-(peer_connected, receive_frame, twin_resolved, enqueued, queue_replayed,
-federation_result, receive_federation, handle_timer) and executes its commands
-(WriteFrame on aiohttp WebSockets, Enqueue / ReplayQueue on Redis streams, LookupTwin on
+(peer_connected, receive_frame, twin_resolved, enqueued, queue_read, replay_written,
+queue_acked, queue_failed, queue_probed, federation_result, receive_federation) through
+daemon_runtime's CoreRunner (one pass per input, one timer, one guard) and executes its
+commands in order
+(WriteFrame / ReplayFrames on aiohttp WebSockets: rmb_relay/peer_io.py; Enqueue,
+ReadQueue, AckQueue, ProbeQueue on Redis streams: rmb_relay/offline_queue.py; LookupTwin on
 the registry client, PostFederation with aiohttp, CloseConnection, Log to the event log
-and metrics). Clock: the core gets wall-clock unix seconds (envelope expiry compares with
-wire timestamps); its timer deadline becomes a loop call_later delay. Token auth (GET)
+and metrics through rmb_relay.core.eventmap). Clock: the runner's rule (the core gets
+wall-clock unix seconds: envelope expiry compares with wire timestamps; its timer is armed
+on the loop clock). Token auth (GET)
 stays here: it uses rmb_relay.lookups.TwinLookups (stale-while-revalidate).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
-import logging
-import os
 import random
-import socket
-import sys
 import time
-import traceback
 from typing import Callable
 
 import aiohttp
 import redis.asyncio as aioredis
-from aiohttp import WSCloseCode, WSMsgType, web
-from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily
-from websockets.frames import Frame, Opcode
+from aiohttp import WSCloseCode, web
+from prometheus_client import Gauge
 
 from daemon_runtime.eventlog import EventLog
-from daemon_runtime.linkmodel import delay_transport, pause as linkmodel_pause
+from daemon_runtime.ratelimit import LogLimiter
 from daemon_runtime.redis_server import reconnecting_redis
-from rmb_peer.envelope import MAX_ENVELOPE_SIZE, Envelope, address_str, message_kind
+from daemon_runtime.runner import CoreRunner
+from rmb_peer.envelope import MAX_ENVELOPE_SIZE
 from rmb_peer.events import RMB_EVENTS
-from rmb_peer.token import TokenError, token_claims_unverified, verify_token
 from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
 from rmb_relay.core import (
-    ERR_EXPIRED, ERR_OFFLINE, TAG_FAIL_FAST, FederationScheduler, FixedWindowLimiter,
-    LogLimiter, NoLimit, Ranker, Session, session_str,
+    AckQueue, CloseConnection, Enqueue,
+    FederationAnswer, FederationScheduler, FixedWindowLimiter, Log, LookupTwin, NoLimit,
+    PostFederation, ProbeQueue, Ranker, ReadQueue, RelayCore, RelayCommand, ReplayFrames, Session,
+    WriteFrame,
 )
-from rmb_relay.eventmap import effects_of, reason_label
+from rmb_relay.core.eventmap import effects_of, reason_label, refusal_of
 from rmb_relay.events import RELAY_EVENTS
+from rmb_relay.federation_http import FederationHttp
 from rmb_relay.lookups import TwinLookups
-from rmb_relay.relay_core import (
-    CloseConnection, Enqueue, FederationAnswer, Log, LookupTwin, PostFederation, RelayCore,
-    ReplayQueue, WriteFrame,
-)
+from rmb_relay.metrics import RelayMetrics
+from rmb_relay.offline_queue import OfflineQueue
+from rmb_relay.peer_entry import PeerEntry
+from rmb_relay.peer_io import COALESCE_MAX, Peer, PeerWriter
+from rmb_relay.serving import HttpServerLog, ListenerWatch, fd_limit, raise_fd_limit
 
 __all__ = ["RelayServer", "build_parser", "main", "DEFAULT_PORT"]
 
 DEFAULT_PORT = 8101
-#: close codes (RFC 6455 section 7.4.1) and the one app code we use
-CLOSE_UNSUPPORTED = 1003       # text frame
-CLOSE_INVALID = 1007           # bytes that are not an envelope
-CLOSE_REPLACED = 4000          # a newer connection with the same (twin, sid) took over
-FED_CONTENT_TYPE = "application/x-protobuf"
 #: seconds between the relay's WebSocket pings to each peer (rmb-peer itself pings every 20 s);
 #: a peer that does not answer within half of it is closed, so a vanished peer (no FIN) is
 #: freed within 1.5 x HEARTBEAT (was 60 s: ~90 s per dead socket)
 HEARTBEAT = 20.0
-#: seconds aiohttp waits for the peer's close frame after we close (its default is 10 s)
-CLOSE_TIMEOUT = 2.0
-#: The only WebSocket protocol version the relay speaks (RFC 6455 section 4.1: 13)
-WS_VERSION = "13"
 #: frames up to this multiple of --max-size are read and answered with a relay error when
 #: too large; only larger frames close the connection with 1009
 FRAME_FACTOR = 4
-#: longest a federation POST waits for the twin lookups its checks need, seconds
-FEDERATION_ANSWER_TIMEOUT = 15.0
 #: per source relay: envelopes and bytes per 60 s window on POST / (--federation-limit)
 DEFAULT_FEDERATION_LIMIT = (120_000, 512 * 1024 * 1024)
-#: offline-queue outcomes of _enqueue / _deliver
-QUEUED, FULL, FAILED, SHARE_FULL = "queued", "full", "failed", "share"
-
-#: XADD only below the cap: a full queue refuses the new envelope instead of trimming the
-#: oldest (XADD MAXLEN did that silently). Returns the new length or -1.
-#: A second bound per sender twin (KEYS[2]: hash sender -> entries it has in the stream):
-#: one sender cannot take more than --queue-per-source entries of a twin's queue, so it
-#: cannot crowd the others out either (-2).
-_ENQUEUE_LUA = """
-local n = redis.call('XLEN', KEYS[1])
-if n >= tonumber(ARGV[1]) then return -1 end
-local c = tonumber(redis.call('HGET', KEYS[2], ARGV[6]) or '0')
-if c >= tonumber(ARGV[7]) then return -2 end
-redis.call('XADD', KEYS[1], '*', 'e', ARGV[2], 'd', ARGV[3], 't', ARGV[4], 's', ARGV[6])
-redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[5])
-return n + 1
-"""
-
-
-def _is_fail_fast(env: Envelope) -> bool:
-    if not env.HasField("tags"):
-        return False
-    return TAG_FAIL_FAST in env.tags.replace(",", " ").split()
-
-
-def _lenient_decode(data: bytes) -> Envelope | None:
-    """Best-effort decode of bytes parse_envelope refused, to answer with a relay error
-    (same uid) instead of closing. None when they do not decode or carry no uid."""
-    env = Envelope()
-    try:
-        env.ParseFromString(bytes(data))
-    except Exception:  # noqa: BLE001 - any decode failure means "not an envelope"
-        return None
-    if not env.uid:
-        return None
-    return env
-
-
 class RelayStartError(RuntimeError):
     """The relay cannot start (Redis unreachable); the text names the URL and the flag."""
 
 
-def _fd_limit() -> int:
-    try:
-        import resource
-        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, ValueError, OSError):
-        return 0
-
-
-def raise_fd_limit() -> int:
-    """Raises the soft RLIMIT_NOFILE to the hard limit (10,000 peers need 10,000 fds);
-    returns the new soft limit."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if target > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):
-            pass
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-def _release_connection_cycles(request: web.Request, ws: web.WebSocketResponse,
-                               transport: asyncio.BaseTransport | None) -> None:
-    """Breaks the two reference cycles a closed WebSocket connection is left in, so that
-    reference counting frees it (response, RequestHandler, transport, buffers) when its
-    handler returns instead of a generation-2 pass of the cyclic GC, which on a daemon's
-    heap comes tens of seconds later (2,000 closed connections: all alive 1 s after close,
-    none after 70 s).
-
-    1. aiohttp (3.14): WebSocketResponse(heartbeat=...) hands the RequestHandler
-       `ws._on_data_received` (a bound method) and nothing clears it, not even
-       connection_lost: RequestHandler -> callback -> WebSocketResponse -> Request /
-       writers / data queue -> RequestHandler. The WebSocket is closed here (aiohttp's
-       close cancelled its heartbeat timers), so the callback has nothing left to do.
-    2. aiohttp keeps the error that ended a connection (a reset: ClientConnectionResetError)
-       as `ws.exception()`; its traceback holds the frames of the response's own close()
-       and receive(), whose locals hold the response. Those frames have returned: their
-       locals are cleared (traceback.clear_frames), the error itself is kept.
-    3. asyncio (CPython 3.11 selector_events): a socket transport stores its own bound
-       `_read_ready__data_received` as `_read_ready_cb`. Only dropped for a transport
-       that is closing: close() has removed its reader, so the callback is never called
-       again.
-
-    1 and 3 are private attributes of those libraries: each is touched only if present with
-    the shape described, so a version without the cycle is left alone."""
-    protocol = request.protocol
-    if getattr(protocol, "_data_received_cb", None) is not None:
-        protocol._data_received_cb = None
-    exc, depth = ws.exception(), 0
-    while exc is not None and depth < 8:         # the error, its context and cause chain
-        traceback.clear_frames(exc.__traceback__)
-        exc, depth = exc.__cause__ or exc.__context__, depth + 1
-    if transport is not None and transport.is_closing():
-        cb = getattr(transport, "_read_ready_cb", None)
-        if getattr(cb, "__self__", None) is transport:
-            transport._read_ready_cb = None
-
-
-class _HttpServerLog(logging.Logger):
-    """The logger handed to aiohttp's HTTP server (its RequestHandler `logger`): what aiohttp
-    would print on stderr with a traceback becomes one event line.
-
-    A request aiohttp cannot parse (a request line or header over its 8190-byte limit,
-    non-ASCII or malformed request line, bad method: aiohttp.http_exceptions
-    HttpProcessingError, logged by aiohttp at debug level for a bad method, else as an
-    error) is answered 400 by aiohttp itself; here it is logged as rmb.relay.bad_request
-    with the reason and the client address, rate-limited per reason (RelayServer._warn)
-    and counted in rmb_relay_bad_requests_total. Anything else aiohttp reports at
-    warning level or above ("Unhandled exception" out of a handler) is a bug:
-    rmb.relay.bug. Other debug and info messages are dropped."""
-
-    def __init__(self, relay: "RelayServer"):
-        super().__init__("rmb.relay.http", logging.DEBUG)
-        self.relay = relay
-
-    def isEnabledFor(self, level: int) -> bool:     # noqa: N802 - logging's name
-        return True        # aiohttp logs a bad method at debug: _log sorts them out
-
-    def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False,
-             stacklevel=1):
-        exc = exc_info if isinstance(exc_info, BaseException) else None
-        if exc is None and exc_info:
-            exc = sys.exc_info()[1]
-        if level < logging.WARNING and not isinstance(exc, HttpProcessingError):
-            return
-        try:
-            text = (msg % args) if args else str(msg)
-        except (TypeError, ValueError):
-            text = str(msg)
-        relay = self.relay
-        if isinstance(exc, HttpProcessingError):
-            code = getattr(exc, "code", 400) or 400
-            detail = getattr(exc, "message", "") or str(exc)
-            reason = f"{type(exc).__name__}: {detail}"[:200]
-            relay.metrics.bad_requests.labels(type(exc).__name__).inc()
-            relay._warn(f"bad request {type(exc).__name__}", "rmb.relay.bad_request", None,
-                        status=int(code), reason=reason, src=text.rsplit(" ", 1)[-1][:64])
-        else:
-            relay._bug("HTTP server", exc if exc is not None else RuntimeError(text[:200]))
-
-
 class _SessionView:
-    """Read-only view of the core's sessions: session -> its _Peer (tests, health, close)."""
+    """Read-only view of the core's sessions: session -> its Peer (tests, health, close)."""
 
     def __init__(self, core):
         self._core = core
@@ -296,134 +142,6 @@ class _SessionView:
 
     def items(self):
         return [(sess, c.conn) for sess, c in self._core._sessions.items()]
-
-
-class _Peer:
-    """One authenticated WebSocket connection."""
-
-    __slots__ = ("ws", "session", "name", "replaying", "queue_writes", "queued_seq", "replay_task",
-                 "transport", "out", "out_bytes")
-
-    def __init__(self, ws: web.WebSocketResponse, session: Session, transport=None):
-        self.ws = ws
-        self.session = session
-        self.name = session_str(session)
-        self.replaying = True          # offline queue not yet drained: live traffic queues too
-        self.queue_writes = 0          # XADDs in flight for this session
-        self.queued_seq = 0            # XADDs started for this session (replay race guard)
-        self.replay_task: asyncio.Task | None = None
-        self.transport = transport     # for write coalescing (RelayServer._write)
-        #: None: no write yet in this loop pass; else the WriteFrames held back for the
-        #: end of the pass (RelayServer._flush), in order
-        self.out: list[WriteFrame] | None = None
-        self.out_bytes = 0             # their size
-
-
-#: Write coalescing: at most this many bytes of frames are held back for one peer within a
-#: loop pass (then flushed at once), and the transport's buffer above this makes the
-#: writer wait for the socket to drain (backpressure, as aiohttp's own writer does).
-_COALESCE_MAX = 1 << 18
-
-
-def _binary_frame(data: bytes) -> bytes:
-    """One unfragmented, unmasked (server to client) binary frame, framed by the websockets
-    library (RFC 6455; the relay's WebSocketResponse negotiates no extension)."""
-    return Frame(Opcode.BINARY, data).serialize(mask=False, extensions=[])
-
-
-class _Count:
-    """A plain counter for the per-envelope hot path (prometheus_client's Counter.inc takes
-    a lock and checks labels on every call); exported by _HotCounters."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def inc(self, amount: int = 1) -> None:
-        self.value += amount
-
-
-class _HotCounters:
-    """Collector for the per-envelope counters: same metric names, labels and `_total`
-    samples as prometheus_client Counters."""
-
-    def __init__(self, families: list[tuple[str, str, str, dict[str, _Count]]]):
-        self.families = families
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        for name, doc, label, counts in self.families:
-            fam = CounterMetricFamily(name, doc, labels=[label])
-            for value, count in counts.items():
-                fam.add_metric([value], count.value)
-            yield fam
-
-
-class _Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.rx_peer, self.rx_fed = _Count(), _Count()
-        self.dl_live, self.dl_replay = _Count(), _Count()
-        r.register(_HotCounters([
-            ("rmb_relay_envelopes_received", "envelopes received", "via",
-             {"peer": self.rx_peer, "federation": self.rx_fed}),
-            ("rmb_relay_envelopes_delivered", "envelopes written to a local connection", "path",
-             {"live": self.dl_live, "replay": self.dl_replay}),
-        ]))
-        self.queued = Counter("rmb_relay_envelopes_queued", "envelopes queued for offline twins",
-                              registry=r)
-        self.federated = Counter("rmb_relay_federation_accepted",
-                                 "envelopes accepted by another relay", registry=r)
-        self.fed_failed = Counter("rmb_relay_federation_attempts_failed",
-                                  "federation attempts that failed", ["domain"], registry=r)
-        self.rejected = Counter("rmb_relay_envelopes_rejected",
-                                "envelopes answered with a relay error or dropped", ["reason"],
-                                registry=r)
-        self.expired = Counter("rmb_relay_envelopes_expired", "envelopes whose TTL ran out",
-                               registry=r)
-        self.auth_failed = Counter("rmb_relay_auth_failed", "refused connection attempts",
-                                   ["status"], registry=r)
-        self.bad_requests = Counter("rmb_relay_bad_requests", "HTTP requests the relay could "
-                                    "not parse (answered 400 by the HTTP server), by error "
-                                    "class", ["reason"], registry=r)
-        self.connections = Gauge("rmb_relay_connections", "authenticated peer connections",
-                                 registry=r)
-        self.fed_jobs = Gauge("rmb_relay_federation_jobs", "envelopes waiting for federation",
-                              registry=r)
-        self.queue_failed = Counter("rmb_relay_queue_failed",
-                                    "envelopes for offline twins not queued because Redis "
-                                    "failed or did not answer (the sender got an error)",
-                                    ["reason"], registry=r)
-        self.queue_full = Counter("rmb_relay_queue_full",
-                                  "envelopes refused because the destination's offline queue "
-                                  "was full (the sender got an error)", ["via"], registry=r)
-        self.queue_full.labels("peer")   # exported at 0 from the start: increase() sees the first
-        self.accept_failed = Counter("rmb_relay_accept_failed",
-                                     "connections the relay could not accept (fd limit)",
-                                     ["reason"], registry=r)
-        self.suppressed = Counter("rmb_relay_log_suppressed",
-                                  "warning lines withheld by the log rate limit", ["reason"],
-                                  registry=r)
-        self.open_fds = Gauge("rmb_relay_open_fds", "open file descriptors of the relay "
-                              "(sampled every second)", registry=r)
-        self.fd_limit = Gauge("rmb_relay_fd_limit", "RLIMIT_NOFILE soft limit of the relay",
-                              registry=r)
-        self.fed_refused = Counter("rmb_relay_federation_refused",
-                                   "federation POSTs refused (bad signature, unknown twin, "
-                                   "limits, ...)", ["reason"], registry=r)
-        self.stale_served = Counter("rmb_relay_twin_stale_served",
-                                    "twin records served past their TTL because the "
-                                    "registry could not be reached", registry=r)
-        self.circuit_opened = Counter("rmb_relay_federation_circuit_opened",
-                                      "times a federation domain's circuit opened", ["domain"],
-                                      registry=r)
-        self.capacity_refused = Counter("rmb_relay_capacity_refused",
-                                        "handshakes refused with 503 near the fd limit",
-                                        registry=r)
 
 
 class RelayServer:
@@ -470,12 +188,8 @@ class RelayServer:
         self.verify_federation = verify_federation
         #: per source relay (remote address) fixed 60 s windows on federation POSTs
         self.fed_limiter = FixedWindowLimiter(*federation_limit) if federation_limit else NoLimit()
-        self._accept_failures = 0
+        self.watch = ListenerWatch(self)
         self._watchdog: asyncio.Task | None = None
-        #: connections whose offline replay a Redis failure stopped (_replay), and the task
-        #: that resumes them once Redis answers (_retry_replays)
-        self._replay_stalled: set[_Peer] = set()
-        self._replay_retry: asyncio.Task | None = None
         limiter = FixedWindowLimiter(*limit) if limit else NoLimit()
         rng = rng or random.Random()
         self.ranker = Ranker(ranker_period, rng)
@@ -488,7 +202,6 @@ class RelayServer:
         self.redis_timeout = redis_timeout
         #: loop time Redis first did not answer within redis_timeout (None: answering);
         #: meanwhile envelopes for offline twins fail at once and a probe PINGs it
-        self._redis_down: float | None = None
         self.directory = directory or TwinDirectory(registry_url, negative_ttl=10.0,
                                                     on_stale=self._on_stale)
         self._own_directory = directory is None
@@ -506,26 +219,36 @@ class RelayServer:
                               verify_federation=verify_federation)
         self.router = self.core.router
         self.table = _SessionView(self.core)
-        self._last_outcome = QUEUED
-        self.metrics = _Metrics()
+        self.metrics = RelayMetrics()
+        self.metrics.fed_jobs.set_function(lambda: len(self.federation))
         Gauge("rmb_relay_redis_down_seconds", "seconds since Redis first did not answer within "
               "--redis-timeout (0 while it answers; /health redis.down_s)",
               registry=self.metrics.registry).set_function(
-            lambda: 0.0 if self._redis_down is None
-            else asyncio.get_running_loop().time() - self._redis_down)
-        self._qprefix = f"rmb.relay.{self.domains[0]}.queue."
+            lambda: 0.0 if self.queues.down_since is None
+            else asyncio.get_running_loop().time() - self.queues.down_since)
         self._http: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._fed_tasks: set[asyncio.Task] = set()
         self._tasks: set[asyncio.Task] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        #: the shared core runner (built in start(), on the running loop): one pass per
+        #: input (next_event drained into _cmds), one timer, one guard, the clock rule
+        self.runner: CoreRunner | None = None
+        self._cmds: list = []
+        self._feeding = False
+        self._background = False
         self._closing = False
         self._prev_handler = None
-        self._enqueue_script = self.redis.register_script(_ENQUEUE_LUA)
+        #: GET /?<jwt> (peer auth and upgrade) and federation HTTP (POST out and in)
+        self.entry = PeerEntry(self)
+        self.fed_http = FederationHttp(self)
+        #: writes to peer WebSockets (coalescing, replay writes, half close)
+        self.writer = PeerWriter(self)
+        #: the offline queue and the federation outbox (Redis streams)
+        self.queues = OfflineQueue(self)
         self.app = web.Application(client_max_size=max_size)
-        self.app.router.add_route("GET", "/", self._handle_get)
-        self.app.router.add_route("POST", "/", self._handle_post)
+        self.app.router.add_route("GET", "/", self.entry.handle_get)
+        self.app.router.add_route("POST", "/", self.fed_http.handle_post)
         from daemon_runtime.lifecycle import add_status_routes
         add_status_routes(self.app, self.metrics.registry, self.health)
 
@@ -540,16 +263,19 @@ class RelayServer:
                                   f"--redis URL): {exc}") from None
         self._http = aiohttp.ClientSession()
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
-                                     logger=_HttpServerLog(self))
+                                     logger=HttpServerLog(self))
         await self._runner.setup()
         self.core.twin_ttl = self.directory.cache_ttl
+        self.runner = CoreRunner(self.core, executors={RelayCommand: self._collect},
+                                 log=lambda where, exc, src: self._bug(where, exc),
+                                 name="rmb-relay", wall=lambda: self.clock())
         await self._listen()
         loop = asyncio.get_running_loop()
         self._prev_handler = loop.get_exception_handler()
-        loop.set_exception_handler(self._loop_exception)
-        self.metrics.fd_limit.set(_fd_limit())
-        self._watchdog = loop.create_task(self._watch())
-        await self.restore_federation()
+        loop.set_exception_handler(self.watch._loop_exception)
+        self.metrics.fd_limit.set(fd_limit())
+        self._watchdog = loop.create_task(self.watch._watch())
+        await self.queues.restore_federation()
         return self.port
 
     async def _listen(self) -> None:
@@ -557,89 +283,6 @@ class RelayServer:
         await site.start()
         self._site = site
         self.port = site._server.sockets[0].getsockname()[1]  # aiohttp has no public accessor
-
-    # ------------------------------------------------------------------ fd exhaustion
-    def _loop_exception(self, loop, context: dict) -> None:
-        """asyncio reports accept() failing with EMFILE/ENFILE here (and retries after 1 s);
-        count it and log it rate-limited instead of leaving it to the default handler."""
-        message = str(context.get("message", ""))
-        exc = context.get("exception")
-        if "accept" in message and isinstance(exc, OSError):
-            self._accept_failed(f"{message}: {exc.strerror or exc}")
-            return
-        if self._prev_handler is not None:
-            self._prev_handler(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    def _accept_failed(self, reason: str) -> None:
-        label = "EMFILE" if "Too many open files" in reason or "EMFILE" in reason else "other"
-        self.metrics.accept_failed.labels(label).inc()
-        self._accept_failures += 1
-        emit, _ = self.log_limiter.allow("accept_failed", asyncio.get_running_loop().time())
-        if emit:
-            self.events.emit("rmb.relay.accept_failed", None, level="error",
-                             reason=reason[:200], count=self._accept_failures)
-            self._accept_failures = 0
-
-    def _listening(self) -> bool:
-        """Is the listening socket still accepting? uvloop closes a server whose accept
-        failed (EMFILE) without a word (uvloop streamserver: _fatal_error on an OSError)."""
-        server = self._site._server if self._site is not None else None
-        if server is None:
-            return False
-        try:
-            socks = server.sockets
-            if not socks:
-                return False
-            return socks[0].getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
-        except (OSError, AttributeError, ValueError):
-            return False
-
-    async def _watch(self) -> None:
-        """Every second: re-open the listener if the event loop closed it (fd exhaustion
-        under uvloop), flush rate-limited warning summaries."""
-        while not self._closing:
-            await asyncio.sleep(1.0)
-            try:
-                now = asyncio.get_running_loop().time()
-                for key, count in self.log_limiter.flush(now):
-                    self.events.emit("rmb.relay.suppressed", None, level="warning",
-                                     reason=key[:200], count=count)
-                self._check_fds()
-                if not self._closing and not self._listening():
-                    self._accept_failed("listener closed by the event loop (fd limit?); "
-                                        "re-opening it")
-                    try:
-                        if self._site is not None:
-                            await self._site.stop()
-                    except Exception:  # noqa: BLE001 - the old site is already broken
-                        pass
-                    try:
-                        await self._listen()
-                    except OSError as exc:
-                        self._accept_failed(f"re-opening the listener failed: {exc}")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the guard of this timer entry point
-                self._bug("watchdog", exc)
-
-    def _check_fds(self) -> None:
-        """At the fd limit accept() fails: asyncio reports it to _loop_exception, but
-        libuv (uvloop) accepts and closes the waiting connections itself without a word
-        (uv__emfile_trick). So the open fds are counted here and the limit reported."""
-        limit = _fd_limit()
-        try:
-            used = len(os.listdir("/proc/self/fd"))
-        except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE):   # not even one fd left to look
-                self._accept_failed(f"EMFILE: fd limit {limit} reached; new connections "
-                                    "are refused")
-            return
-        self.metrics.open_fds.set(used)
-        if limit > 0 and used >= limit - 2:
-            self._accept_failed(f"EMFILE: fd limit reached ({used} open of {limit}); "
-                                "new connections are refused")
 
     def _on_stale(self, twin, age: float, exc: Exception) -> None:
         """TwinDirectory served a record past its TTL because the registry failed
@@ -653,13 +296,6 @@ class RelayServer:
         logged bug; the daemon keeps running."""
         self.events.emit("rmb.relay.bug", None, level="error", src=where,
                          reason=f"{type(exc).__name__}: {exc}"[:300])
-
-    def _over_capacity(self) -> bool:
-        """True when accepting one more peer would leave fewer than fd_reserve fds."""
-        limit = _fd_limit()
-        server = self._runner.server if self._runner is not None else None
-        used = len(server.connections) if server is not None else 0
-        return limit > 0 and used + self.fd_reserve >= limit
 
     def _warn(self, key: str, event: str, uid: str | None, level: str = "warning",
               **attrs) -> None:
@@ -677,49 +313,13 @@ class RelayServer:
     def health(self) -> dict:
         """/health: ok = not closing and Redis answering; `redis.down_s`: seconds since it
         first did not answer within --redis-timeout (0 while it answers)."""
-        down = self._redis_down
+        down = self.queues.down_since
         down_s = 0.0 if down is None else asyncio.get_running_loop().time() - down
         return {"ok": not self._closing and down is None, "service": "rmb-relay",
                 "domains": self.domains, "connections": len(self.table),
                 "federation_jobs": len(self.federation),
                 "redis": {"url": self.redis_url, "answering": down is None,
                           "down_s": round(down_s, 3)}}
-
-    async def _redis_call(self, awaitable):
-        """Await an offline-queue Redis command for at most --redis-timeout s. Raises
-        TimeoutError (builtin) when Redis did not answer: Redis is then marked down (every
-        queue command fails at once, no waiting) until a probe's PING is answered, logged
-        as rmb.relay.redis_recovered. Redis's own errors (RedisError, OSError) pass through."""
-        if self._redis_down is not None:
-            if asyncio.iscoroutine(awaitable):
-                awaitable.close()
-            raise TimeoutError(f"Redis at {self.redis_url} has not answered for "
-                               f"{asyncio.get_running_loop().time() - self._redis_down:.0f} s")
-        try:
-            async with asyncio.timeout(self.redis_timeout):
-                return await awaitable
-        except TimeoutError:
-            if self._redis_down is None:
-                self._redis_down = asyncio.get_running_loop().time()
-                self._spawn(self._redis_probe(), "Redis probe")
-            raise TimeoutError(f"Redis at {self.redis_url} did not answer within "
-                               f"{self.redis_timeout:g} s (--redis-timeout)") from None
-
-    async def _redis_probe(self) -> None:
-        """PING Redis once a second (each bounded by --redis-timeout) until it answers."""
-        loop = asyncio.get_running_loop()
-        while not self._closing:
-            await asyncio.sleep(1.0)
-            try:
-                async with asyncio.timeout(self.redis_timeout):
-                    await self.redis.ping()
-            except (TimeoutError, aioredis.RedisError, OSError):
-                continue
-            down_s = loop.time() - self._redis_down
-            self._redis_down = None
-            self.events.emit("rmb.relay.redis_recovered", None, level="warning",
-                             redis=self.redis_url, down_s=round(down_s, 3))
-            return
 
     async def close(self, grace: float = 5.0) -> None:
         """Graceful shutdown, a drain bounded by `grace` s (--grace; DESIGN.md section 2):
@@ -736,7 +336,7 @@ class RelayServer:
            then give federation POSTs in flight the rest of the grace;
         4. federation jobs still pending (backoff, circuit open, or no time left) are saved
            to the Redis federation outbox `rmb.relay.<domain>.federation` and resumed by
-           the next start() (restore_federation): not expired, not dropped;
+           the next start() (OfflineQueue.restore_federation): not expired, not dropped;
         5. sessions that did not answer in time are closed (1001) and cancelled, then
            Redis, the registry client and the HTTP server are released.
 
@@ -754,27 +354,25 @@ class RelayServer:
             self._site._server.close()   # stop listening; aiohttp has no public "pause"
         sessions = len(self.table)
         for _session, peer in self.table.items():
-            await self._going_away(peer)
+            await self.writer.going_away(peer)
         drained = await self._wait_drained(deadline)
         if self._fed_tasks:
             await asyncio.wait(set(self._fed_tasks), timeout=max(0.0, deadline - loop.time()))
-        if self._timer is not None:
-            self._timer.cancel()
+        if self.runner is not None:
+            self.runner.close()
         if self._watchdog is not None:
             self._watchdog.cancel()
-        if self._replay_retry is not None:
-            self._replay_retry.cancel()
         left = [peer for _session, peer in self.table.items()]
         if left:
             for peer in left:
-                self._flush(peer)
+                self.writer.flush(peer)
             closers = [loop.create_task(peer.ws.close(code=WSCloseCode.GOING_AWAY,
                                                       message=b"relay shutting down"))
                        for peer in left]
             await asyncio.wait(closers, timeout=0.5)
         for task in list(self._fed_tasks) + list(self._tasks):
             task.cancel()
-        saved = await self._save_federation()
+        saved = await self.queues.save_federation()
         busy = sum(1 for t in self._tasks if not t.done())
         self.events.emit(
             "rmb.relay.drained", None, level="info" if drained else "warning",
@@ -792,30 +390,8 @@ class RelayServer:
         if self._own_directory:
             await self.directory.close()
         await self.redis.aclose()
-        if loop.get_exception_handler() == self._loop_exception:
+        if loop.get_exception_handler() == self.watch._loop_exception:
             loop.set_exception_handler(self._prev_handler)
-
-    async def _going_away(self, peer: _Peer) -> None:
-        """Sends `peer` a Close frame (1001 going away) without ending our read loop: its
-        _serve_peer keeps routing the frames that arrive until the peer's own Close. Our
-        writes to it fail from now on (aiohttp: writer closing), so deliveries to this
-        session go to its offline queue (write_failed). aiohttp has no public call for a
-        half close: its writer is used; another aiohttp falls back to ws.close()."""
-        ws = peer.ws
-        self._flush(peer)
-        if ws.closed:
-            return
-        writer = getattr(ws, "_writer", None)
-        cancel_heartbeat = getattr(ws, "_cancel_heartbeat", None)
-        if writer is None or cancel_heartbeat is None or not hasattr(writer, "close"):
-            self._spawn(ws.close(code=WSCloseCode.GOING_AWAY, message=b"relay shutting down"),
-                        "close on shutdown")
-            return
-        cancel_heartbeat()       # no ping into a closing connection, no pong timeout
-        try:
-            await writer.close(WSCloseCode.GOING_AWAY, b"relay shutting down")
-        except (ConnectionError, RuntimeError, OSError):
-            pass                 # the connection is gone already: its read loop ends
 
     async def _wait_drained(self, deadline: float) -> bool:
         """Polls until no session is left (each answered its Close and the frames before it
@@ -828,83 +404,6 @@ class RelayServer:
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.01)
-
-    @property
-    def _fedkey(self) -> str:
-        return f"rmb.relay.{self.domains[0]}.federation"
-
-    async def _save_federation(self) -> int:
-        """Writes every pending federation job to the outbox stream (envelope bytes, twin
-        relay domains, sender session, deadline); restore_federation() resumes them.
-        Returns the number saved; on a Redis error each job is logged as expired."""
-        jobs = list(self.federation._jobs.values())
-        self.federation._jobs.clear()
-        if not jobs:
-            return 0
-        try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                for job in jobs:
-                    pipe.xadd(self._fedkey, {
-                        "e": job.data, "d": ",".join(job.domains), "u": repr(job.deadline),
-                        "c": session_str(job.context) if isinstance(job.context, tuple) else ""})
-                pipe.expire(self._fedkey, int(self.queue_ttl) + 1)
-                await pipe.execute()
-        except (aioredis.RedisError, OSError) as exc:
-            for job in jobs:
-                self.events.emit("rmb.relay.expired", job.env.uid, level="error", dst="",
-                                 reason=f"relay shut down before federation and the outbox "
-                                        f"failed: {exc!r}"[:200])
-            return 0
-        self.events.emit("rmb.relay.federation_outbox", None, count=len(jobs),
-                         reason="saved at shutdown")
-        return len(jobs)
-
-    async def restore_federation(self) -> int:
-        """Resumes the federation jobs a previous run saved at shutdown (start() calls it):
-        each envelope still before its deadline is planned again for its relays and the
-        outbox is emptied. Returns the number resumed."""
-        try:
-            entries = await self.redis.xrange(self._fedkey, "-", "+")
-        except (aioredis.RedisError, OSError) as exc:
-            self._warn("federation outbox", "rmb.relay.queue_error", None, level="error",
-                       dst=self._fedkey, reason=f"federation outbox unreadable: {exc!r}"[:200])
-            return 0
-        if not entries:
-            return 0
-        now = self.clock()
-        resumed = 0
-        for _entry_id, fields in entries:
-            try:                                   # the queue item guard
-                data = fields[b"e"]
-                domains = [d for d in fields[b"d"].decode().split(",") if d]
-                until = float(fields[b"u"])
-                ctx = fields.get(b"c", b"").decode()
-                env = _lenient_decode(data)
-                if env is None or not domains:
-                    raise ValueError("not an envelope with relays")
-                context: Session | None = None
-                if ctx:
-                    twin, _, sid = ctx.partition(":")
-                    context = (int(twin), sid or None)
-            except (KeyError, ValueError, UnicodeDecodeError) as exc:
-                self._bug(f"federation outbox entry {_entry_id!r}", exc)
-                continue
-            if until <= now:
-                self.metrics.expired.inc()
-                self.events.emit("rmb.relay.expired", env.uid, level="warning", dst="",
-                                 reason="expired in the federation outbox")
-                continue
-            if self.federation.submit(env, data, domains, now, context=context) is not None:
-                resumed += 1
-            else:
-                self.events.emit("rmb.relay.expired", env.uid, level="warning", dst="",
-                                 reason=f"federation outbox: {self.federation.refusal}")
-        await self.redis.delete(self._fedkey)
-        self.events.emit("rmb.relay.federation_outbox", None, count=resumed,
-                         reason="resumed at start")
-        self.core.handle_timer(now)                # dispatch the attempts due
-        await self._run()
-        return resumed
 
     def _spawn(self, coro, where: str = "task") -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -921,255 +420,87 @@ class RelayServer:
             self._bug(where, task.exception())
 
     # ------------------------------------------------------------------ HTTP entry
-    def _refuse_auth(self, status: int, reason: str) -> web.Response:
-        self.metrics.auth_failed.labels(str(status)).inc()
-        self._warn(f"auth {status} {reason[:40]}", "rmb.relay.auth_failed", None, status=status,
-                   reason=reason)
-        return web.Response(status=status, text=reason + "\n")
-
-    async def _handle_get(self, request: web.Request) -> web.StreamResponse:
-        """Peer connections: the guard of this entry point (unexpected -> logged bug)."""
-        try:
-            return await self._peer_entry(request)
-        except (asyncio.CancelledError, ConnectionError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
-            self._bug("peer connection", exc)
-            return web.Response(status=500, text="internal error\n")
-
-    async def _peer_entry(self, request: web.Request) -> web.StreamResponse:
-        if self._closing:
-            return web.Response(status=503, text="relay shutting down\n")
-        if self._over_capacity():
-            self.metrics.capacity_refused.inc()
-            self._warn("at connection capacity", "rmb.relay.auth_failed", None, status=503,
-                       reason=f"at connection capacity (fd limit {_fd_limit()})")
-            return web.Response(status=503, text="relay at connection capacity\n")
-        version = request.headers.get("Sec-WebSocket-Version")
-        if version is not None and version != WS_VERSION:
-            # RFC 6455 4.2.2 / 4.4: a version the server does not speak is answered 426
-            # with the version it does speak (aiohttp itself would also take 7 and 8)
-            self.metrics.auth_failed.labels("426").inc()
-            self._warn("auth 426 websocket version", "rmb.relay.auth_failed", None,
-                       status=426, reason=f"unsupported Sec-WebSocket-Version "
-                                          f"{version[:16]!r}: only {WS_VERSION} is spoken")
-            return web.Response(status=426, text=f"Sec-WebSocket-Version {WS_VERSION} only\n",
-                                headers={"Sec-WebSocket-Version": WS_VERSION})
-        token = request.rel_url.raw_query_string
-        if not token:
-            return self._refuse_auth(400, "missing token: connect to ws://host:port/?<jwt>")
-        now = self.clock()
-        try:
-            claims = token_claims_unverified(token)
-            try:
-                twin = await self.lookups.get(claims["sub"])
-            except UnknownTwin:
-                raise TokenError(401, f"unknown twin {claims['sub']}") from None
-            except DirectoryError as exc:
-                raise TokenError(500, f"twin lookup failed: {exc}") from None
-            twin_id, sid = verify_token(token, twin.account, int(now))
-        except TokenError as exc:
-            return self._refuse_auth(exc.status, exc.reason)
-        # heartbeat: a WS ping every HEARTBEAT s; no pong within half of it closes the
-        # connection (a silently lost peer is detected instead of queueing into a dead socket)
-        ws = web.WebSocketResponse(max_msg_size=self.max_frame, autoping=True, compress=False,
-                                   heartbeat=self.heartbeat, timeout=CLOSE_TIMEOUT)
-        if not ws.can_prepare(request).ok:
-            return self._refuse_auth(400, "expected a WebSocket upgrade")
-        await ws.prepare(request)
-        transport = request.transport
-        delay_transport(transport, request.remote or "")   # test only: RELAY_SUITE_LINKS
-        try:
-            await self._serve_peer(ws, (twin_id, sid), transport)
-        finally:
-            _release_connection_cycles(request, ws, transport)
-        return ws
-
-    # ------------------------------------------------------------------ peers
-    async def _serve_peer(self, ws: web.WebSocketResponse, session: Session,
-                          transport: asyncio.BaseTransport | None = None) -> None:
-        peer = _Peer(ws, session, transport)
-        self.core.peer_connected(peer, session, self.clock())
-        self.metrics.connections.set(len(self.table))
-        await self._run(peer)
-        reason = "closed by peer"
-        try:
-            async for msg in ws:
-                if msg.type == WSMsgType.BINARY:
-                    try:
-                        closed = await self._on_binary(peer, msg.data)
-                    except (asyncio.CancelledError, ConnectionError):
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - the frame guard (DESIGN.md 2):
-                        # remote errors were answered inside; anything else is our bug, the
-                        # frame is dropped, the connection and the daemon live on
-                        self._bug(f"frame from {peer.name}", exc)
-                        continue
-                    if closed:
-                        reason = closed
-                        break
-                elif msg.type == WSMsgType.TEXT:
-                    reason = "text frame: envelopes are binary protobuf"
-                    self._flush(peer)
-                    await ws.close(code=CLOSE_UNSUPPORTED, message=reason.encode())
-                    break
-                elif msg.type == WSMsgType.ERROR:
-                    reason = f"websocket error: {ws.exception()}"
-                    break
-            else:
-                if ws.close_code == CLOSE_REPLACED:
-                    reason = "replaced by a newer connection"
-        finally:
-            # the core's table is identity-checked: a replaced connection's cleanup leaves
-            # the new one registered
-            self.core.peer_disconnected(peer, self.clock(), reason)
-            self.metrics.connections.set(len(self.table))
-            if peer.replay_task is not None and not peer.replay_task.done():
-                peer.replay_task.cancel()
-            # a cancelled task keeps its CancelledError, whose traceback holds _replay's
-            # frame and so this peer: peer -> task -> error -> frame -> peer is a cycle
-            peer.replay_task = None
-            for cmd in self.core.take():       # only log lines can follow a disconnect
-                if type(cmd) is Log:
-                    self._emit(cmd)
-
-    async def _send(self, peer: _Peer, data: bytes) -> bool:
-        """Writes one frame at once (frames held back for this peer go first, so the order
-        on the wire is the order of the calls). False when the connection is closed."""
-        if peer.out:
-            self._flush(peer)
-        if peer.ws.closed:
-            return False
-        try:
-            await peer.ws.send_bytes(data)
-            return True
-        except (ConnectionError, RuntimeError):
-            return False
-
-    async def _write(self, cmd: WriteFrame) -> bool:
-        """Executes a WriteFrame, coalescing bursts: the first frame to a peer in a loop
-        pass is written at once (no added latency); later ones in the same pass are held
-        back and leave together at the end of the pass (`_flush`, call_soon) in ONE
-        transport write, instead of one write (a send syscall) each (measured: the
-        per-frame write was the relay's largest cost per envelope). A frame's log line
-        and live-delivery count follow its write, wherever it happens; a frame that
-        cannot be written goes back to the core (write_failed: its offline queue); True
-        then (the caller runs the core's new commands)."""
-        peer = cmd.conn
-        out = peer.out
-        if out is None or peer.transport is None:
-            if out is None and peer.transport is not None:
-                if peer.transport.get_write_buffer_size() > _COALESCE_MAX:
-                    await self._drain(peer)     # a slow reader: wait before writing more
-                peer.out = []
-                peer.out_bytes = 0
-                asyncio.get_running_loop().call_soon(self._flush, peer)
-            if await self._send(peer, cmd.data):
-                self._written(cmd)
-            elif cmd.session is not None:
-                self.core.write_failed(cmd, self.clock())   # closed meanwhile: queue it
-                return True
-            return False
-        out.append(cmd)
-        peer.out_bytes += len(cmd.data)
-        if peer.out_bytes > _COALESCE_MAX or peer.transport.get_write_buffer_size() > _COALESCE_MAX:
-            self._flush(peer)
-            await self._drain(peer)
-        return False
-
-    def _written(self, cmd: WriteFrame) -> None:
-        log = cmd.log
-        if log is not None:
-            self.metrics.dl_live.inc()
-            self.events.emit_attrs(log.event, log.uid, log.level, log.attrs)
-
-    def _flush(self, peer: _Peer) -> None:
-        """Writes the frames held back for `peer` (see _write) in one transport write and
-        ends its loop pass; frames of a connection closed meanwhile go back to the core."""
-        out, peer.out = peer.out, None
-        if not out:
-            return
-        transport = peer.transport
-        if peer.ws.closed or transport is None or transport.is_closing():
-            now = self.clock()
-            requeue = False
-            for cmd in out:
-                if cmd.session is not None:
-                    self.core.write_failed(cmd, now)
-                    requeue = True
-            if requeue:
-                self._spawn(self._run(), "requeue after a failed write")
-            return
-        transport.write(b"".join([_binary_frame(cmd.data) for cmd in out]))
-        logs = [(log.event, log.uid, log.level, log.attrs) for log in
-                [cmd.log for cmd in out] if log is not None]
-        if logs:        # one moment, one write: one timestamp, one write of the lines
-            self.metrics.dl_live.inc(len(logs))
-            self.events.emit_many(logs)
-
-    @staticmethod
-    async def _drain(peer: _Peer) -> None:
-        """Waits while the peer's socket does not take more (the protocol was paused by the
-        transport's high-water mark): what aiohttp's writer does after 64 KiB of writes."""
-        proto = peer.transport.get_protocol()
-        drain = getattr(proto, "_drain_helper", None)
-        if drain is not None and getattr(proto, "_paused", False):
-            try:
-                await drain()
-            except (ConnectionError, RuntimeError):
-                pass          # closed: the next write fails and is handled there
-
-    async def _on_binary(self, peer: _Peer, data: bytes) -> str | None:
+    async def _on_binary(self, peer: Peer, data: bytes) -> str | None:
         """Handles one frame through the core; returns a close reason when the core closed
         this connection (bytes that are not an envelope)."""
         self.metrics.rx_peer.inc()
-        self.core.receive_frame(peer, data, self.clock())
+        self._feed(self.core.receive_frame, peer, data)
         return await self._run(peer)
 
     # ------------------------------------------------------------------ executors
-    async def _run(self, current: _Peer | None = None) -> str | None:
+    def _feed(self, fn, *args):
+        """One input to the core through the runner (fn(*args, now=...), then a pass that
+        collects its commands); returns what fn returns. The caller runs them: _run."""
+        self._feeding = True
+        try:
+            return self.runner.feed(fn, *args)
+        finally:
+            self._feeding = False
+
+    def _collect(self, cmd: RelayCommand) -> None:
+        """The runner's executor for every command: kept, in order, for _run, which
+        executes one input's commands in order and awaits the ones that do I/O (an
+        Enqueue's XADD before the next one: per-sender order into the offline stream).
+        Commands of a pass the runner started itself (its timer) get a _run task."""
+        self._cmds.append(cmd)
+        if not self._feeding and not self._background:
+            self._background = True
+            self._spawn(self._run_background(), "core timer")
+
+    async def _run_background(self) -> None:
+        self._background = False
+        await self._run()
+
+    async def _run(self, current: Peer | None = None) -> str | None:
         """Executes the commands the core produced for the input just applied, in order
         (taken at once, so concurrent callers never interleave one input's commands).
         Returns the close reason when `current` was closed by a command."""
         closed = None
         core = self.core
-        arm = False
-        for cmd in core.take():
+        cmds, self._cmds = self._cmds, []
+        for cmd in cmds:
             t = type(cmd)
             if t is WriteFrame:
                 out = cmd.conn.out
-                if out is not None and cmd.conn.out_bytes <= _COALESCE_MAX:
+                if out is not None and cmd.conn.out_bytes <= COALESCE_MAX:
                     out.append(cmd)      # _write's held-back case, without a coroutine
                     cmd.conn.out_bytes += len(cmd.data)
-                elif await self._write(cmd):
+                elif await self.writer.write(cmd):
                     closed = await self._run(current) or closed
             elif t is Log:
                 self._emit(cmd)
             elif t is Enqueue:
-                self._last_outcome = await self._xadd(cmd)
-                core.enqueued(cmd.token, self._last_outcome, self.clock())
+                self._feed(core.enqueued, cmd.token, await self.queues.enqueue(cmd))
                 closed = await self._run(current) or closed
             elif t is LookupTwin:
                 self._spawn(self._lookup(cmd.twin), "twin lookup")
             elif t is PostFederation:
-                arm = True
                 if not self._closing:
-                    task = asyncio.get_running_loop().create_task(self._post(cmd))
+                    task = asyncio.get_running_loop().create_task(self.fed_http.post(cmd))
                     self._fed_tasks.add(task)
                     task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
-            elif t is ReplayQueue:
-                cmd.conn.replay_task = self._spawn(self._replay(cmd.conn), "offline replay")
+            elif t is ReadQueue:
+                cmd.conn.replay_task = self._spawn(self.queues.read(cmd), "offline replay")
+            elif t is ReplayFrames:
+                await self.writer.replay_frames(cmd)
+                closed = await self._run(current) or closed
+            elif t is AckQueue:
+                await self.queues.ack(cmd)
+                closed = await self._run(current) or closed
+            elif t is ProbeQueue:
+                task = asyncio.get_running_loop().create_task(self.queues.probe())
+                task.add_done_callback(lambda t: self._task_done(t, "offline replay retry"))
             elif t is FederationAnswer:
-                if cmd.status >= 400 and cmd.text != ERR_OFFLINE and cmd.text != ERR_EXPIRED:
-                    label = reason_label(cmd.text)
-                    self.metrics.fed_refused.labels(label).inc()
-                    self._warn("federation in: " + label, "rmb.relay.rejected", cmd.uid,
+                fx = refusal_of(cmd.status, cmd.text)
+                if fx is not None:
+                    self.metrics.fed_refused.labels(fx.label).inc()
+                    self._warn(fx.limit_key, "rmb.relay.rejected", cmd.uid,
                                reason=cmd.text[:200],
                                src=f"federation {cmd.origin} {cmd.src}".strip(), dst=cmd.dst)
                 if not cmd.request.done():
                     cmd.request.set_result((cmd.status, cmd.text))
             elif t is CloseConnection:
-                self._flush(cmd.conn)      # frames held back leave before the Close
+                self.writer.flush(cmd.conn)      # frames held back leave before the Close
                 if cmd.conn is current:
                     await current.ws.close(code=cmd.code, message=cmd.reason.encode()[:120])
                     closed = cmd.reason
@@ -1177,9 +508,6 @@ class RelayServer:
                     self._spawn(cmd.conn.ws.close(code=cmd.code,
                                                   message=cmd.reason.encode()[:120]),
                                 "close replaced connection")
-        if arm or core.federation_touched:
-            core.federation_touched = False
-            self._arm_timer()
         return closed
 
     def _emit(self, cmd: Log) -> None:
@@ -1201,7 +529,7 @@ class RelayServer:
             record: object = await self.directory.get(twin)
         except (UnknownTwin, DirectoryError) as exc:
             record = exc
-        self.core.twin_resolved(twin, record, self.clock())
+        self._feed(self.core.twin_resolved, twin, record)
         done = False
         while not done:
             try:
@@ -1210,262 +538,9 @@ class RelayServer:
                 raise
             except Exception as exc:  # noqa: BLE001 - the chain must close whatever happens
                 self._bug(f"routing after the lookup of twin {twin}", exc)
-            done = self.core.chain_done(twin, self.clock())      # arrivals while queueing
-
-    def _qkey(self, session: Session) -> str:
-        return self._qprefix + session_str(session)
-
-    async def _xadd(self, cmd: Enqueue, via: str = "peer") -> str:
-        """Enqueue executor: XADD to the session's offline stream unless it holds
-        --queue-maxlen entries. Returns QUEUED, FULL (nothing evicted; counted) or FAILED
-        (Redis error, logged)."""
-        peer = self.table.get(cmd.session)
-        if peer is not None:
-            peer.queue_writes += 1
-            peer.queued_seq += 1
-        now = self.clock()
-        try:
-            length = await self._redis_call(self._enqueue_script(
-                keys=[self._qkey(cmd.session), self._qkey(cmd.session) + ":src"],
-                args=[self.queue_maxlen, cmd.data, repr(cmd.until), repr(now),
-                      int(self.queue_ttl) + 1, cmd.src.split(":")[0], self.queue_per_source]))
-        except TimeoutError as exc:
-            self.metrics.queue_failed.labels("timeout").inc()
-            self._warn("queue error: Redis not answering", "rmb.relay.queue_error", cmd.uid,
-                       level="error", dst=session_str(cmd.session), reason=str(exc)[:200])
-            return FAILED
-        except (aioredis.RedisError, OSError) as exc:
-            self.metrics.queue_failed.labels("error").inc()
-            self._warn("queue error", "rmb.relay.queue_error", cmd.uid, level="error",
-                       dst=session_str(cmd.session), reason=repr(exc)[:200])
-            return FAILED
-        finally:
-            if peer is not None:
-                peer.queue_writes -= 1
-        if int(length) == -2:
-            self.metrics.queue_full.labels(via).inc()
-            return SHARE_FULL
-        if int(length) < 0:
-            self.metrics.queue_full.labels(via).inc()
-            return FULL
-        return QUEUED
-
-    @staticmethod
-    def _senders_of(entries, done) -> dict[bytes, int]:
-        gone = set(done)
-        out: dict[bytes, int] = {}
-        for entry_id, fields in entries:
-            sender = fields.get(b"s")
-            if entry_id in gone and sender is not None:
-                out[sender] = out.get(sender, 0) + 1
-        return out
-
-    async def _replay(self, peer: _Peer, late: bool = False) -> None:
-        """Drains the session's offline stream in order onto the new connection; entries
-        are deleted only after their write succeeded; then live delivery starts.
-
-        A replay stopped by a Redis failure (timeout, connection error) lets the session go
-        live at once, so its live traffic does not wait on a broken queue; what was still in
-        the stream is then drained by a late replay (late=True: the session is already live,
-        so the drain ends when the stream is empty) as soon as Redis answers again
-        (_retry_replays), on the same connection. Those entries are older than anything
-        delivered live meanwhile, so they arrive after it; their deadlines still apply."""
-        key = self._qkey(peer.session)
-        try:
-            while not peer.ws.closed:
-                seq = peer.queued_seq
-                entries = await self._redis_call(self.redis.xrange(key, "-", "+", count=256))
-                if not entries:
-                    if late:
-                        return
-                    if peer.queue_writes == 0 and seq == peer.queued_seq:
-                        peer.replaying = False
-                        self.core.queue_replayed(peer, self.clock())
-                        await self._run()
-                        return
-                    await asyncio.sleep(0.001)   # an XADD for this session is in flight
-                    continue
-                done: list[bytes] = []
-                senders: dict[bytes, int] = {}
-                now = self.clock()
-                broken = False
-                for entry_id, fields in entries:
-                    sender = fields.get(b"s")
-                    if sender is not None:
-                        senders[sender] = senders.get(sender, 0) + 1
-                    try:                               # the queue item guard
-                        data = fields[b"e"]
-                        until = float(fields[b"d"])
-                        queued_at = float(fields.get(b"t", now))
-                    except (KeyError, ValueError) as exc:
-                        done.append(entry_id)          # a malformed entry: dropped, logged
-                        self._bug(f"offline queue entry {entry_id!r} of {peer.name}", exc)
-                        continue
-                    queued = _lenient_decode(data)     # it parsed when it was queued
-                    uid = queued.uid if queued is not None else None
-                    kind = message_kind(queued) if queued is not None else None
-                    src = _src(queued) if queued is not None else None
-                    if until <= now:
-                        done.append(entry_id)
-                        self.metrics.expired.inc()
-                        self.events.emit("rmb.relay.expired", uid, kind=kind, src=src,
-                                         dst=peer.name, reason="expired in the offline queue")
-                        continue
-                    if not await self._send(peer, data):
-                        broken = True
-                        break
-                    done.append(entry_id)
-                    self.metrics.dl_replay.inc()
-                    self.events.emit("rmb.relay.delivered", uid, kind=kind, src=src,
-                                     dst=peer.name, size=len(data),
-                                     queued_ms=max(0.0, (now - queued_at) * 1000.0))
-                if broken:                             # not deleted: still counted
-                    senders = self._senders_of(entries, done)
-                if done:
-                    async with self.redis.pipeline(transaction=True) as pipe:
-                        pipe.xdel(key, *done)
-                        for sender, count in senders.items():
-                            pipe.hincrby(key + ":src", sender, -count)
-                        await self._redis_call(pipe.execute())
-                if broken:
-                    return
-        except asyncio.CancelledError as exc:
-            # the connection closed: the frames the cancellation unwound (Redis client,
-            # asyncio.timeout) hold the error in their locals, a cycle error -> traceback
-            # -> frame -> error that would keep this peer until a cyclic GC pass
-            traceback.clear_frames(exc.__traceback__)
-            raise
-        except (TimeoutError, aioredis.RedisError, OSError) as exc:
-            if not late:
-                peer.replaying = False  # live traffic must not wait on a broken queue
-                self.core.queue_replayed(peer, self.clock())
-            self.events.emit("rmb.relay.queue_error", None, level="error", dst=peer.name,
-                             reason=f"replay stopped: {exc!r}; resumed once Redis answers"[:200])
-            self._replay_stalled.add(peer)
-            if self._replay_retry is None or self._replay_retry.done():
-                self._replay_retry = asyncio.get_running_loop().create_task(self._retry_replays())
-                self._replay_retry.add_done_callback(
-                    lambda t: self._task_done(t, "offline replay retry"))
-
-    async def _retry_replays(self) -> None:
-        """Every second, while replays stopped by a Redis failure wait (_replay_stalled):
-        PING Redis (bounded by --redis-timeout); once it answers, start a late replay for
-        each of those connections that is still open and still its session's current one.
-        Not a routing task: close() cancels it instead of waiting for it."""
-        while self._replay_stalled and not self._closing:
-            await asyncio.sleep(1.0)
-            # a connection that closed meanwhile replays on its next connect: not kept here
-            self._replay_stalled = {p for p in self._replay_stalled if not p.ws.closed}
-            if not self._replay_stalled:
-                return
-            if self._redis_down is not None:
-                continue                       # the probe is waiting on it already
-            try:
-                async with asyncio.timeout(self.redis_timeout):
-                    await self.redis.ping()
-            except (TimeoutError, aioredis.RedisError, OSError):
-                continue
-            peers, self._replay_stalled = self._replay_stalled, set()
-            for peer in peers:
-                if peer.ws.closed or self.table.get(peer.session) is not peer:
-                    continue                   # a new connection replays on its own
-                if peer.replay_task is None or peer.replay_task.done():
-                    peer.replay_task = self._spawn(self._replay(peer, late=True),
-                                                   "offline replay (resumed)")
+            done = self._feed(self.core.chain_done, twin)        # arrivals while queueing
 
     # ------------------------------------------------------------------ federation out
-    def _arm_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.metrics.fed_jobs.set(len(self.federation))
-        when = self.core.get_timer()
-        if when is not None and not self._closing:
-            delay = max(0.0, when - self.clock())
-            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
-
-    def _on_timer(self) -> None:
-        """Timer entry point; its guard logs a bug and re-arms instead of losing the timer."""
-        self._timer = None
-        try:
-            self.core.handle_timer(self.clock())
-        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
-            self._bug("federation timer", exc)
-        self._spawn(self._run(), "federation timer")
-
-    async def _post(self, att) -> None:
-        """PostFederation executor."""
-        status, reason = 0, ""
-        try:
-            await linkmodel_pause(att.domain.rpartition(":")[0])   # test only: RELAY_SUITE_LINKS
-            async with self._http.post(f"http://{att.domain}/", data=att.data,
-                                       headers={"Content-Type": FED_CONTENT_TYPE},
-                                       timeout=aiohttp.ClientTimeout(total=att.timeout)) as resp:
-                status = resp.status
-                if status != 202:
-                    reason = (await resp.text(errors="replace")).strip()[:200]
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            reason = f"{type(exc).__name__}: {exc}"[:200]
-        if self._closing and status == 0 and not reason:
-            return
-        outcome = "accepted" if status == 202 else "refused" if 400 <= status < 500 else "failed"
-        if status and status != 202 and not reason:
-            reason = f"HTTP {status}"
-        self.core.federation_result(att.job, outcome, self.clock(), status=status, reason=reason)
-        await self._run()
-
-    # ------------------------------------------------------------------ federation in
-    async def _handle_post(self, request: web.Request) -> web.Response:
-        """Federation in: the guard of this entry point (anything unexpected is a logged
-        bug and a 500, the daemon keeps serving)."""
-        try:
-            return await self._federation_in(request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
-            self._bug("federation POST", exc)
-            return web.Response(status=500, text="internal error\n")
-
-    def _fed_refuse(self, status: int, text: str, env: Envelope | None, origin: str) -> web.Response:
-        """A refused federation POST: counted (label = reason), one rate-limited line."""
-        label = reason_label(text)
-        self.metrics.fed_refused.labels(label).inc()
-        self._warn("federation in: " + label, "rmb.relay.rejected",
-                   env.uid if env is not None and env.uid else None, reason=text[:200],
-                   src=f"federation {origin}" + (f" {_src(env)}" if env is not None else ""),
-                   dst=address_str(env.destination) if env is not None
-                   and env.HasField("destination") else "")
-        return web.Response(status=status, text=text + "\n")
-
-    async def _federation_in(self, request: web.Request) -> web.Response:
-        """POST / from another relay: the core decides (RelayCore.receive_federation:
-        authenticated and bounded); this executes its commands and
-        answers with its FederationAnswer (413 for a body over --max-size is aiohttp's)."""
-        if self._closing:
-            return web.Response(status=503, text="relay shutting down\n")
-        origin = request.remote or "?"
-        try:
-            data = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._fed_refuse(413, f"envelope too large: limit {self.max_size} bytes",
-                                    None, origin)
-        self.metrics.rx_fed.inc()
-        answer = asyncio.get_running_loop().create_future()
-        self.core.receive_federation(answer, data, origin, self.clock())
-        await self._run()
-        try:
-            status, text = await asyncio.wait_for(answer, FEDERATION_ANSWER_TIMEOUT)
-        except asyncio.TimeoutError:
-            status, text = 503, "twin lookup timed out"
-        # `destination offline` without a newline, as rmb-rs's fail-fast answer
-        return web.Response(status=status, text=text if text == ERR_OFFLINE else text + "\n")
-
-
-def _src(env: Envelope) -> str:
-    """The `src` attr of relay events: "twin[:connection]", "" without a source."""
-    return address_str(env.source) if env.HasField("source") else ""
-
-
 # ---------------------------------------------------------------------- CLI
 
 def _limit_pair(values: list[int]) -> tuple[int, int]:
@@ -1623,3 +698,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
+

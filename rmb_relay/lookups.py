@@ -13,7 +13,8 @@ hot path needs:
 
 A refresh that fails keeps the old record (logged through `on_stale(twin, age_s, exc)`,
 the relay rate-limits it); a refresh answering 404 forgets the twin. Records past
-ttl + max_stale are not served (bounded staleness). `clock` is monotonic seconds.
+ttl + max_stale are not served (bounded staleness): rmb_peer.twins.TwinFreshness, the
+rule every twin table follows. `clock` is monotonic seconds.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import time
 from collections import OrderedDict
 from typing import Callable
 
-from rmb_peer.twins import DirectoryError, Twin, TwinDirectory, UnknownTwin
+from rmb_peer.twins import DirectoryError, Twin, TwinDirectory, TwinFreshness, UnknownTwin
 
 
 class TwinLookups:
@@ -58,10 +59,11 @@ class TwinLookups:
         if hit is None:
             return None
         twin, at = hit
+        rule = TwinFreshness(self.ttl, self.max_stale)
         age = self.clock() - at
-        if age <= self.ttl:
+        if rule.fresh(age):
             return twin
-        if age > self.ttl + self.max_stale:
+        if not rule.servable(age):
             return None
         if twin_id not in self._refreshing:
             self.refreshes += 1

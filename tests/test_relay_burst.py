@@ -55,7 +55,7 @@ async def test_held_back_frames_of_a_closed_connection_are_queued_and_replayed(c
     flush is not lost: it goes back to the core (write_failed), into the destination's
     offline queue, and is replayed, in order, when the twin reconnects; no `forwarded`
     event is logged for it (it was never written)."""
-    from rmb_relay.relay_core import Log, WriteFrame
+    from rmb_relay.core import Log, WriteFrame
 
     relay = await cluster.relay()
     ia, a = await cluster.twin([relay.domain])
@@ -72,7 +72,7 @@ async def test_held_back_frames_of_a_closed_connection_are_queued_and_replayed(c
                       for e in envs]
         target.out_bytes = sum(e.ByteSize() for e in envs)
         target.transport.close()                  # the connection is gone before the flush
-        relay._flush(target)
+        relay.writer.flush(target)
         assert target.out is None
     await asyncio.sleep(0.3)                      # the re-queue task ran
     uids = [e.uid for e in envs]

@@ -141,7 +141,7 @@ def test_ping_with_destination_twin_0_answered_by_router():
 
 
 def test_relay_core_uses_the_scheduler_it_is_given_even_when_empty():
-    from rmb_relay.relay_core import RelayCore
+    from rmb_relay.core import RelayCore
     ranker = Ranker()
     sched = FederationScheduler(ranker)
     assert len(sched) == 0                    # falsy: `federation or ...` replaced it

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 
 from rmb_relay.core import RelayRouter
-from rmb_relay.relay_core import CloseConnection, Enqueue, Log, LookupTwin, RelayCore, WriteFrame
+from rmb_relay.core import CloseConnection, Enqueue, Log, LookupTwin, RelayCore, WriteFrame
 from tests.test_relay_core import make_env
 
 NOW = 1_700_000_000.0

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from rmb_relay.relay_core import CloseConnection, Log, RelayCommand, RelayCore, WriteFrame
+from rmb_relay.core import CloseConnection, Log, RelayCommand, RelayCore, WriteFrame
 from tests.test_relay_core import T0, make_env
 
 HERE = "relay.here:1"

@@ -12,9 +12,9 @@ import pytest
 from rmb_peer.envelope import Envelope
 from rmb_peer.twins import DirectoryError, UnknownTwin
 from rmb_relay.core import FederationScheduler, FixedWindowLimiter, Ranker
-from rmb_relay.relay_core import (
+from rmb_relay.core import (
     CloseConnection, Enqueue, LookupTwin, Log, PostFederation, RelayCore, RelayStateError,
-    ReplayQueue, WriteFrame,
+    ReadQueue, WriteFrame,
 )
 from tests.test_relay_core import T0, make_env
 
@@ -63,7 +63,7 @@ def test_offline_replay_order_then_live():
     for e in enq:
         core.enqueued(e.token, "queued", T0)
     core.peer_connected("B", (2, None), T0 + 1)
-    assert of(drain(core), ReplayQueue) == [ReplayQueue("B", (2, None))]
+    assert of(drain(core), ReadQueue) == [ReadQueue("B", (2, None))]
     live = [make_env(src=(1, None), dst=(2, None)) for _ in range(2)]
     for env in live:                                         # B still replaying: queue too
         core.receive_frame("A", env.SerializeToString(), T0 + 1)
@@ -247,7 +247,7 @@ def test_federation_in_verifies_waits_for_lookups_and_answers():
     from rmb_peer.challenge import sign_envelope
     from rmb_peer.identity import Identity
     from rmb_peer.twins import Twin
-    from rmb_relay.relay_core import FederationAnswer
+    from rmb_relay.core import FederationAnswer
 
     alice = Identity.from_seed(os.urandom(32), "ed25519")
     mallory = Identity.from_seed(os.urandom(32), "ed25519")

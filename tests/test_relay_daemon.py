@@ -150,7 +150,7 @@ async def test_ping_pong_and_fail_fast(cluster):
         assert err.uid == ff.uid and err.error.message == "destination offline"
     r = aioredis.Redis.from_url(cluster.redis_url)
     try:
-        assert await r.exists(relay._qkey((b, None))) == 0   # nothing was queued
+        assert await r.exists(relay.queues.key((b, None))) == 0   # nothing was queued
     finally:
         await r.aclose()
 
@@ -166,11 +166,11 @@ async def test_offline_twin_gets_queue_in_order_then_live(cluster):
         r = aioredis.Redis.from_url(cluster.redis_url)
         try:
             for _ in range(100):
-                if await r.xlen(relay._qkey((b, None))) == 30:
+                if await r.xlen(relay.queues.key((b, None))) == 30:
                     break
                 await asyncio.sleep(0.05)
-            assert await r.xlen(relay._qkey((b, None))) == 30
-            assert 3000 < await r.ttl(relay._qkey((b, None))) <= 3601
+            assert await r.xlen(relay.queues.key((b, None))) == 30
+            assert 3000 < await r.ttl(relay.queues.key((b, None))) <= 3601
             async with connect(url(relay, ib, b)) as wb:
                 # live envelopes sent while the replay runs come after the queued ones
                 live = [envelope((a,), (b,), payload=b"live%d" % i) for i in range(10)]
@@ -178,7 +178,7 @@ async def test_offline_twin_gets_queue_in_order_then_live(cluster):
                     await wa.send(env.SerializeToString())
                 got = [await recv_env(wb) for _ in range(40)]
                 assert [g.uid for g in got] == [e.uid for e in queued + live]
-            assert await r.xlen(relay._qkey((b, None))) == 0    # deleted after delivery
+            assert await r.xlen(relay.queues.key((b, None))) == 0    # deleted after delivery
         finally:
             await r.aclose()
     delivered = relay.test_events.of("rmb.relay.delivered")
@@ -280,8 +280,7 @@ async def test_metrics_and_health(cluster):
     ib, b = await cluster.twin([relay.domain])
     async with connect(url(relay, ia, a)) as wa, connect(url(relay, ib, b)) as wb:
         for _ in range(200):       # both offline replays done: the round trip is live
-            peers = [relay.table.get((t, None)) for t in (a, b)]
-            if all(p is not None and not p.replaying for p in peers):
+            if all(relay.core.state_of((t, None)) == "live" for t in (a, b)):
                 break
             await asyncio.sleep(0.01)
         await roundtrip(wa, a, wb, b)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rmb_relay.core import ERR_OFFLINE, ERR_RATE_LIMIT
-from rmb_relay.eventmap import Effects, effects_of, reason_label
-from rmb_relay.relay_core import ERR_BAD_SIGNATURE
+from rmb_relay.core.eventmap import Effects, effects_of, reason_label
+from rmb_relay.core import ERR_BAD_SIGNATURE
 
 
 def test_refusals_count_by_bounded_reason_and_are_rate_limited():
@@ -35,3 +35,13 @@ def test_counters_and_limit_keys_of_the_other_events():
     assert effects_of("rmb.relay.twin_stale", {"twin": 9}, "warning") == \
         Effects("stale_served", None, "stale twin 9")
     assert effects_of("rmb.relay.delivered", {}, "info") == Effects(None, None, None)
+
+
+def test_federation_in_refusals_are_counted_but_offline_and_expired_answers_are_not():
+    from rmb_relay.core import ERR_EXPIRED, ERR_UNKNOWN_SOURCE
+    from rmb_relay.core.eventmap import refusal_of
+    assert refusal_of(202, "") is None
+    assert refusal_of(404, ERR_OFFLINE) is None and refusal_of(400, ERR_EXPIRED) is None
+    assert refusal_of(401, ERR_UNKNOWN_SOURCE) == Effects(
+        "fed_refused", ERR_UNKNOWN_SOURCE, "federation in: " + ERR_UNKNOWN_SOURCE)
+    assert refusal_of(413, "envelope too large: limit 10 bytes").label == "envelope too large"

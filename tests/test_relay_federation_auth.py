@@ -61,7 +61,7 @@ async def test_spoofed_unsigned_and_unknown_refused_and_nothing_queued(cluster):
     status, text = await _post(relay, envelope((a,), (c,)).SerializeToString())
     assert status == 421
 
-    keys = await relay.redis.keys(relay._qprefix + "*")
+    keys = await relay.redis.keys(relay.queues.prefix + "*")
     assert keys == []                                      # nothing was queued at all
     ok = envelope((a,), (b,))
     assert (await _post(relay, ok.SerializeToString()))[0] == 202

@@ -64,7 +64,7 @@ async def test_full_offline_queue_answers_sender_at_once_and_evicts_nothing(clus
             await wa.send(env.SerializeToString())
         r = relay.redis
         for _ in range(200):
-            if await r.xlen(relay._qkey((b, None))) == 5:
+            if await r.xlen(relay.queues.key((b, None))) == 5:
                 break
             await asyncio.sleep(0.02)
         for env in sent[5:]:
@@ -245,7 +245,7 @@ async def test_entry_point_guards_log_bugs_and_keep_serving(cluster, monkeypatch
     bugs = relay.test_events.of("rmb.relay.bug")
     assert bugs and "injected bug" in bugs[0]["attrs"]["reason"]
     # a corrupt entry in b's offline stream, between two good ones
-    key = relay._qkey((b, None))
+    key = relay.queues.key((b, None))
     async with connect(url(relay, ia, a)) as wa:
         first = envelope((a,), (b,))
         await wa.send(first.SerializeToString())
@@ -283,7 +283,7 @@ async def test_one_sender_cannot_crowd_others_out_of_a_queue(cluster):
     ia, a = await cluster.twin([relay.domain])
     ic, c = await cluster.twin([relay.domain])
     ib, b = await cluster.twin([relay.domain])          # offline
-    key = relay._qkey((b, None))
+    key = relay.queues.key((b, None))
 
     async def fill(ws, src, n):
         sent = [envelope((src,), (b,)) for _ in range(n)]

@@ -114,7 +114,7 @@ async def test_replay_stopped_by_redis_failure_resumes_on_the_same_connection(re
             delivered = [e for e in events_of(relay.log) if e["event"] == "rmb.relay.delivered"
                          and "queued_ms" in e["attrs"]]
             assert len(delivered) == 1 and delivered[0]["attrs"]["queued_ms"] > 1000, delivered
-            assert server._replay_stalled == set()
+            assert server.core.stalled() == 0
             streams = [k for k in await server.redis.keys("rmb.relay.*.queue.*")
                        if not k.endswith(b":src")]
             assert streams and [await server.redis.xlen(k) for k in streams] == [0] * len(streams)

@@ -63,7 +63,7 @@ async def cluster(redis_url):
 async def _xlen_reaches(relay, session, n, within):
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if await relay.redis.xlen(relay._qkey(session)) >= n:
+        if await relay.redis.xlen(relay.queues.key(session)) >= n:
             return True
         await asyncio.sleep(0.02)
     return False

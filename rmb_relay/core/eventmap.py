@@ -1,6 +1,6 @@
 """Relay core Log commands -> metrics and the log rate limit (pure: no I/O, no clock).
 
-The relay core (rmb_relay.relay_core.RelayCore) says what happened as `Log` commands
+The relay core (rmb_relay.core.RelayCore) says what happened as `Log` commands
 (event name, level, attributes of the RMB catalogue, rmb_peer/events.py and
 rmb_relay/events.py); this table says what each one counts and how its line is
 rate-limited, so the adapter (rmb_relay.daemon.RelayServer._emit) only executes it.
@@ -22,16 +22,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from rmb_relay.core import (
+from rmb_relay.core.errors import (
     ERR_DOMAIN_FULL, ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_NO_RELAYS,
     ERR_OFFLINE, ERR_QUEUE_FULL, ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, ERR_WRONG_SOURCE,
-)
-from rmb_relay.relay_core import (
     ERR_BAD_SIGNATURE, ERR_FED_RATE, ERR_NOT_HERE, ERR_SHARE_FULL, ERR_UNKNOWN_SOURCE,
     ERR_UNSIGNED,
 )
 
-__all__ = ["Effects", "effects_of", "reason_label", "KNOWN_REASONS"]
+__all__ = ["Effects", "effects_of", "refusal_of", "reason_label", "KNOWN_REASONS"]
 
 #: reasons that are metric label values as they are (the relay's fixed error texts)
 KNOWN_REASONS = frozenset({
@@ -92,3 +90,15 @@ def effects_of(event: str, attrs: dict, level: str) -> Effects:
     if event == "rmb.relay.circuit" and str(attrs.get("reason", "")).startswith("open"):
         return Effects("circuit_opened", attrs.get("domain", ""), key)
     return Effects(None, None, key)
+
+
+def refusal_of(status: int, text: str) -> Effects | None:
+    """The Effects of a federation-in answer (FederationAnswer, or the HTTP server's 413):
+    a refusal (status >= 400, except `destination offline` and `message has expired`,
+    which the sender expects and the core logs itself) counts fed_refused (label
+    reason_label(text)) and writes one rmb.relay.rejected line rate-limited per
+    "federation in: <label>"; anything else None."""
+    if status < 400 or text == ERR_OFFLINE or text == ERR_EXPIRED:
+        return None
+    label = reason_label(text)
+    return Effects("fed_refused", label, "federation in: " + label)

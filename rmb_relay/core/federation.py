@@ -1,172 +1,35 @@
-"""The rmb-relay core: routing decisions without I/O and without a clock.
+"""Federation out: the relay ranker and the retry plan (no I/O, no clock).
 
-Every method that depends on time takes `now` (float unix seconds, the caller's clock:
-`time.time()` in the daemon, because envelopes carry unix timestamps; a fake clock in
-tests). Nothing here opens a socket, reads a clock or sleeps (DESIGN.md section 2).
-
-Pieces (DESIGN.md section 3; seed: rmb.md "Connections", "Federations", "Rate Limiting",
-"Relay Domains"):
-
-- `ConnectionTable`: one connection per (twin, sid); a new one replaces the old, and
-  unregistering is identity-checked so the old connection's cleanup cannot remove the new
-  connection (the classic replace-then-cleanup race).
-- `FixedWindowLimiter` / `NoLimit`: `--limit COUNT SIZE`, fixed 60 s windows per twin.
-- `Ranker`: failures per relay domain within `--ranker-period` s, lowest failure rate
-  first, random order among ties; ranks heal as failures age out (rmb-rs: relay/ranker).
-- `FederationScheduler`: the federation retry plan for envelopes bound to other relays:
-  passes over the destination twin's relays in ranker order, jittered backoff between
-  passes, retried until the envelope's TTL runs out (then `FederationExpired`, and the
-  sender gets `message has expired`). Driven like every core here: `submit`,
-  `attempts_due(now)`, `report(...)`, `get_timer()`, `handle_timer(now)`, `next_event()`.
-- `RelayRouter`: the per-envelope verdict for envelopes from connected peers (rate limit,
-  source check, ping, expiry) and the local-vs-federation decision.
-
-Errors: `RelayCoreError` (local misuse: impossible transition, bad argument), never for
-remote input; remote input only ever produces verdicts and events.
+seed: rmb.md "Federations"; rmb-rs v1.5.1 relay/ranker and federation/router.rs;
+DESIGN.md section 3. `Ranker` orders a twin's relays by recent failures;
+`FederationScheduler` plans the POSTs (passes in ranker order, jittered backoff, one
+circuit per domain, per-domain caps) and hands each one out as a `PostFederation` command
+(rmb_relay.core.commands), answered with `report(...)`.
 """
 from __future__ import annotations
 
 import collections
 import heapq
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from daemon_runtime.ratelimit import LogLimiter  # noqa: F401  (the relay's warning limiter)
-from rmb_peer.envelope import Envelope, is_expired, message_kind, relay_error
-from rmb_peer.errors import RmbLocalError
+from rmb_peer.envelope import Envelope, message_kind, relay_error
+from rmb_relay.core.commands import PostFederation
+from rmb_relay.core.errors import (
+    ERR_DOMAIN_FULL, ERR_EXPIRED, ERR_FEDERATION_FULL, RelayCoreError,
+)
 
-#: relay error texts (rmb-rs v1.5.1 relay/api.rs and federation/router.rs; DESIGN.md section 3)
-ERR_WRONG_SOURCE = "message wrong source"
-ERR_RATE_LIMIT = "exceeded rate limits, dropping message"
-ERR_MISSING_DESTINATION = "message with missing destination"
-ERR_UNKNOWN_DESTINATION = "unknown twin destination"
-ERR_NO_RELAYS = "relay info is not set for this twin"
-ERR_EXPIRED = "message has expired"
-ERR_OFFLINE = "destination offline"
-ERR_FEDERATION_FULL = "federation queue is full, dropping message"
-#: our texts (rmb-rs drops the oldest silently instead)
-ERR_QUEUE_FULL = "destination offline queue is full, dropping message"
-ERR_DOMAIN_FULL = "federation queue for the destination's relay is full, dropping message"
-ERR_TOO_LARGE = "envelope too large"
-#: the envelope tag that asks for `destination offline` instead of queueing
-TAG_FAIL_FAST = "fail-fast"
-
-Session = tuple[int, "str | None"]
-
-
-class RelayCoreError(RmbLocalError):
-    """Local misuse of the relay core (an impossible state transition, a bad argument).
-    Remote input never raises this. The RMB protocol's one local-error base is
-    rmb_peer.errors.RmbLocalError (RuntimeError); its one remote-error base is
-    RmbRemoteError (ValueError: EnvelopeError, SignatureError, TokenError, ...), which the
-    relay's entry-point guards turn into an error reply, a logged drop or a close."""
-
-
-# --------------------------------------------------------------------------- connections
-
-class ConnectionTable:
-    """Live peer connections keyed by session (twin id, sid or None).
-
-    seed: rmb.md "Connections": for each (twin-id, session-id) combo there can be only one
-    connection; a new connection with the same combo drops the older one.
-
-    `register(session, conn)` returns the connection it replaced (the caller closes it).
-    `unregister(session, conn)` removes the entry only if `conn` IS still the registered
-    connection, so a replaced connection's cleanup, which runs after the replacement
-    registered, leaves the new connection in place. `conn` is any object (compared by
-    identity).
-    """
-
-    def __init__(self) -> None:
-        self._conns: dict[Session, Any] = {}
-
-    def register(self, session: Session, conn: Any) -> Any | None:
-        old = self._conns.get(session)
-        self._conns[session] = conn
-        return old if old is not conn else None
-
-    def unregister(self, session: Session, conn: Any) -> bool:
-        """True if `conn` was the registered connection and is now removed."""
-        if self._conns.get(session) is conn:
-            del self._conns[session]
-            return True
-        return False
-
-    def get(self, session: Session) -> Any | None:
-        return self._conns.get(session)
-
-    def __len__(self) -> int:
-        return len(self._conns)
-
-    def items(self) -> list[tuple[Session, Any]]:
-        return list(self._conns.items())
-
-
-def session_of(address) -> Session:
-    """(twin, connection or None) of an rmb `Address` (rmb-rs: Address fields 1, 2)."""
-    return (int(address.twin), address.connection if address.HasField("connection") else None)
-
-
-def session_str(session: Session) -> str:
-    twin, sid = session
-    return f"{twin}:{sid}" if sid is not None else str(twin)
-
-
-# --------------------------------------------------------------------------- rate limiter
-
-class NoLimit:
-    """The limiter used without --limit: everything passes."""
-
-    def allow(self, twin: int, size: int, now: float) -> bool:
-        return True
-
-
-class FixedWindowLimiter:
-    """seed: rmb.md "Rate Limiting", FixedWindowLimiter.
-
-    Time is cut into fixed windows of `window` s (60) aligned on multiples of the window
-    (window k = [k*window, (k+1)*window)). In each window a twin may send at most `count`
-    envelopes totalling at most `size` bytes. `allow(twin, size, now)` counts the envelope
-    and returns True, or returns False without counting it (the caller drops it and sends
-    `exceeded rate limits, dropping message`; the connection stays). Memory: one entry per
-    twin active in the current window (older entries are pruned when the window turns).
-    Raises RelayCoreError for count/size/window <= 0.
-    """
-
-    def __init__(self, count: int, size: int, window: float = 60.0):
-        if count <= 0 or size <= 0 or window <= 0:
-            raise RelayCoreError(f"limit needs count > 0, size > 0, window > 0 (got {count}, {size}, {window})")
-        self.count = count
-        self.size = size
-        self.window = window
-        self._current = -1
-        self._used: dict[int, list[int]] = {}
-
-    def allow(self, twin: int, size: int, now: float) -> bool:
-        index = math.floor(now / self.window)
-        if index != self._current:
-            self._current = index
-            self._used.clear()          # every stored entry belongs to an older window
-        used = self._used.get(twin)
-        if used is None:
-            used = self._used[twin] = [0, 0]
-        if used[0] + 1 > self.count or used[1] + size > self.size:
-            return False
-        used[0] += 1
-        used[1] += size
-        return True
-
-    def usage(self, twin: int, now: float) -> tuple[int, int]:
-        """(envelopes, bytes) counted for `twin` in the window containing `now`."""
-        if math.floor(now / self.window) != self._current:
-            return (0, 0)
-        used = self._used.get(twin, [0, 0])
-        return (used[0], used[1])
-
-
-# --------------------------------------------------------------------------- ranker
+__all__ = [
+    "Ranker",
+    "FederationEvent",
+    "FederationAccepted",
+    "FederationAttemptFailed",
+    "FederationRefused",
+    "FederationExpired",
+    "FederationCircuit",
+    "FederationScheduler",
+]
 
 class Ranker:
     """Relay ranking by recent failures (seed: rmb.md "Federations"; rmb-rs relay/ranker).
@@ -267,17 +130,6 @@ class FederationExpired(FederationEvent):
 
 
 @dataclass
-class Attempt:
-    """One federation POST to make now: send `data` to `domain`, wait at most `timeout` s,
-    then call `report(job, ...)`."""
-    job: int
-    uid: str
-    domain: str
-    attempt: int
-    data: bytes
-    timeout: float
-
-
 @dataclass
 class FederationCircuit(FederationEvent):
     """A domain's circuit changed: state "open" (after `failures` consecutive failed
@@ -476,11 +328,11 @@ class FederationScheduler:
         c = self._circuits.get(domain)
         return c is None or (not c.probing and now >= c.open_until)
 
-    def attempts_due(self, now: float) -> list[Attempt]:
+    def attempts_due(self, now: float) -> list[PostFederation]:
         """Every attempt to start now (ready jobs go in flight; a job whose remaining
         relays in this pass all have open circuits is parked until one half-opens). Jobs
         past their deadline expire instead (events)."""
-        out: list[Attempt] = []
+        out: list[PostFederation] = []
         ready, self._ready = self._ready, collections.deque()
         while ready:
             job = self._jobs.get(ready.popleft())
@@ -514,7 +366,7 @@ class FederationScheduler:
             c.inflight += 1
             job.attempts += 1
             self._move(job, "dispatch", "in_flight")
-            out.append(Attempt(job.id, job.env.uid, job.domain, job.attempts, job.data,
+            out.append(PostFederation(job.id, job.env.uid, job.domain, job.attempts, job.data,
                                max(0.001, min(self.attempt_timeout, job.deadline - now))))
         return out
 
@@ -642,136 +494,3 @@ class FederationScheduler:
         return self._events.popleft() if self._events else None
 
 
-# --------------------------------------------------------------------------- router
-
-def normalize_domain(domain: str) -> str:
-    """'wss://Relay.Example:443/' -> 'relay.example:443' (scheme and trailing '/' dropped,
-    lower case), so a twin's relay entries compare with --domain values."""
-    d = domain.strip().lower()
-    for scheme in ("wss://", "ws://", "https://", "http://"):
-        if d.startswith(scheme):
-            d = d[len(scheme):]
-            break
-    return d.rstrip("/")
-
-
-class Verdict:
-    """Base class of RelayRouter.check_inbound results."""
-
-
-@dataclass
-class Forward(Verdict):
-    """Route the envelope to its destination (twin lookup, then `route`)."""
-
-
-#: the one Forward verdict (no fields: shared)
-FORWARD = Forward()
-
-
-@dataclass
-class Reply(Verdict):
-    """Answer the sender on its own connection with `envelope` (a relay error or a Pong);
-    `reason` is the short text for the event log."""
-    envelope: Envelope
-    reason: str
-
-
-@dataclass
-class Drop(Verdict):
-    """Drop the envelope (logged once with `reason`); nothing goes back."""
-    reason: str
-
-
-class Route:
-    """Base class of RelayRouter.route results."""
-
-
-@dataclass
-class Local(Route):
-    """The destination twin uses this relay: deliver on its connection or queue."""
-
-
-@dataclass
-class Federate(Route):
-    """The destination twin uses other relays: federate to `domains` (twin order)."""
-    domains: list[str]
-
-
-@dataclass
-class Refuse(Route):
-    """No route: answer `text` (relay error for requests, drop otherwise)."""
-    text: str
-
-
-class RelayRouter:
-    """Per-envelope decisions for envelopes from connected peers (rmb-rs relay/api.rs
-    Session::route; DESIGN.md section 3).
-
-    `check_inbound(session, env, size, now)` in order: rate limit (`exceeded rate limits,
-    dropping message`), source == the token's (twin, sid) (`message wrong source`), Ping
-    -> Reply(Pong), expired (timestamp + expiration <= now) -> Drop, else Forward.
-    Error replies go to requests only (DESIGN.md: relay errors answer requests); for other
-    kinds the verdict is Drop with the same reason.
-
-    `route(relays)` given the destination twin's relay domains: Local if one of ours
-    (`domains`, several allowed; seed: rmb.md "Relay Domains"), Federate otherwise,
-    Refuse(ERR_NO_RELAYS) for an empty list.
-    """
-
-    def __init__(self, domains: Iterable[str], limiter: Any = None):
-        self.domains = {normalize_domain(d) for d in domains}
-        if not self.domains:
-            raise RelayCoreError("the relay needs at least one --domain")
-        self.limiter = limiter or NoLimit()
-
-    @property
-    def _limited(self) -> bool:
-        return type(self.limiter) is not NoLimit
-
-    def error(self, env: Envelope, text: str) -> Verdict:
-        if message_kind(env) == "request":
-            return Reply(relay_error(env, text), text)
-        return Drop(text)
-
-    def check_inbound(self, session: Session, env: Envelope, size: int, now: float) -> Verdict:
-        # hot path (every envelope from a peer): protobuf attribute reads are the cost here,
-        # so each field is read once and the Forward verdict is one shared object
-        if self._limited and not self.limiter.allow(session[0], size, now):
-            return self.error(env, ERR_RATE_LIMIT)
-        if not env.HasField("source"):
-            return self.error(env, ERR_WRONG_SOURCE)
-        src = env.source
-        sid = session[1]
-        if src.twin != session[0] or (
-                src.HasField("connection") if sid is None
-                else (not src.HasField("connection") or src.connection != sid)):
-            return self.error(env, ERR_WRONG_SOURCE)
-        if env.WhichOneof("message") == "ping":
-            return Reply(pong_for(env), "ping")
-        if env.timestamp + env.expiration <= now:
-            return Drop(ERR_EXPIRED)
-        return FORWARD
-
-    def is_local(self, relays: Iterable[str]) -> bool:
-        return any(normalize_domain(r) in self.domains for r in relays)
-
-    def route(self, relays: list[str]) -> Route:
-        if not relays:
-            return Refuse(ERR_NO_RELAYS)
-        if self.is_local(relays):
-            return Local()
-        return Federate(list(relays))
-
-
-def pong_for(ping: Envelope) -> Envelope:
-    """The relay's answer to a Ping envelope (rmb-rs relay/api.rs): same uid, timestamp and
-    expiration, message = Pong, source and destination swapped, no signature."""
-    pong = Envelope()
-    pong.uid = ping.uid
-    pong.timestamp = ping.timestamp
-    pong.expiration = ping.expiration
-    pong.pong.SetInParent()
-    if ping.HasField("destination") and ping.destination.twin != 0:
-        pong.source.CopyFrom(ping.destination)
-    pong.destination.CopyFrom(ping.source)
-    return pong

@@ -7,7 +7,11 @@ turns `get_timer()` into a loop-time delay):
 
   peer_connected(conn, session, now)       an authenticated connection for (twin, sid)
   peer_disconnected(conn, now)             that connection closed
-  queue_replayed(conn, now)                its offline queue has been replayed: go live
+  queue_read(conn, entries, now)           the answer to ReadQueue (offline replay)
+  replay_written(conn, done, now)          the answer to ReplayFrames
+  queue_acked(conn, more, now)             the answer to AckQueue
+  queue_failed(conn, reason, now)          ReadQueue / AckQueue failed (Redis)
+  queue_probed(ok, now)                    the answer to ProbeQueue
   receive_frame(conn, data, now)           one binary frame from a peer
   twin_resolved(twin, record | error, now) the answer to a LookupTwin command
   enqueued(token, outcome, now)            the answer to an Enqueue command
@@ -15,7 +19,8 @@ turns `get_timer()` into a loop-time delay):
   handle_timer(now)                        at or after get_timer()
 
 Outputs, drained with next_event() (dataclasses under RelayCommand, fields documented):
-WriteFrame, Enqueue, ReplayQueue, LookupTwin, PostFederation, CloseConnection, Log.
+WriteFrame, Enqueue, ReadQueue, ReplayFrames, AckQueue, ProbeQueue, LookupTwin,
+PostFederation, CloseConnection, Log, FederationAnswer.
 
 Per-session states (table `_TRANSITIONS`): replaying -replayed-> live; replaying|live
 -closed|replaced-> closed. An impossible transition raises RelayStateError naming the
@@ -24,9 +29,9 @@ such as EnvelopeError) never leave the core: garbage from a peer becomes a reply
 or a close command; RelayStateError (a RelayCoreError, an RmbLocalError: local misuse)
 does.
 
-Twin records: the core keeps its own table (record, fetched at). A record younger than
-`twin_ttl` is used; one older but younger than twin_ttl + `twin_max_stale` is used AND a
-refresh is asked for (stale-while-revalidate); otherwise the envelope waits in a per-twin
+Twin records: the core keeps its own table (record, fetched at) under the shared rule
+rmb_peer.twins.TwinFreshness(twin_ttl, twin_max_stale): a fresh record is used; a stale
+one is used AND a refresh is asked for (stale-while-revalidate); otherwise the envelope waits in a per-twin
 chain (in arrival order) for one LookupTwin, so a slow lookup delays only that twin.
 """
 from __future__ import annotations
@@ -41,117 +46,26 @@ from rmb_peer.envelope import (
     relay_error,
 )
 from rmb_peer.identity import SignatureError
-from rmb_relay.core import (
-    ERR_EXPIRED, ERR_FEDERATION_FULL, ERR_MISSING_DESTINATION, ERR_OFFLINE, ERR_QUEUE_FULL,
-    ERR_RATE_LIMIT, ERR_UNKNOWN_DESTINATION, TAG_FAIL_FAST, Drop, FederationAccepted,
-    FederationAttemptFailed, NoLimit,
-    FederationCircuit, FederationExpired, FederationRefused, FederationScheduler, Federate,
-    Forward, Local, Ranker, RelayCoreError, RelayRouter, Refuse, Reply, Session, session_of,
+from rmb_peer.freshness import TwinFreshness
+from rmb_relay.core.commands import (
+    AckQueue, CloseConnection, Enqueue, FederationAnswer, Log, LookupTwin, ProbeQueue, ReadQueue,
+    RelayCommand, ReplayFrames, WriteFrame,
+)
+from rmb_relay.core.errors import (
+    CLOSE_INVALID, CLOSE_REPLACED, ERR_BAD_SIGNATURE, ERR_EXPIRED, ERR_FEDERATION_FULL,
+    ERR_FED_RATE, ERR_MISSING_DESTINATION, ERR_NOT_HERE, ERR_OFFLINE, ERR_QUEUE_FULL,
+    ERR_RATE_LIMIT, ERR_SHARE_FULL, ERR_UNKNOWN_DESTINATION, ERR_UNKNOWN_SOURCE, ERR_UNSIGNED,
+    TAG_FAIL_FAST, RelayStateError,
+)
+from rmb_relay.core.federation import (
+    FederationAccepted, FederationAttemptFailed, FederationCircuit, FederationExpired,
+    FederationRefused, FederationScheduler, Ranker,
+)
+from rmb_relay.core.limits import NoLimit
+from rmb_relay.core.routing import (
+    FORWARD, Drop, Federate, Forward, Local, RelayRouter, Refuse, Reply, Session, session_of,
     session_str,
 )
-from rmb_relay.core import FORWARD, Attempt
-
-#: federation-in refusals (our texts; rmb-rs accepts every parsable POST)
-ERR_UNSIGNED = "federated envelope has no source twin (unsigned envelopes are not federated)"
-ERR_NOT_HERE = "destination twin is not served by this relay"
-ERR_UNKNOWN_SOURCE = "unknown source twin"
-ERR_BAD_SIGNATURE = "bad envelope signature"
-ERR_FED_RATE = "federation rate limit of this source relay exceeded"
-#: one sender's share of a twin's offline queue is used up (--queue-per-source)
-ERR_SHARE_FULL = "your share of the destination offline queue is full, dropping message"
-
-CLOSE_UNSUPPORTED = 1003
-CLOSE_INVALID = 1007
-CLOSE_REPLACED = 4000
-
-
-class RelayStateError(RelayCoreError):
-    """An impossible per-session transition (local misuse); names the state and input."""
-
-
-# --------------------------------------------------------------------------- commands
-
-class RelayCommand:
-    """Base class of everything RelayCore.next_event() returns."""
-
-
-@dataclass
-class WriteFrame(RelayCommand):
-    """Write `data` (a serialized envelope) to connection `conn` as one binary frame.
-    `session`: the destination session when this is a delivery (None for a reply to the
-    sender); `log`: the event to log once the write succeeded. A delivery whose write
-    fails is handed back with write_failed(cmd, now) (it is queued instead)."""
-    conn: Any
-    data: bytes
-    session: Session | None = None
-    log: "Log | None" = None
-
-
-@dataclass
-class Enqueue(RelayCommand):
-    """Append `data` to `session`'s offline queue, keeping it until `until` (unix s);
-    answer with enqueued(token, "queued" | "full" | "share" | "failed", now) ("share":
-    the sender `src` holds its whole share of that queue)."""
-    token: int
-    session: Session
-    data: bytes
-    until: float
-    uid: str
-    kind: str
-    src: str
-
-
-@dataclass
-class ReplayQueue(RelayCommand):
-    """Replay `session`'s offline queue, in order, onto `conn`; then queue_replayed(conn)."""
-    conn: Any
-    session: Session
-
-
-@dataclass
-class LookupTwin(RelayCommand):
-    """Ask the registry for twin `twin`; answer with twin_resolved(twin, record | error)."""
-    twin: int
-
-
-@dataclass
-class PostFederation(Attempt, RelayCommand):
-    """POST `data` to http://`domain`/ within `timeout` s; answer with
-    federation_result(job, "accepted" | "refused" | "failed", now, status, reason).
-    The fields are the FederationScheduler's Attempt (job, uid, domain, attempt, data,
-    timeout), carried as a command."""
-
-
-@dataclass
-class CloseConnection(RelayCommand):
-    """Close connection `conn` with WebSocket close `code` and `reason` (text)."""
-    conn: Any
-    code: int
-    reason: str
-
-
-@dataclass
-class Log(RelayCommand):
-    """One event-log line: catalogue `event` (rmb.relay.*), `uid` as trace_id, `level`,
-    `attrs` (catalogue attributes)."""
-    event: str
-    uid: str | None
-    level: str
-    attrs: dict
-
-
-@dataclass
-class FederationAnswer(RelayCommand):
-    """Answer the federation POST `request` (the adapter's handle) with HTTP `status` and
-    `text`. `uid`, `src`, `dst`, `origin` for the log line of a refusal (status >= 400)."""
-    request: Any
-    status: int
-    text: str
-    uid: str | None = None
-    src: str = ""
-    dst: str = ""
-    origin: str = ""
-
 
 @dataclass
 class _FedRequest:
@@ -169,6 +83,16 @@ class _Conn:
     session: Session
     name: str
     state: str = "replaying"
+    #: Enqueues issued for this session since it connected, and that count when the
+    #: running ReadQueue was issued (an XADD started meanwhile means: read again)
+    enqueues: int = 0
+    read_mark: int = 0
+    #: a replay (ReadQueue .. its last AckQueue) runs; `late`: it drains what a Redis
+    #: failure left while the session is already live; `waiting`: it found the stream
+    #: empty while Enqueues were in flight and reads again when they are answered
+    replaying: bool = False
+    late: bool = False
+    waiting: bool = False
 
 
 def _fail_fast(env: Envelope) -> bool:
@@ -213,15 +137,23 @@ class RelayCore:
         self.federation = federation if federation is not None else FederationScheduler(self.ranker)
         self.max_size = max_size
         self.queue_ttl = queue_ttl
-        self.twin_ttl = twin_ttl
-        self.twin_max_stale = twin_max_stale
+        #: the twin table's rule (rmb_peer.twins.TwinFreshness, shared with the peer)
+        self.freshness = TwinFreshness(twin_ttl, twin_max_stale)
         self.max_twins = max_twins
         self._sessions: dict[Session, _Conn] = {}
         self._conns: dict[Any, _Conn] = {}
         self._twins: collections.OrderedDict[int, tuple[Any, float]] = collections.OrderedDict()
         self._chains: dict[int, collections.deque] = {}
         self._refreshing: set[int] = set()
-        self._pending: dict[int, tuple[Session | None, Envelope]] = {}
+        self._pending: dict[int, tuple[Any, Envelope, Session]] = {}
+        #: Enqueues in flight per destination session (offline replay waits for them)
+        self._enqueuing: dict[Session, int] = {}
+        #: connections whose replay a Redis failure stopped, and when to probe Redis again
+        self._stalled: dict[Any, _Conn] = {}
+        self._retry_at: float | None = None
+        #: conn -> (session, [(entry id, sender)]) of the batch handed out with ReplayFrames
+        #: (kept past a disconnect: what was written is still deleted)
+        self._batches: dict[Any, tuple[Session, list]] = {}
         self._replaced: dict[Any, _Conn] = {}
         self._resolved: dict[int, Any] = {}
         #: federation-in: per source relay window, requests waiting for twin lookups
@@ -230,12 +162,18 @@ class RelayCore:
         self._fed_waiting: dict[int, list[_FedRequest]] = {}
         #: background refreshes of stale twin records asked for (tests, metrics)
         self.refreshes = 0
-        #: set when federation state changed (the adapter re-arms its timer), then cleared
-        self.federation_touched = False
         self._token = 0
         self._out: collections.deque[RelayCommand] = collections.deque()
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def twin_ttl(self) -> float:
+        return self.freshness.ttl
+
+    @twin_ttl.setter
+    def twin_ttl(self, value: float) -> None:
+        self.freshness = TwinFreshness(value, self.freshness.max_stale)
+
     def _move(self, c: _Conn, inp: str) -> None:
         new = self._TRANSITIONS.get((c.state, inp))
         if new is None:
@@ -254,10 +192,20 @@ class RelayCore:
         if target is not None and target.state == "live":
             self._out.append(WriteFrame(target.conn, data, session))
             return
+        self._enqueue(None, session, reply, data, "error", "", now)
+
+    def _enqueue(self, sender, session: Session, env: Envelope, data: bytes, kind: str,
+                 src: str, now: float) -> None:
+        """One Enqueue command; counted in flight for `session` until enqueued() answers
+        (offline replay goes live only when none is in flight: the order rule below)."""
         self._token += 1
-        self._pending[self._token] = (None, reply)
-        until = min(float(deadline(reply)), now + self.queue_ttl)
-        self._out.append(Enqueue(self._token, session, data, until, reply.uid, "error", ""))
+        self._pending[self._token] = (sender, env, session)
+        self._enqueuing[session] = self._enqueuing.get(session, 0) + 1
+        c = self._sessions.get(session)
+        if c is not None:
+            c.enqueues += 1
+        until = min(float(deadline(env)), now + self.queue_ttl)
+        self._out.append(Enqueue(self._token, session, data, until, env.uid, kind, src))
 
     def _reply_to(self, session: Session, env: Envelope, text: str) -> None:
         """A relay error to a request's sender (drop for other kinds), logged."""
@@ -273,11 +221,22 @@ class RelayCore:
         return self._out.popleft() if self._out else None
 
     def get_timer(self) -> float | None:
-        return self.federation.get_timer()
+        """Unix s of the next federation backoff or deadline, or of the next Redis probe
+        while replays stopped by a Redis failure wait."""
+        fed = self.federation.get_timer()
+        retry = self._retry_at
+        if retry is None:
+            return fed
+        return retry if fed is None or retry < fed else fed
 
     def handle_timer(self, now: float) -> None:
         self.federation.handle_timer(now)
         self._pump_federation(now)
+        if self._retry_at is not None and now >= self._retry_at:
+            self._retry_at = None
+            self._stalled = {k: c for k, c in self._stalled.items() if self._conns.get(k) is c}
+            if self._stalled:
+                self._out.append(ProbeQueue())
 
     def state_of(self, session: Session) -> str | None:
         c = self._sessions.get(session)
@@ -299,7 +258,7 @@ class RelayCore:
         self._sessions[session] = c
         self._conns[conn] = c
         self._log("rmb.relay.connected", None, src=c.name)
-        self._out.append(ReplayQueue(conn, session))
+        self._read(c, False)
 
     def peer_disconnected(self, conn: Any, now: float, reason: str = "closed by peer") -> None:
         c = self._conns.pop(conn, None)
@@ -310,15 +269,156 @@ class RelayCore:
                           reason="replaced by a newer connection")
             return
         self._move(c, "closed")
+        self._stalled.pop(conn, None)
         if self._sessions.get(c.session) is c:
             del self._sessions[c.session]
         self._log("rmb.relay.disconnected", None, src=c.name, reason=reason[:200])
 
+    # ------------------------------------------------------------------ offline replay
+    # On (re)connect the session's offline stream is replayed in order: ReadQueue (a
+    # batch) -> queue_read -> ReplayFrames (deliveries and drops, in stream order) ->
+    # replay_written -> AckQueue (XDEL of what was written or dropped) -> queue_acked ->
+    # the next ReadQueue. Envelopes for a session still replaying are queued behind the
+    # stream (Enqueue), so order is kept; the session goes live when a read finds the
+    # stream empty with no Enqueue for it in flight and none issued since the read began.
+    # A Redis failure (queue_failed) lets the session go live at once; what the stream
+    # still holds is drained by a late replay once a ProbeQueue finds Redis answering
+    # (probed every RETRY_S s), older entries then arriving after the live ones.
+
+    #: seconds between Redis probes while replays stopped by a Redis failure wait
+    RETRY_S = 1.0
+    #: entries read per ReadQueue
+    BATCH = 256
+
+    def _read(self, c: _Conn, late: bool) -> None:
+        c.replaying, c.late, c.waiting = True, late, False
+        c.read_mark = c.enqueues
+        self._out.append(ReadQueue(c.conn, c.session, late, self.BATCH))
+
+    def _replay_over(self, c: _Conn) -> None:
+        c.replaying = c.waiting = False
+        if c.state == "replaying":
+            self._move(c, "replayed")
+
     def queue_replayed(self, conn: Any, now: float) -> None:
+        """The adapter replayed the whole queue itself: the session goes live. Raises
+        RelayStateError for a session that is live already."""
         c = self._conns.get(conn)
         if c is None:
             return      # closed meanwhile
+        c.replaying = c.waiting = False
         self._move(c, "replayed")
+
+    def queue_read(self, conn: Any, entries: list, now: float) -> None:
+        """The answer to ReadQueue: `entries` [(entry id, {b"e": envelope, b"d": deadline,
+        b"t": queued at, b"s": sender twin})] in stream order (at most the batch size).
+        Decides each entry: expired (dropped, rmb.relay.expired), malformed (dropped,
+        rmb.relay.bug), else delivered; hands them out as one ReplayFrames."""
+        c = self._conns.get(conn)
+        if c is None or not c.replaying:
+            return      # closed meanwhile
+        if not entries:
+            if c.late:
+                self._replay_over(c)
+            elif self._enqueuing.get(c.session, 0):
+                c.waiting = True                  # read again when enqueued() answers
+            elif c.enqueues != c.read_mark:
+                self._read(c, False)              # an XADD started and ended meanwhile
+            else:
+                self._replay_over(c)
+            return
+        items: list[tuple[bytes, bytes | None, Log | None]] = []
+        batch: list[tuple[bytes, bytes | None]] = []
+        for entry_id, fields in entries:
+            batch.append((entry_id, fields.get(b"s")))
+            try:                                   # the queue item guard
+                data = fields[b"e"]
+                until = float(fields[b"d"])
+                queued_at = float(fields.get(b"t", now))
+            except (KeyError, ValueError) as exc:   # malformed: dropped, logged as a bug
+                items.append((entry_id, None, Log(
+                    "rmb.relay.bug", None, "error",
+                    {"src": f"offline queue entry {entry_id!r} of {c.name}",
+                     "reason": f"{type(exc).__name__}: {exc}"[:300]})))
+                continue
+            queued = _lenient(data)                # it parsed when it was queued
+            uid = queued.uid if queued is not None else None
+            kind = message_kind(queued) if queued is not None else None
+            src = _src(queued) if queued is not None else None
+            if until <= now:
+                items.append((entry_id, None, Log(
+                    "rmb.relay.expired", uid, "info",
+                    {"kind": kind, "src": src, "dst": c.name,
+                     "reason": "expired in the offline queue"})))
+                continue
+            items.append((entry_id, data, Log(
+                "rmb.relay.delivered", uid, "info",
+                {"kind": kind, "src": src, "dst": c.name, "size": len(data),
+                 "queued_ms": max(0.0, (now - queued_at) * 1000.0)})))
+        self._batches[conn] = (c.session, batch)
+        self._out.append(ReplayFrames(conn, c.session, items))
+
+    def replay_written(self, conn: Any, done: int, now: float) -> None:
+        """The answer to ReplayFrames: its first `done` items were written (or dropped);
+        the rest were not (the connection closed). Asks to delete those entries."""
+        session, batch = self._batches.pop(conn, (None, []))
+        gone = batch[:done]
+        senders: dict[bytes, int] = {}
+        for _entry_id, sender in gone:
+            if sender is not None:
+                senders[sender] = senders.get(sender, 0) + 1
+        if gone:
+            self._out.append(AckQueue(conn, session, [e for e, _ in gone], senders,
+                                      done == len(batch)))
+            return
+        c = self._conns.get(conn)
+        if c is not None:
+            c.replaying = False                    # nothing written: the connection closed
+
+    def queue_acked(self, conn: Any, more: bool, now: float) -> None:
+        """The answer to AckQueue: the entries are deleted; `more`: the whole batch went
+        (the next batch is read), else the replay ends (the connection closed)."""
+        c = self._conns.get(conn)
+        if c is None or not c.replaying:
+            return
+        if more:
+            self._read(c, c.late)
+        else:
+            c.replaying = False
+
+    def queue_failed(self, conn: Any, reason: str, now: float) -> None:
+        """A ReadQueue or AckQueue failed (Redis timeout or error; `reason` its repr):
+        the session goes live at once (live traffic must not wait on a broken queue), the
+        replay is resumed by a late replay once Redis answers."""
+        c = self._conns.get(conn)
+        if c is None:
+            return
+        late = c.late
+        c.replaying = c.waiting = False
+        self._batches.pop(conn, None)
+        if not late and c.state == "replaying":
+            self._move(c, "replayed")
+        self._log("rmb.relay.queue_error", None, "error", dst=c.name,
+                  reason=f"replay stopped: {reason}; resumed once Redis answers"[:200])
+        self._stalled[conn] = c
+        if self._retry_at is None:
+            self._retry_at = now + self.RETRY_S
+
+    def queue_probed(self, ok: bool, now: float) -> None:
+        """The answer to ProbeQueue: Redis answered (`ok`) or not. On an answer every
+        stopped replay whose connection is still its session's current one resumes late."""
+        if not ok:
+            if self._stalled and self._retry_at is None:
+                self._retry_at = now + self.RETRY_S
+            return
+        stalled, self._stalled = self._stalled, {}
+        for conn, c in stalled.items():
+            if self._conns.get(conn) is c and not c.replaying:
+                self._read(c, True)
+
+    def stalled(self) -> int:
+        """Connections whose replay waits for Redis to answer again."""
+        return len(self._stalled)
 
     # ------------------------------------------------------------------ frames
     def receive_frame(self, conn: Any, data: bytes, now: float) -> None:
@@ -413,8 +513,8 @@ class RelayCore:
         if hit is not None:
             record, at = hit
             age = now - at
-            if age <= self.twin_ttl + self.twin_max_stale:
-                if age > self.twin_ttl and dst[0] not in self._refreshing:
+            if self.freshness.servable(age):
+                if not self.freshness.fresh(age) and dst[0] not in self._refreshing:
                     self._refreshing.add(dst[0])
                     self.refreshes += 1
                     self._out.append(LookupTwin(dst[0]))
@@ -431,11 +531,7 @@ class RelayCore:
                 {"kind": message_kind(env), "src": _src(env), "dst": target.name,
                  "size": len(data), "queued_ms": 0.0})))
             return
-        self._token += 1
-        self._pending[self._token] = (sender, env)
-        until = min(float(deadline(env)), now + self.queue_ttl)
-        self._out.append(Enqueue(self._token, dst, data, until, env.uid, message_kind(env),
-                                 _src(env)))
+        self._enqueue(sender, dst, env, data, message_kind(env), _src(env), now)
 
     def write_failed(self, cmd: WriteFrame, now: float) -> None:
         """A delivery WriteFrame whose connection closed meanwhile: queue it instead."""
@@ -444,11 +540,7 @@ class RelayCore:
         env = _lenient(cmd.data)
         if env is None:
             return
-        self._token += 1
-        self._pending[self._token] = (None, env)
-        until = min(float(deadline(env)), now + self.queue_ttl)
-        self._out.append(Enqueue(self._token, cmd.session, cmd.data, until, env.uid,
-                                 message_kind(env), _src(env)))
+        self._enqueue(None, cmd.session, env, cmd.data, message_kind(env), _src(env), now)
 
     def receive_federation(self, request: Any, data: bytes, origin: str, now: float) -> None:
         """POST / from another relay (authenticated and bounded);
@@ -484,8 +576,8 @@ class RelayCore:
         if twin in req.resolved:
             return req.resolved[twin]
         hit = self._twins.get(twin)
-        if hit is not None and now - hit[1] <= self.twin_ttl + self.twin_max_stale:
-            if now - hit[1] > self.twin_ttl and twin not in self._refreshing:
+        if hit is not None and self.freshness.servable(now - hit[1]):
+            if not self.freshness.fresh(now - hit[1]) and twin not in self._refreshing:
                 self._refreshing.add(twin)
                 self.refreshes += 1
                 self._out.append(LookupTwin(twin))
@@ -542,11 +634,8 @@ class RelayCore:
                  "size": len(req.data), "queued_ms": 0.0})))
             self._out.append(FederationAnswer(req.request, 202, ""))
             return
-        self._token += 1
-        self._pending[self._token] = (("federation", req.request, origin), env)
-        until = min(float(deadline(env)), now + self.queue_ttl)
-        self._out.append(Enqueue(self._token, dst, req.data, until, env.uid,
-                                 message_kind(env), _src(env)))
+        self._enqueue(("federation", req.request, origin), dst, env, req.data,
+                      message_kind(env), _src(env), now)
 
     def _answer(self, request: Any, status: int, text: str, env: Envelope | None,
                 origin: str) -> None:
@@ -565,7 +654,16 @@ class RelayCore:
         if pending is None:
             raise RelayStateError(f"enqueue {token}: no transition from state 'done' on "
                                   f"input {outcome!r}")
-        sender, env = pending
+        sender, env, session = pending
+        left = self._enqueuing.get(session, 1) - 1
+        if left > 0:
+            self._enqueuing[session] = left
+        else:
+            self._enqueuing.pop(session, None)
+            c = self._sessions.get(session)
+            if c is not None and c.waiting:        # its replay waited for this XADD
+                c.waiting = False
+                self._read(c, c.late)
         if isinstance(sender, tuple) and sender[0] == "federation":
             _, request, origin = sender
             if outcome == "queued":
@@ -614,7 +712,7 @@ class RelayCore:
             self._twins.pop(twin, None)
         else:
             hit = self._twins.get(twin)
-            if hit is not None and now - hit[1] <= self.twin_ttl + self.twin_max_stale:
+            if hit is not None and self.freshness.servable(now - hit[1]):
                 self._log("rmb.relay.twin_stale", None, "warning", twin=twin,
                           stale_s=now - hit[1], reason=str(record)[:200])
                 record, is_error = hit[0], False
@@ -675,17 +773,13 @@ class RelayCore:
 
     # ------------------------------------------------------------------ federation
     def take(self) -> list[RelayCommand]:
-        """Every pending command at once (the adapter takes them right after each input,
-        so each caller executes the commands its own input caused, in order)."""
+        """Every pending command at once (what draining next_event() gives, as a list)."""
         out = list(self._out)
         self._out.clear()
         return out
 
     def _pump_federation(self, now: float) -> None:
-        self.federation_touched = True
-        for att in self.federation.attempts_due(now):
-            self._out.append(PostFederation(att.job, att.uid, att.domain, att.attempt, att.data,
-                                            att.timeout))
+        self._out.extend(self.federation.attempts_due(now))
         while (ev := self.federation.next_event()) is not None:
             if isinstance(ev, FederationAccepted):
                 self._log("rmb.relay.federated", ev.uid, domain=ev.domain, attempt=ev.attempt,

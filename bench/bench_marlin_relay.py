@@ -111,12 +111,12 @@ def bench_params(btc: bool = False) -> Params:
     """Channel raw (and btc) 12 chunks of which any 8 rebuild. The Bitcoin mode sends the same
     block again and again (its id is its hash), rotating over several producers: a message
     (id, producer) may come again once the caches forget it, after TOLERABLE_LATENCY +
-    max_clock_skew (3.5 s here), and once the producer purged it, ack_retention (0.5 s here)
-    after its last acknowledgement."""
+    max_clock_skew (3.5 s here; the consumer's finished_retention is set below that), and once
+    the producer purged it, ack_retention (0.5 s here) after its last acknowledgement."""
     if btc:
         return Params(channels={CHANNEL_RAW: ChannelParams(12, 8, 2 * MIB), CHANNEL_BTC: ChannelParams(12, 8, 2 * MIB)},
                       tolerable_latency=3.0, max_clock_skew=0.5, ack_timeout=5.0, max_messages=1024,
-                      ack_retention=0.5)
+                      ack_retention=0.5, finished_retention=0.5)
     return Params(channels={CHANNEL_RAW: ChannelParams(12, 8, 2 * MIB)}, tolerable_latency=60,
                   ack_timeout=5.0, max_messages=1024)
 

@@ -45,8 +45,15 @@ its chunk bytes count against max_pending_bytes until rebuild_done.
 
 Memory: at most max_messages unfinished messages and max_pending_bytes chunk bytes; a chunk
 beyond either bound is refused ("memory"), never someone else's pending data evicted.
-Finished message ids are remembered TOLERABLE_LATENCY + max_clock_skew (later chunks of them
-are stale by then) and at most 4 x max_messages of them.
+Finished message ids are remembered max(finished_retention, TOLERABLE_LATENCY +
+max_clock_skew) and at most 4 x max_messages of them; attestations of accepted chunks
+TOLERABLE_LATENCY + max_clock_skew (later copies are stale by then).
+
+Stale chunks (a partition longer than TOLERABLE_LATENCY, after which a member's transport
+sends the chunks it kept): refused ("stale"), and a verified stale chunk of a (message id,
+producer) neither pending nor finished ends that block with Dispute("expired") at once (0
+chunks), so a block is rebuilt, disputed or expired, never silently lost (seed
+onChunkExpiryTimer); a stale chunk of a pending message leaves it to its expiry timer.
 Errors: receive_frame never raises for remote input (ChunkRejected + "rejected.<reason>").
 """
 from __future__ import annotations
@@ -159,6 +166,7 @@ class ConsumerCore:
         self._pending_bytes = 0
         self._events: deque = deque()
         self._horizon = params.tolerable_latency + params.max_clock_skew
+        self._done_horizon = max(self._horizon, params.finished_retention)
 
     def receive_frame(self, frame: bytes, peer: bytes, now: float) -> None:
         """One frame from member `peer`. Never raises for bad input."""
@@ -191,6 +199,7 @@ class ConsumerCore:
         if cid >= cp.num_chunks:
             raise MarlinWireError(f"chunk id {cid} >= NUM_CHUNKS {cp.num_chunks}", "malformed")
         if now - att.timestamp > p.tolerable_latency:
+            self._stale(msg, mid, channel, cid, now)
             raise MarlinWireError(f"chunk timestamp {att.timestamp} is {now - att.timestamp:.1f} s old "
                                   f"(TOLERABLE_LATENCY {p.tolerable_latency} s)", "stale")
         if att.timestamp - now > p.max_clock_skew:
@@ -245,6 +254,35 @@ class ConsumerCore:
         if len(pend.chunks) >= cp.min_chunks:
             self._rebuild(key, pend, now)
         return signer
+
+    def _stale(self, msg, mid: int, channel: int, cid: int, now: float) -> None:
+        """A stale chunk (older than TOLERABLE_LATENCY) is refused, but its block must not
+        vanish: when the chunk verifies (attestation by a known producer, witness by a member
+        of one of its cluster options) and its (message id, producer) is neither pending (its
+        expiry timer will raise the dispute) nor finished, the block can no longer be rebuilt
+        in time, so it ends here with Dispute("expired") naming the producer, as the seed's
+        onChunkExpiryTimer does for a block short of MIN_CHUNKS. Later chunks of it are then
+        duplicates of a finished message."""
+        chunk = msg.chunk
+        try:
+            signer = recover_signer(msg.attestation.signed_data(len(chunk), keccak256(chunk)),
+                                    msg.attestation.signature)
+            witness_by = recover_address(keccak256(msg.attestation_wire, chunk), msg.witness)
+        except BadSignature:
+            return
+        key = (mid, signer)
+        if key in self._pending or key in self._done or not self.membership.is_producer(signer):
+            return
+        options = self.membership.options(mid, cid, self.params.no_of_cluster_options)
+        if not self.membership.clusters_of(witness_by) & set(options):
+            return
+        pend = _Pending(channel, now, now, producers=[signer])
+        self._done[key] = now
+        if len(self._done) > 4 * self.params.max_messages:
+            self._done.popitem(last=False)
+        age = now - msg.attestation.timestamp
+        self._dispute(mid, pend, "expired", f"0 of {self.params.channel(channel).min_chunks} chunks within "
+                      f"TOLERABLE_LATENCY {self.params.tolerable_latency} s (first chunk {age:.1f} s old)", 0.0)
 
     def _duplicate(self, reason: str) -> None:
         self.counters["duplicate"] += 1
@@ -312,12 +350,13 @@ class ConsumerCore:
             self._done.popitem(last=False)
 
     def _prune_done(self, now: float) -> None:
-        limit = now - self._horizon
+        limit = now - self._done_horizon
         while self._done:
             mid, t = next(iter(self._done.items()))
             if t > limit:
                 break
             del self._done[mid]
+        limit = now - self._horizon
         sigs = self._sigs
         while sigs:
             t = next(iter(sigs.values()))
@@ -331,7 +370,8 @@ class ConsumerCore:
         ids, else None."""
         if self._pending:
             return next(iter(self._pending.values())).deadline
-        firsts = [next(iter(d.values())) + self._horizon for d in (self._done, self._sigs) if d]
+        firsts = [next(iter(d.values())) + h for d, h in ((self._done, self._done_horizon),
+                                                           (self._sigs, self._horizon)) if d]
         return min(firsts) if firsts else None
 
     def handle_timer(self, now: float) -> None:

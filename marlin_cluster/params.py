@@ -21,6 +21,9 @@ Network-wide (Params):
     max_send_attempts      sends per chunk (first + re-sends) before it is reported as missing
                            an acknowledgement for good (default 3)
     ack_retention          seconds a producer keeps a finished message's acks (default 300 s)
+    finished_retention     seconds a consumer remembers a finished (rebuilt, disputed, expired)
+                           message id, so a chunk delayed past TOLERABLE_LATENCY (a partition)
+                           is a duplicate of it, not a block never seen (default 300 s)
     max_messages           bound on messages a core tracks at once (producer in flight,
                            consumer pending) (default 256)
     max_cached_chunks      bound on a cluster member's chunk cache entries (default 65,536)
@@ -105,6 +108,7 @@ class Params:
     ack_timeout: float = 2.0
     max_send_attempts: int = 3
     ack_retention: float = 300.0
+    finished_retention: float = 300.0
     max_messages: int = 256
     max_cached_chunks: int = 65536
     max_pending_bytes: int = 256 * 1024 * 1024
@@ -122,7 +126,8 @@ class Params:
             raise MarlinConfigError("NO_OF_CLUSTER_OPTIONS must be >= 1")
         if self.stake_per_byte < 0 or not 0 < self.stake_budget <= (1 << 32):
             raise MarlinConfigError("need STAKE_PER_BYTE >= 0 and 0 < stake_budget <= 2**32")
-        for name in ("tolerable_latency", "refresh_interval", "chunk_expiry", "ack_timeout", "ack_retention"):
+        for name in ("tolerable_latency", "refresh_interval", "chunk_expiry", "ack_timeout", "ack_retention",
+                     "finished_retention"):
             if getattr(self, name) <= 0:
                 raise MarlinConfigError(f"{name} must be positive seconds")
         if self.max_clock_skew < 0:

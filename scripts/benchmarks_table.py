@@ -71,6 +71,12 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
                      "a 1 MiB block producer -> member -> member -> consumer: p50/p99, highest "
                      "block rate with p99 <= 200 ms, CPU per block",
                      "raw TCP along the same hops"),
+    "qa_saturation": ("qa/saturation.py",
+                      "per protocol and topology (loopback with the topology's link model): the "
+                      "highest rate whose p99 meets spark/sla.toml, then 80% of it: p50/p99, "
+                      "lost, CPU per message per process",
+                      "qa/baseline-<protocol>-<topology>.json (a change beyond 10% in CPU per "
+                      "message or loss is a regression)"),
     "spark_report": ("bench/bench_spark_report.py",
                      "the Spark report's wall time on the demo's log size and, on local[2], "
                      "over 1 or 5 million events from compacted Parquet, with peak memory",

@@ -1,0 +1,1 @@
+"""Saturation search and regression verdicts (docs/testnet.md, "Saturation and regression")."""

@@ -1,0 +1,272 @@
+"""Saturation search and an 80% soak per protocol and topology, with a regression verdict
+(docs/testnet.md, "Saturation and regression"; CometBFT's QA method: load just under the
+measured saturation point, a change beyond 10% against the baseline is a regression).
+
+    python -m qa.saturation --topology lan --protocols rmb [--step-seconds 20] [--budget 300]
+                            [--duration 300] [--compare | --write-baseline]
+
+Per protocol and topology:
+ 1. step search: the protocol's bench at an offered rate for --step-seconds; the rate
+    doubles while the step passes, then bisects between the last pass and the first failure
+    until --budget seconds are spent (a step is not started when the last one's wall time
+    no longer fits) or the bracket is within 10%. A step passes when its p99 meets
+    spark/sla.toml's objectives and nothing is lost:
+      rmb    round trip across the relay (bench/bench_roundtrip.py, open loop at the rate),
+             rmb-round-trip-p99;
+      remp   first receipt and Finalized (bench/bench_remp_daemon.py), remp-first-receipt-p99
+             and remp-finalized-p99, 0 lost;
+      marlin rebuild of 1 MiB blocks over producer -> member -> member -> consumer
+             (bench/bench_marlin_relay.py's rate run), marlin-rebuild-p99, every block rebuilt.
+ 2. the soak: the same bench at 80% of the saturation rate for --duration seconds (default
+    300), whose figures are written as one result (bench/result_file.py, name
+    "qa_saturation"): per protocol and topology `<p>.<t>.saturation_per_s`, `rate_per_s`,
+    `saturation_bracketed` (false: no step failed within the budget, a lower bound),
+    `<stage>_p50_ms`/`_p99_ms`, `lost`, `loss_ratio`, `cpu_ms_per_message.<role>`, and
+    `link_model`.
+ 3. --compare: qa.compare against qa/baseline-<protocol>-<topology>.json (exit 1 on a
+    regression beyond 10% in CPU per message or loss, the verdict printed per figure);
+    --write-baseline writes those files from this run instead.
+
+Link model: the daemons run on 127.0.0.1 with RELAY_SUITE_LINKS (daemon_runtime/linkmodel.py)
+set from the topology: lan "* delay_ms=0.2"; wan "* delay_ms=40 jitter_ms=4 loss=0.01" (every
+hop crosses the nearest pair of regions, eu-us; the delay applies to each send, so an RMB
+round trip crosses it four times). Namespaces (deploy/testnet.py) are not used by this
+driver: the result's `link_model` says "loopback+RELAY_SUITE_LINKS". Bandwidth caps need
+namespaces and are not applied here.
+
+Each bench is a subprocess writing its result into a temporary directory
+(RELAY_BENCH_RESULTS) and the figures are read back from there (and, for the per-rate
+Marlin figures the bench only prints, from its output). Errors: SystemExit 2 for bad
+arguments; a bench that fails counts as a failed step (its output's tail is printed).
+CPU heavy: run it under the machine's benchmark lock.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:          # also runnable as `python qa/saturation.py`
+    sys.path.insert(0, str(REPO))
+
+from qa.compare import compare, format_verdicts, regressed  # noqa: E402
+PY = sys.executable
+LINKS = {"lan": "* delay_ms=0.2; seed=1", "wan": "* delay_ms=40 jitter_ms=4 loss=0.01; seed=1"}
+START = {"rmb": 100.0, "remp": 25.0, "marlin": 2.0}
+PROTOCOLS = ("rmb", "remp", "marlin")
+
+
+def objectives(path: Path = REPO / "spark" / "sla.toml") -> dict[str, float]:
+    """{objective name: max_ms} of the quantile objectives in spark/sla.toml."""
+    data = tomllib.loads(path.read_text())
+    return {o["name"]: float(o["max_ms"]) for o in data.get("objective", []) if "max_ms" in o}
+
+
+def _bench(args: list[str], topology: str, timeout: float) -> tuple[dict, str]:
+    """Run bench/<script> args with the topology's link model; (figures, stdout+stderr)."""
+    with tempfile.TemporaryDirectory(prefix="qa-") as tmp:
+        env = dict(os.environ, RELAY_SUITE_LINKS=LINKS[topology], RELAY_BENCH_RESULTS=tmp)
+        try:
+            p = subprocess.run([PY, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+            out = p.stdout + p.stderr
+        except subprocess.TimeoutExpired as exc:
+            out = f"timed out after {timeout:.0f} s\n" + str(exc.stdout or "")
+        files = sorted(Path(tmp).glob("*.json"))
+        figures = json.loads(files[-1].read_text())["figures"] if files else {}
+    return figures, out
+
+
+def _tail(out: str, n: int = 6) -> str:
+    return "\n".join("    " + line for line in out.strip().splitlines()[-n:])
+
+
+def run_rmb(rate: float, seconds: float, topology: str, obj: dict) -> dict:
+    rounds = max(1, math.ceil(seconds / 20))
+    dur = min(20.0, seconds)
+    f, out = _bench(["bench/bench_roundtrip.py", "--rounds", str(rounds), "--duration", f"{dur:g}",
+                     "--rate", f"{rate:g}", "--inflight", "64"], topology, 4 * rounds * dur + 300)
+    at = f"@{rate:g}/s"
+    p99 = f.get(f"p99_ms{at}_median")
+    res = {"rate_per_s": rate, "round_trip_p99_ms": p99, "ok": p99 is not None and p99 <= obj["rmb-round-trip-p99"]}
+    m = re.findall(r"p50 ([0-9.]+) ms", out)
+    res["round_trip_p50_ms"] = float(m[-1]) if m else None
+    for k, v in f.items():
+        if k.startswith("cpu_") and k.endswith("_us") and k != "cpu_per_round_trip_us":
+            res[f"cpu_ms_per_message.{k[4:-3]}"] = round(v / 1000.0, 4)
+    res["lost"] = 0 if p99 is not None else None
+    res["loss_ratio"] = 0.0 if p99 is not None else None
+    res["_out"] = out
+    return res
+
+
+def run_remp(rate: float, seconds: float, topology: str, obj: dict) -> dict:
+    drain = 40.0
+    f, out = _bench(["bench/bench_remp_daemon.py", "--rates", f"{rate:g}", "--duration", f"{seconds:g}",
+                     "--drain", f"{drain:g}", "--idle", "1", "--skip-baseline"], topology, seconds + drain + 240)
+    at = f"@{rate:g}/s"
+    fr50, fr99 = f.get(f"first_receipt_p50_ms{at}"), f.get(f"first_receipt_p99_ms{at}")
+    fi50, fi99 = f.get(f"finalized_p50_s{at}"), f.get(f"finalized_p99_s{at}")
+    lost = f.get(f"lost{at}")
+    sent = rate * seconds
+    res = {"rate_per_s": rate, "first_receipt_p50_ms": fr50, "first_receipt_p99_ms": fr99,
+           "finalized_p50_ms": None if fi50 is None else round(fi50 * 1000, 1),
+           "finalized_p99_ms": None if fi99 is None else round(fi99 * 1000, 1),
+           "lost": lost, "loss_ratio": None if lost is None else round(lost / sent, 6)}
+    res["ok"] = (fr99 is not None and fi99 is not None and lost == 0
+                 and fr99 <= obj["remp-first-receipt-p99"] and fi99 * 1000 <= obj["remp-finalized-p99"])
+    for k, v in f.items():
+        if k.startswith("cpu_ms_per_message_") and k.endswith(at):
+            res[f"cpu_ms_per_message.{k[len('cpu_ms_per_message_'):-len(at)]}"] = v
+    res["_out"] = out
+    return res
+
+
+def run_marlin(rate: float, seconds: float, topology: str, obj: dict) -> dict:
+    f, out = _bench(["bench/bench_marlin_relay.py", "--blocks", "20", "--rates", f"{rate:g}",
+                     "--rate-seconds", f"{seconds:g}"], topology, seconds + 300)
+    m = re.search(r"rate [0-9.]+ blocks/s \([^)]*\) for [0-9.]+ s: (\d+)/(\d+) rebuilt, p99 ([0-9.]+) ms", out)
+    res = {"rate_per_s": rate, "rebuild_p50_ms": f.get("p50_ms"), "rebuild_p99_ms": None, "lost": None,
+           "loss_ratio": None}
+    if m:
+        ok_n, n, p99 = int(m.group(1)), int(m.group(2)), float(m.group(3))
+        res.update(rebuild_p99_ms=p99, lost=n - ok_n, loss_ratio=round((n - ok_n) / n, 6) if n else None)
+    res["ok"] = m is not None and res["lost"] == 0 and res["rebuild_p99_ms"] <= obj["marlin-rebuild-p99"]
+    for k, v in f.items():
+        if k.startswith("cpu_ms_per_block."):
+            res[f"cpu_ms_per_message.{k.split('.', 1)[1]}"] = v
+    res["_out"] = out
+    return res
+
+
+RUNNERS = {"rmb": run_rmb, "remp": run_remp, "marlin": run_marlin}
+
+
+def search(proto: str, topology: str, args, obj: dict) -> tuple[float, list[dict]]:
+    """Doubling then bisection within the time budget: (highest passing rate or 0, steps)."""
+    run, steps = RUNNERS[proto], []
+    lo, hi, rate = 0.0, None, args.start or START[proto]
+    t0, last = time.monotonic(), 0.0
+    while True:
+        spent = time.monotonic() - t0
+        if steps and spent + last > args.budget:
+            break
+        s0 = time.monotonic()
+        r = run(rate, args.step_seconds, topology, obj)
+        last = time.monotonic() - s0
+        out = r.pop("_out")
+        steps.append(r)
+        shown = {k: v for k, v in r.items() if not k.startswith("cpu_")}
+        print(f"  {proto}/{topology} step {len(steps)} ({last:.0f} s): {shown}", flush=True)
+        if r["ok"]:
+            lo = rate
+        else:
+            hi = rate
+            if not any(v is not None for k, v in r.items() if k.endswith("_p99_ms")):
+                print(_tail(out))
+        if hi is None:
+            rate = rate * 2
+        elif lo == 0.0 and hi <= (args.start or START[proto]) / 8:
+            break
+        elif lo == 0.0:
+            rate = hi / 2
+        elif hi - lo <= 0.1 * lo:
+            break
+        else:
+            rate = (lo + hi) / 2
+        if proto == "marlin":
+            rate = round(rate, 1)
+        else:
+            rate = float(round(rate))
+    return lo, steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--topology", action="append", choices=sorted(LINKS), help="lan and/or wan (default: both)")
+    ap.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma separated (default: rmb,remp,marlin)")
+    ap.add_argument("--step-seconds", type=float, default=20.0, help="offered-load seconds per step (default 20)")
+    ap.add_argument("--budget", type=float, default=300.0, help="search seconds per protocol and topology")
+    ap.add_argument("--duration", type=float, default=300.0, help="seconds of the 80%% soak (default 300)")
+    ap.add_argument("--start", type=float, default=None, help="first offered rate (default per protocol)")
+    ap.add_argument("--saturation", action="append", default=[], metavar="PROTO/TOPO=RATE",
+                    help="skip the search: use this saturation rate (repeatable)")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--compare", action="store_true", help="compare with qa/baseline-<proto>-<topo>.json")
+    g.add_argument("--write-baseline", action="store_true", help="write qa/baseline-<proto>-<topo>.json")
+    args = ap.parse_args(argv)
+    topologies = args.topology or ["lan", "wan"]
+    protos = [p.strip() for p in args.protocols.split(",") if p.strip()]
+    if unknown := set(protos) - set(PROTOCOLS):
+        ap.error(f"unknown protocols {sorted(unknown)}")
+    given = {}
+    for item in args.saturation:
+        key, _, val = item.partition("=")
+        given[key] = float(val)
+    obj = objectives()
+    figures: dict = {"link_model": "loopback+RELAY_SUITE_LINKS", "step_seconds": args.step_seconds,
+                     "soak_s": args.duration}
+    for topo in topologies:
+        figures[f"links.{topo}"] = LINKS[topo]
+        for proto in protos:
+            if f"{proto}/{topo}" in given:
+                sat, steps = given[f"{proto}/{topo}"], []
+            else:
+                sat, steps = search(proto, topo, args, obj)
+            print(f"{proto}/{topo}: saturation {sat:g}/s after {len(steps)} steps", flush=True)
+            pre = f"{proto}.{topo}."
+            figures[pre + "saturation_per_s"] = sat
+            figures[pre + "search_steps"] = len(steps)
+            # False: no step failed within the budget, so the saturation rate is a lower bound
+            figures[pre + "saturation_bracketed"] = any(not st["ok"] for st in steps) if steps else None
+            if sat <= 0:
+                continue
+            rate = round(0.8 * sat, 1) if proto == "marlin" else float(max(1, round(0.8 * sat)))
+            r = RUNNERS[proto](rate, args.duration, topo, obj)
+            out = r.pop("_out")
+            ok = r.pop("ok")
+            print(f"{proto}/{topo} soak at {rate:g}/s for {args.duration:g} s: objectives "
+                  f"{'met' if ok else 'MISSED'}; {r}", flush=True)
+            if not ok:
+                print(_tail(out))
+            figures[pre + "soak_objectives_met"] = ok
+            for k, v in r.items():
+                figures[pre + k] = v
+    sys.path.insert(0, str(REPO / "bench"))
+    from result_file import write_result
+    path = write_result("qa_saturation", figures)
+    print(f"result: {path}")
+    result = {"figures": figures}
+    status = 0
+    for topo in topologies:
+        for proto in protos:
+            pre = f"{proto}.{topo}."
+            mine = {"figures": {k: v for k, v in figures.items() if k.startswith(pre)}}
+            base_path = REPO / "qa" / f"baseline-{proto}-{topo}.json"
+            if args.write_baseline:
+                full = json.loads(Path(path).read_text()) if path else result
+                full["figures"] = mine["figures"]
+                base_path.write_text(json.dumps(full, indent=1) + "\n")
+                print(f"baseline written: {base_path.relative_to(REPO)}")
+            elif args.compare:
+                if not base_path.is_file():
+                    print(f"{proto}/{topo}: no baseline {base_path.relative_to(REPO)}")
+                    status = 1
+                    continue
+                verdicts = compare(mine, json.loads(base_path.read_text()))
+                print(f"== {proto}/{topo} against {base_path.relative_to(REPO)}")
+                print(format_verdicts(verdicts))
+                status |= 1 if regressed(verdicts) else 0
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -156,7 +156,6 @@ class _Sink:
         self.closed = False
         #: segment mode (file sinks only): seconds between segment closes, else None
         self.segment_s = segment_s if self.path and segment_s else None
-        self.segment_due = False
         self.segment_opened = time.monotonic()
         if self.path:
             self.stream = open(self.path, "ab", buffering=1 << 16)
@@ -172,17 +171,20 @@ class _Sink:
         this path (one lock per line was measurable). The flusher thread's flush is safe
         beside it: CPython's BufferedWriter locks internally; a flush that races a rotation
         hits the closed old file and is skipped (ValueError)."""
+        if self.segment_s:
+            with self.lock:   # segment mode: the flusher thread may close the file too
+                if self.closed:
+                    return
+                if self.size > 0 and self.size + len(data) > self.max_bytes:
+                    self._close_segment(reopen=True)
+                self.stream.write(data)
+                self.size += len(data)
+            return
         if self.closed:
             return
-        if self.segment_due:
+        if self.path and self.size > 0 and self.size + len(data) > self.max_bytes:
             with self.lock:
-                self._close_segment(reopen=True)
-        elif self.path and self.size > 0 and self.size + len(data) > self.max_bytes:
-            with self.lock:
-                if self.segment_s:
-                    self._close_segment(reopen=True)
-                else:
-                    self._rotate()
+                self._rotate()
         self.stream.write(data)
         self.size += len(data)
 
@@ -195,13 +197,12 @@ class _Sink:
                 self.stream.flush()
                 if (self.segment_s and self.size > 0
                         and time.monotonic() - self.segment_opened >= self.segment_s):
-                    self.segment_due = True   # the writer closes it at its next line
+                    self._close_segment(reopen=True)
 
     def _close_segment(self, reopen: bool) -> None:
         """Segment mode, under self.lock: the current file (whole lines only: a write is
         whole lines) is flushed, closed and renamed into SEGMENTS_DIR beside it; with
         `reopen` a new current file is opened. An empty current file is left alone."""
-        self.segment_due = False
         self.segment_opened = time.monotonic()
         if self.size == 0 and reopen:
             return
@@ -231,8 +232,8 @@ class _Sink:
             self.stream.flush()
             if self.path:
                 self.stream.close()
-                if self.segment_s and self.size > 0:
-                    seal_file(self.path)
+                if self.segment_s:
+                    seal_file(self.path)   # an empty current file is removed
             self.closed = True
         _FLUSHER.discard(self)
 
@@ -372,9 +373,9 @@ class EventLog:
 
     Segment mode (`segment_s` seconds, or the RELAY_EVENTLOG_SEGMENT_S environment
     variable; file sinks only): instead of size rotation, the current file PATH is closed
-    and renamed into `DIR/segments/NAME.<us>.jsonl` (seal_file) at the first line written
-    `segment_s` seconds after it was opened (the 0.1 s flusher marks it due), when it
-    would exceed max_bytes, and on close; nothing is deleted. A streaming reader
+    and renamed into `DIR/segments/NAME.<us>.jsonl` (seal_file) by the 0.1 s flusher once
+    it is `segment_s` seconds old and not empty, when it would exceed max_bytes, and on
+    close; nothing is deleted. Writes take the sink's lock in this mode. A streaming reader
     (spark/follow.py) watches `segments/`, where every file is complete; a batch reader
     reads `segments/*.jsonl` and the current `*.jsonl`: every line is in exactly one file.
 

@@ -94,15 +94,20 @@ def test_segment_mode_moves_whole_files_and_loses_no_line(tmp_path):
     for i in range(400):
         log.emit("t.x.y", trace_id=str(i), n=i)
         if i % 50 == 0:
-            _time.sleep(0.2)   # the flusher marks the segment due; the next line closes it
+            _time.sleep(0.2)   # the flusher closes the segment when it is due
             for seg in (tmp_path / "segments").glob("*.jsonl"):
                 seen_whole &= seg.read_bytes().endswith(b"\n")
+    log.emit("t.x.y", trace_id="idle", n=400)
+    limit = _time.monotonic() + 30      # idle: the flusher seals it without another line
+    while not any(b'"idle"' in p.read_bytes() for p in (tmp_path / "segments").glob("*.jsonl")):
+        assert _time.monotonic() < limit, "an idle writer's last segment was not sealed"
+        _time.sleep(0.05)
     mid = len(list((tmp_path / "segments").glob("*.jsonl")))
     log.close()
     assert mid >= 2 and seen_whole
     assert not path.exists()
     ns = [_json.loads(line)["attrs"]["n"] for seg in sorted((tmp_path / "segments").glob("*.jsonl"))
           for line in seg.read_text().splitlines()]
-    assert sorted(ns) == list(range(400)) and ns == list(range(400))
+    assert ns == list(range(401))
     (tmp_path / "left.jsonl").write_text('{"a": 1}\n')
     assert len(seal_dir(str(tmp_path))) == 1 and not (tmp_path / "left.jsonl").exists()

@@ -147,12 +147,16 @@ class _Sink:
 
     FLUSH_INTERVAL = 0.1
 
-    def __init__(self, sink: IO[str] | str | None, max_bytes: int, backups: int):
+    def __init__(self, sink: IO[str] | str | None, max_bytes: int, backups: int,
+                 segment_s: float | None = None):
         self.path = sink if isinstance(sink, str) and sink != "-" else None
         self.max_bytes = max_bytes
         self.backups = backups
         self.lock = threading.Lock()
         self.closed = False
+        #: segment mode (file sinks only): seconds between segment closes, else None
+        self.segment_s = segment_s if self.path and segment_s else None
+        self.segment_opened = time.monotonic()
         if self.path:
             self.stream = open(self.path, "ab", buffering=1 << 16)
             self.size = self.stream.tell()
@@ -167,6 +171,15 @@ class _Sink:
         this path (one lock per line was measurable). The flusher thread's flush is safe
         beside it: CPython's BufferedWriter locks internally; a flush that races a rotation
         hits the closed old file and is skipped (ValueError)."""
+        if self.segment_s:
+            with self.lock:   # segment mode: the flusher thread may close the file too
+                if self.closed:
+                    return
+                if self.size > 0 and self.size + len(data) > self.max_bytes:
+                    self._close_segment(reopen=True)
+                self.stream.write(data)
+                self.size += len(data)
+            return
         if self.closed:
             return
         if self.path and self.size > 0 and self.size + len(data) > self.max_bytes:
@@ -182,6 +195,23 @@ class _Sink:
         with self.lock:
             if not self.closed:
                 self.stream.flush()
+                if (self.segment_s and self.size > 0
+                        and time.monotonic() - self.segment_opened >= self.segment_s):
+                    self._close_segment(reopen=True)
+
+    def _close_segment(self, reopen: bool) -> None:
+        """Segment mode, under self.lock: the current file (whole lines only: a write is
+        whole lines) is flushed, closed and renamed into SEGMENTS_DIR beside it; with
+        `reopen` a new current file is opened. An empty current file is left alone."""
+        self.segment_opened = time.monotonic()
+        if self.size == 0 and reopen:
+            return
+        self.stream.close()
+        if self.size > 0:
+            seal_file(self.path)
+        if reopen:
+            self.stream = open(self.path, "ab", buffering=1 << 16)
+            self.size = 0
 
     def _rotate(self) -> None:
         self.stream.close()
@@ -202,8 +232,62 @@ class _Sink:
             self.stream.flush()
             if self.path:
                 self.stream.close()
+                if self.segment_s:
+                    seal_file(self.path)   # an empty current file is removed
             self.closed = True
         _FLUSHER.discard(self)
+
+
+#: segment mode: closed segments go to this directory beside the current file
+SEGMENTS_DIR = "segments"
+#: environment variable that turns segment mode on for every file sink of a process
+#: (seconds between segment closes), e.g. RELAY_EVENTLOG_SEGMENT_S=2
+SEGMENT_ENV = "RELAY_EVENTLOG_SEGMENT_S"
+
+
+def segment_glob(logdir: str) -> str:
+    """The glob of the closed segments of the event logs in `logdir`."""
+    return os.path.join(logdir, SEGMENTS_DIR, "*.jsonl")
+
+
+def seal_file(path: str) -> str | None:
+    """Moves a closed event log file `DIR/NAME.jsonl` to `DIR/segments/NAME.<us>.jsonl`
+    (<us>: 16-digit UTC microseconds at the move, bumped past an existing name) by one
+    rename: a reader of `segments/` sees a file whole or not at all, and no line is in two
+    files. Returns the new path, or None when `path` is missing or empty (it is removed
+    when empty). The file must not be open for writing by anyone (a daemon that has
+    stopped, or the sink under its lock)."""
+    try:
+        if os.path.getsize(path) == 0:
+            os.remove(path)
+            return None
+    except FileNotFoundError:
+        return None
+    head, name = os.path.split(path)
+    stem = name[:-len(".jsonl")] if name.endswith(".jsonl") else name
+    seg_dir = os.path.join(head, SEGMENTS_DIR)
+    os.makedirs(seg_dir, exist_ok=True)
+    stamp = time.time_ns() // 1000
+    while True:
+        target = os.path.join(seg_dir, f"{stem}.{stamp:016d}.jsonl")
+        if not os.path.exists(target):
+            break
+        stamp += 1
+    os.replace(path, target)
+    return target
+
+
+def seal_dir(logdir: str) -> list[str]:
+    """Seals every `*.jsonl` current file left in `logdir` (daemons that were killed, or
+    logs written without segment mode) after every writer has stopped; returns the new
+    segment paths. A torn last line stays torn (the report counts it as it would)."""
+    out = []
+    for name in sorted(os.listdir(logdir)):
+        if name.endswith(".jsonl") and os.path.isfile(os.path.join(logdir, name)):
+            seg = seal_file(os.path.join(logdir, name))
+            if seg:
+                out.append(seg)
+    return out
 
 
 class _TextAdapter:
@@ -287,6 +371,14 @@ class EventLog:
     (a programming error, caught by tests). Rotation: by size (PATH.1 .. PATH.<backups>);
     lines are buffered and flushed every 0.1 s and on close.
 
+    Segment mode (`segment_s` seconds, or the RELAY_EVENTLOG_SEGMENT_S environment
+    variable; file sinks only): instead of size rotation, the current file PATH is closed
+    and renamed into `DIR/segments/NAME.<us>.jsonl` (seal_file) by the 0.1 s flusher once
+    it is `segment_s` seconds old and not empty, when it would exceed max_bytes, and on
+    close; nothing is deleted. Writes take the sink's lock in this mode. A streaming reader
+    (spark/follow.py) watches `segments/`, where every file is complete; a batch reader
+    reads `segments/*.jsonl` and the current `*.jsonl`: every line is in exactly one file.
+
     Rendering is structlog's: a processor chain (our `_Stamp`, then structlog's
     JSONRenderer with orjson) onto structlog's BytesLogger. EventLog itself does what a
     filtering BoundLogger would (level filter) plus the catalogue checks, and calls the
@@ -297,7 +389,8 @@ class EventLog:
 
     def __init__(self, service: str, node: str, catalogues: Iterable[Catalogue],
                  sink: IO[str] | str | None = None, min_level: str = "info",
-                 max_bytes: int = 64 * 1024 * 1024, backups: int = 5):
+                 max_bytes: int = 64 * 1024 * 1024, backups: int = 5,
+                 segment_s: float | None = None):
         if min_level not in LEVELS:
             raise EventLogError(f"min_level must be one of {LEVELS}")
         self.service = service
@@ -308,7 +401,9 @@ class EventLog:
         self._min = _LEVEL_RANK[min_level]
         self._checks = {name: {key: _EXACT[typ] for key, typ in spec.attrs.items()}
                         for name, spec in self.specs.items()}
-        self._sink = _Sink(sink, max_bytes, backups)
+        if segment_s is None and os.environ.get(SEGMENT_ENV):
+            segment_s = float(os.environ[SEGMENT_ENV])
+        self._sink = _Sink(sink, max_bytes, backups, segment_s)
         self._logger = structlog.BytesLogger(self._sink)
         self._stamp = _Stamp()
         self._render = structlog.processors.JSONRenderer(serializer=orjson.dumps)

@@ -874,7 +874,9 @@ async def amain(args: argparse.Namespace) -> int:
         spark_report.quiet_jvm()   # Spark's WARN/INFO off (spark/log4j2.properties) unless the user set it
     run_report = spark_report.run
     out = workdir / "report"
-    summary = run_report([str(p) for p in sorted((workdir / "logs").glob("*.jsonl"))], str(out), args.master, None)
+    # closed segments too (event logs in segment mode, daemon_runtime/eventlog.py)
+    logs = sorted((workdir / "logs").glob("*.jsonl")) + sorted((workdir / "logs").glob("segments/*.jsonl"))
+    summary = run_report([str(p) for p in logs], str(out), args.master, None)
     rows: list[Row] = []
     if cluster is not None:
         rows += [("rmb " + r[0], *r[1:]) for r in compare(cluster.counters, summary)]

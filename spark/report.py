@@ -7,7 +7,8 @@ Run (plain spark-submit; PYSPARK_PYTHON must name the venv's python, DESIGN.md s
         spark/report.py --out /tmp/trace-report logs/*.jsonl
 
 or the console script `relay-trace-report --out DIR [--master URL] [--sla FILE]
-[--parquet-cache DIR] [--strict] INPUT...`. INPUTs are JSON-lines event logs or Parquet
+[--parquet-cache DIR] [--strict] INPUT...`; `relay-trace-report --follow LOGDIR --out DIR`
+is the streaming mode over logs still being written (spark/follow.py, docs/slo.md). INPUTs are JSON-lines event logs or Parquet
 written by spark/compact.py, local paths or any Hadoop-compatible URI. Without `--master`
 (and outside spark-submit) the master is `local[*]`. Small local input (the demo's logs)
 runs as a short job: C1-only JIT and the serial collector for the driver JVM when the
@@ -1408,6 +1409,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--follow" in argv:   # the streaming mode: spark/follow.py (its own options)
+        from spark.follow import main as follow_main
+        argv.remove("--follow")
+        return follow_main(argv)
     ap = build_parser()
     args = ap.parse_args(argv)
     if not args.inputs:

@@ -79,3 +79,35 @@ def test_idle_lines_reach_the_file_without_close(tmp_path):
     log.close()
     log.emit("demo.node.sent", "t-2", size=2)  # after close: dropped, not an error
     assert len(path.read_text().splitlines()) == 1
+
+
+def test_segment_mode_moves_whole_files_and_loses_no_line(tmp_path):
+    """Segment mode: closed segments appear in segments/ whole (one rename), every line is
+    in exactly one file, and close() seals the last segment."""
+    import json as _json
+    import time as _time
+    from daemon_runtime.eventlog import Catalogue, EventLog, EventSpec, seal_dir
+    cat = Catalogue("t", [EventSpec("t.x.y", "test", {"n": "long"})])
+    path = tmp_path / "d.jsonl"
+    log = EventLog("svc", "n1", [cat], sink=str(path), segment_s=0.05)
+    seen_whole = True
+    for i in range(400):
+        log.emit("t.x.y", trace_id=str(i), n=i)
+        if i % 50 == 0:
+            _time.sleep(0.2)   # the flusher closes the segment when it is due
+            for seg in (tmp_path / "segments").glob("*.jsonl"):
+                seen_whole &= seg.read_bytes().endswith(b"\n")
+    log.emit("t.x.y", trace_id="idle", n=400)
+    limit = _time.monotonic() + 30      # idle: the flusher seals it without another line
+    while not any(b'"idle"' in p.read_bytes() for p in (tmp_path / "segments").glob("*.jsonl")):
+        assert _time.monotonic() < limit, "an idle writer's last segment was not sealed"
+        _time.sleep(0.05)
+    mid = len(list((tmp_path / "segments").glob("*.jsonl")))
+    log.close()
+    assert mid >= 2 and seen_whole
+    assert not path.exists()
+    ns = [_json.loads(line)["attrs"]["n"] for seg in sorted((tmp_path / "segments").glob("*.jsonl"))
+          for line in seg.read_text().splitlines()]
+    assert ns == list(range(401))
+    (tmp_path / "left.jsonl").write_text('{"a": 1}\n')
+    assert len(seal_dir(str(tmp_path))) == 1 and not (tmp_path / "left.jsonl").exists()

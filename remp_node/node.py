@@ -43,7 +43,7 @@ from daemon_runtime.eventlog import EventLog
 from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, run_daemon, use_event_loop
 from daemon_runtime.ratelimit import LogLimiter
 
-from .api import DEFAULT_MAX_PENDING
+from .api import DEFAULT_MAX_PENDING, DEFAULT_PENDING_FLOOR, DEFAULT_PENDING_SECONDS
 from .client import LATE_MEMORY
 from .delivery import DEFAULT_WINDOW, INITIAL_WINDOW, MAX_WINDOW, DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
 from .endpoint import open_endpoint, parse_faults
@@ -123,6 +123,12 @@ def build_fullnode_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending", type=int, default=DEFAULT_MAX_PENDING, metavar="N",
                    help="messages held not final yet past which POST /messages answers 503 with Retry-After "
                         f"(postRequests: BACKPRESSURE); accepted ones are never dropped (default {DEFAULT_MAX_PENDING})")
+    p.add_argument("--pending-seconds", type=float, default=DEFAULT_PENDING_SECONDS, metavar="S",
+                   help="the pending bound follows capacity: at most max(--pending-floor, finals per s over the "
+                        "last 10 s x S) messages not final yet (and never more than --max-pending), so accepted "
+                        f"ones wait about S s behind the others under overload; 0 = off (default {DEFAULT_PENDING_SECONDS:g})")
+    p.add_argument("--pending-floor", type=int, default=DEFAULT_PENDING_FLOOR, metavar="N",
+                   help=f"the lowest pending bound --pending-seconds derives (default {DEFAULT_PENDING_FLOOR})")
     p.add_argument("--client-rate", type=float, default=0.0, metavar="PER_S",
                    help="messages per second per client address (token bucket; beyond: 503 with Retry-After); "
                         "0 = no per-client limit (default 0)")
@@ -832,6 +838,8 @@ def parse_role_args(role: str, argv: list[str]) -> tuple[argparse.ArgumentParser
             parser.error("--subscription-grace must be > 0")
         if args.max_pending < 1 or args.client_rate < 0 or args.client_burst < 0:
             parser.error("--max-pending must be >= 1, --client-rate and --client-burst >= 0")
+        if args.pending_seconds < 0 or args.pending_floor < 1:
+            parser.error("--pending-seconds must be >= 0, --pending-floor >= 1")
         if args.client_rate > 0 and args.client_burst == 0:
             args.client_burst = max(1.0, args.client_rate)
     return parser, args

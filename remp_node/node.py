@@ -61,10 +61,14 @@ from .wire import WireError
 #: seconds between a received datagram and the step that flushes its consequences (module
 #: doc of _Daemon._on_payload); added once per hop
 STEP_COALESCE = 0.002
+
+
 def _compact_json(d: dict) -> str:
     """dict -> compact JSON text (orjson: no spaces, UTF-8 kept as is; ~10x faster than the
     stdlib encoder, which was ~6 us of every status the full node stores)."""
     return orjson.dumps(d).decode()
+
+
 #: seconds between two log lines about store write failures (the metric counts every one)
 STORE_ERROR_LOG_INTERVAL = 10.0
 #: most datagrams a validator holds while its journal cannot be written (oldest dropped)

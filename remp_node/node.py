@@ -633,7 +633,7 @@ class FullnodeDaemon(_Daemon):
                 try:
                     # the packet signature (checked by the receiver against this validator's
                     # key) covers the receipt: no second ed25519 verify per receipt
-                    self.client.receive_authenticated(ev.signed, ev.receipt, ev.source, now)
+                    self.client.receive_authenticated(ev.signed, ev.receipt, ev.source, now, ev.digest)
                 except (WireError, ReceiptError, ValueError) as exc:
                     self._drop(ev.source, f"{type(exc).__name__}: {exc}", 0)
 

@@ -149,7 +149,9 @@ class Admission:
       pending_seconds): the full node takes what it can finalize within about pending_seconds
       (Little's law: time in the system = messages in it / their throughput) and refuses the
       rest at once, so accepted messages keep their latency under overload instead of
-      queueing (a fixed max_pending of thousands let Finalized grow to tens of seconds);
+      queueing (a fixed max_pending of thousands let Finalized grow to tens of seconds).
+      Without a finalize rate yet the retry is pending_seconds past the floor and
+      MAX_RETRY_AFTER past max_pending;
     - rate / burst: a token bucket per client address (RFC 2697's single-rate form: `rate`
       tokens per second, at most `burst` kept); a message takes one token; without one it is
       refused, reason "client_rate", retry after the time until the next token. rate 0: off.
@@ -198,7 +200,14 @@ class Admission:
         if pending >= bound:
             excess = pending - bound + 1
             rate = self._final_rate(now)
-            wait = excess / rate if rate > 0 else float(self.MAX_RETRY_AFTER)
+            if rate > 0:
+                wait = excess / rate
+            elif bound < self.max_pending:
+                # the floor of a full node that finalized nothing in RATE_WINDOW s (just
+                # started): its first messages finalize within about pending_seconds
+                wait = self.pending_seconds
+            else:
+                wait = float(self.MAX_RETRY_AFTER)
             return "pending_full", int(min(self.MAX_RETRY_AFTER, max(1, math.ceil(wait))))
         if self.rate <= 0:
             return None

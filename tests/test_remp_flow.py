@@ -146,7 +146,8 @@ def test_admission_pending_bound_follows_the_finalize_rate():
     from remp_node.api import Admission
     a = Admission(max_pending=1000, pending_seconds=1.5, pending_floor=20)
     assert a.bound(0.0) == 20                                           # nothing finalized yet: the floor
-    assert a.check("c", 19, 0.0) is None and a.check("c", 20, 0.0)[0] == "pending_full"
+    assert a.check("c", 19, 0.0) is None
+    assert a.check("c", 20, 0.0) == ("pending_full", 2)                 # retry after ~pending_seconds
     for i in range(1000):                                               # 100 finals per s for 10 s
         a.final(i / 100)
     assert a.bound(10.0) == 150                                         # 100/s x 1.5 s

@@ -86,7 +86,9 @@ DEFAULT_MAX_PENDING = 20_000
 DEFAULT_PENDING_SECONDS = 1.5
 #: the derived bound never goes below this (--pending-floor default): a full node that has
 #: finalized nothing yet (just started, or idle for RATE_WINDOW s) still takes a burst of it
-DEFAULT_PENDING_FLOOR = 32
+#: (users post a few hundred messages at once to a fresh full node); below capacity x
+#: pending_seconds it holds latency, above it a slow network queues floor / capacity seconds
+DEFAULT_PENDING_FLOOR = 256
 #: statuses waiting for Redis at most (beyond: counted as not appended)
 MAX_REDIS_BACKLOG = 200_000
 #: appends a batch of statuses to the stream, one entry each, in order: KEYS[1] the stream,

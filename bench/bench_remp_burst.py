@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp  # noqa: E402
 
-from remp_node.keys import NodeKey  # noqa: E402
-from remp_node.localnet import LocalNet  # noqa: E402
-from remp_node.state import make_wallet_message  # noqa: E402
+from remp_node.wire.keys import NodeKey  # noqa: E402
+from remp_node.testnet.localnet import LocalNet  # noqa: E402
+from remp_node.core.state import make_wallet_message  # noqa: E402
 
 from bench_remp_daemon import cpu_s  # noqa: E402  (bench/ is sys.path[0] as a script)
 

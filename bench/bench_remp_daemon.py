@@ -1,7 +1,7 @@
 """REMP as processes under load: 2 shards x 7 validators + K full nodes (default 1)
 (`remp-node` over the authenticated UDP transport, receipts through delivery.py), external
 wallet messages POSTed at fixed rates, spread over the K full nodes by
-remp_node.submit.Submitter (round robin; a refusal or a full node down sends the message
+remp_node.api.submit.Submitter (round robin; a refusal or a full node down sends the message
 to the next one).
 
     .venv/bin/python bench/bench_remp_daemon.py [--rates 100,300] [--duration 60] [--fullnodes K]
@@ -57,10 +57,10 @@ import aiohttp  # noqa: E402
 import psutil  # noqa: E402
 
 from daemon_runtime.redis_server import EmbeddedRedis  # noqa: E402
-from remp_node.keys import NodeKey  # noqa: E402
-from remp_node.localnet import LocalNet  # noqa: E402
-from remp_node.state import make_wallet_message  # noqa: E402
-from remp_node.submit import Placed, Submitter  # noqa: E402
+from remp_node.wire.keys import NodeKey  # noqa: E402
+from remp_node.testnet.localnet import LocalNet  # noqa: E402
+from remp_node.core.state import make_wallet_message  # noqa: E402
+from remp_node.api.submit import Placed, Submitter  # noqa: E402
 
 
 def ts(e: dict) -> float:
@@ -508,7 +508,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of sending per rate")
     ap.add_argument("--drain", type=float, default=90.0, help="seconds to wait for final outcomes per rate")
     ap.add_argument("--fullnodes", type=int, default=1, metavar="K",
-                    help="full nodes the load is spread over (remp_node.submit.Submitter; default 1)")
+                    help="full nodes the load is spread over (remp_node.api.submit.Submitter; default 1)")
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--validators-per-shard", type=int, default=7)
     ap.add_argument("--block-interval", type=float, default=0.25)

@@ -53,11 +53,11 @@ from bench_remp_udp import core_cost  # noqa: E402
 
 from daemon_runtime.lifecycle import use_event_loop  # noqa: E402
 from daemon_runtime.redis_server import EmbeddedRedis  # noqa: E402
-from remp_node.keys import NodeKey  # noqa: E402
-from remp_node.localnet import LocalNet  # noqa: E402
-from remp_node.messages import parse_external_message  # noqa: E402
-from remp_node.receipts import New, make_signed_receipt  # noqa: E402
-from remp_node.state import make_wallet_message  # noqa: E402
+from remp_node.wire.keys import NodeKey  # noqa: E402
+from remp_node.testnet.localnet import LocalNet  # noqa: E402
+from remp_node.wire.messages import parse_external_message  # noqa: E402
+from remp_node.wire.receipts import New, make_signed_receipt  # noqa: E402
+from remp_node.core.state import make_wallet_message  # noqa: E402
 
 N_PER_GROUP = 7
 STATUSES = 5

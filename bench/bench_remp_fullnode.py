@@ -3,7 +3,7 @@ on messages/s): CPU per status and statuses/s on one core.
 
     .venv/bin/python bench/bench_remp_fullnode.py [--messages 400] [--rounds 3] [--profile N]
 
-A real `FullnodeDaemon` (remp_node/node.py) on a `remp-node init` network of 2 shards x 7
+A real `FullnodeDaemon` (remp_node/daemon/node.py) on a `remp-node init` network of 2 shards x 7
 validators, with its real SQLite store in a temp dir, a real Redis stream (an EmbeddedRedis
 started here, as tests/conftest.py does) and its real JSON event log (a file). The bench
 POSTs `--messages` wallet messages through `daemon.submit`, then every validator of each
@@ -44,15 +44,15 @@ from aiohttp import web  # noqa: E402
 from daemon_runtime.eventlog import EventLog  # noqa: E402
 from daemon_runtime.lifecycle import use_event_loop  # noqa: E402
 from daemon_runtime.redis_server import EmbeddedRedis  # noqa: E402
-from remp_node.delivery import ReceiptReceiver, ReceiptSender, decode_batch, unwrap  # noqa: E402
+from remp_node.core.delivery import ReceiptReceiver, ReceiptSender, decode_batch, unwrap  # noqa: E402
 from remp_node.events import REMP_EVENTS  # noqa: E402
-from remp_node.keys import NodeKey, verify  # noqa: E402
-from remp_node.localnet import LocalNet  # noqa: E402
-from remp_node.netfiles import load_key  # noqa: E402
-from remp_node.node import FullnodeDaemon, build_fullnode_parser  # noqa: E402
-from remp_node.receipts import Accepted, Level, New, make_signed_receipt  # noqa: E402
-from remp_node.state import make_wallet_message  # noqa: E402
-from remp_node.tl import BlockIdExt  # noqa: E402
+from remp_node.wire.keys import NodeKey, verify  # noqa: E402
+from remp_node.testnet.localnet import LocalNet  # noqa: E402
+from remp_node.daemon.netfiles import load_key  # noqa: E402
+from remp_node.daemon.node import FullnodeDaemon, build_fullnode_parser  # noqa: E402
+from remp_node.wire.receipts import Accepted, Level, New, make_signed_receipt  # noqa: E402
+from remp_node.core.state import make_wallet_message  # noqa: E402
+from remp_node.wire.tl import BlockIdExt  # noqa: E402
 
 #: the statuses every validator of the group sends for a finalized message, in order
 STATUSES_PER_VALIDATOR = 5

@@ -5,7 +5,7 @@ a validator puts a message into the catchain only if it has not seen it there ye
 message costs 2N..3N datagrams instead of the naive N^2 (every validator re-sending to
 every other one).
 
-Method: a whole in-memory network (remp_node.sim.Simulation, fake clock, no loss) with one
+Method: a whole in-memory network (remp_node.testnet.sim.Simulation, fake clock, no loss) with one
 shard whose group is all N validators, and one full node (client.py's RempClient: one
 validator first, one more every 2 s until more than 1/3 answered). Messages are submitted
 one at a time, 1 s apart. Per message we count
@@ -15,7 +15,7 @@ one at a time, 1 s apart. Per message we count
 and, separately, every RMQ-channel datagram in the window divided by the messages
 ("rmq all", includes the catchain's periodic getDifference sync that runs regardless).
 Also per message: "receipts", the signed receipt datagrams validators send to the full node
-(one per status per validator; the reference batches them, see remp_node/validator.py).
+(one per status per validator; the reference batches them, see remp_node/core/validator.py).
 
 Run: .venv/bin/python bench/bench_remp_propagation.py [--messages 10] [--n 4 7 16]
 """
@@ -26,11 +26,11 @@ import hashlib
 import time
 
 from pytoniq_core import Cell
-from remp_node.keys import NodeKey
-from remp_node.sim import SimConfig, Simulation
-from remp_node.state import make_wallet_message, wallet_address
-from remp_node.tl import REMP_MESSAGE, pack_id
-from remp_node.validator import CH_CLIENT, CH_RMQ
+from remp_node.wire.keys import NodeKey
+from remp_node.testnet.sim import SimConfig, Simulation
+from remp_node.core.state import make_wallet_message, wallet_address
+from remp_node.wire.tl import REMP_MESSAGE, pack_id
+from remp_node.core.validator import CH_CLIENT, CH_RMQ
 
 REMP_MESSAGE_ID = pack_id(REMP_MESSAGE)
 

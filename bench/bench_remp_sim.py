@@ -1,4 +1,4 @@
-"""CPU per message of the REMP protocol cores, in memory (remp_node/sim.py): 2 shards x 7
+"""CPU per message of the REMP protocol cores, in memory (remp_node/testnet/sim.py): 2 shards x 7
 validators + masterchain + the full node's client core in ONE process on a fake clock, no
 transport, no event logs, no stores. Unlike bench_remp_daemon.py (15 processes sharing the
 machine's cores, latencies at the mercy of the load average), process CPU time here hardly
@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from remp_node import keys  # noqa: E402
-from remp_node.sim import SimConfig, Simulation  # noqa: E402
+from remp_node.wire import keys  # noqa: E402
+from remp_node.testnet.sim import SimConfig, Simulation  # noqa: E402
 from tests.remp_fixtures import WalletSet  # noqa: E402
 
 

@@ -6,7 +6,7 @@
 Baseline ("a same-run baseline of a raw asyncio UDP request/response
 on this machine"): a client and an echo server, each a plain asyncio DatagramProtocol in
 its own process, one datagram each way (a 16 KiB request is one loopback datagram).
-Measured: the same client/echo pair through remp_node.udp.UdpEndpoint +
+Measured: the same client/echo pair through remp_node.transport.udp.UdpEndpoint +
 transport.TransportCore (AES-256-GCM per datagram with per-peer keys, 1,232-byte parts,
 replay window, rate buckets, reassembly), i.e. what every REMP datagram costs.
 
@@ -34,9 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from remp_node.keys import NodeKey  # noqa: E402
-from remp_node.transport import TransportCore, TransportLimits  # noqa: E402
-from remp_node.udp import SOCKET_BUFFER, UdpEndpoint  # noqa: E402
+from remp_node.wire.keys import NodeKey  # noqa: E402
+from remp_node.transport.core import TransportCore, TransportLimits  # noqa: E402
+from remp_node.transport.udp import SOCKET_BUFFER, UdpEndpoint  # noqa: E402
 
 CLIENT = NodeKey.from_seed(hashlib.sha256(b"bench-udp-client").digest())
 SERVER = NodeKey.from_seed(hashlib.sha256(b"bench-udp-server").digest())
@@ -217,10 +217,10 @@ def delivery_cost(n: int = 9000, burst: int = 30, gap: float = 0.01) -> dict:
     """CPU of receipt delivery alone (delivery.py, no sockets): `n` signed receipts (New,
     AcceptedByQueue, IncludedIntoBlock in turn) added in bursts of `burst` every `gap` s
     (3,000 receipts/s for one full node), packets received, acks returned at once."""
-    from remp_node.delivery import ReceiptReceiver, ReceiptSender
-    from remp_node.keys import verify
-    from remp_node.receipts import Accepted, Level, New, make_signed_receipt
-    from remp_node.tl import BlockIdExt
+    from remp_node.core.delivery import ReceiptReceiver, ReceiptSender
+    from remp_node.wire.keys import verify
+    from remp_node.wire.receipts import Accepted, Level, New, make_signed_receipt
+    from remp_node.wire.tl import BlockIdExt
     block = BlockIdExt(0, 0x4000000000000000, 1, b"\x01" * 32, b"\x02" * 32)
     statuses = [New(), Accepted(Level.QUEUE), Accepted(Level.COLLATOR, block)]
     rs = [make_signed_receipt(SERVER, hashlib.sha256(b"%d" % i).digest(), statuses[i % 3], i) for i in range(n)]
@@ -259,9 +259,9 @@ def client_cost(n: int = 3000) -> dict:
     signed receipts of one tracked message fed through receive_datagram (decode + its own
     ed25519 verify) and through receive_authenticated (what the daemon uses for receipts out
     of ReceiptReceiver, whose packet signature covers them: no second verify)."""
-    from remp_node.client import RempClient
-    from remp_node.receipts import New, make_signed_receipt
-    from remp_node.state import build_zero_state, make_wallet_message, wallet_address
+    from remp_node.core.client import RempClient
+    from remp_node.wire.receipts import New, make_signed_receipt
+    from remp_node.core.state import build_zero_state, make_wallet_message, wallet_address
     alice = NodeKey.from_seed(b"\x01" * 32)
     addr = wallet_address(alice.public)
     t0 = 1_700_000_000.0

@@ -1,4 +1,4 @@
-"""Daemon subprocesses: the process plumbing of the local networks (remp_node/localnet.py,
+"""Daemon subprocesses: the process plumbing of the local networks (remp_node/testnet/localnet.py,
 marlin_cluster/localnet.py) and of the launcher (deploy/).
 
     Daemon(name, argv, logdir): start(timeout) -> READY info dict; stop(grace) -> exit code;

@@ -31,7 +31,7 @@ takes about one round trip more). Duplicates are not modelled on streams (TCP dr
 
 From the environment (`from_env`): the variable RELAY_SUITE_LINKS holds spec text or
 "@PATH" of a file holding it; unset or empty means no model (the adapters then add nothing).
-The adapters' hooks: `DatagramFaults` (the `plan(addr)` interface of remp_node.udp.Faults),
+The adapters' hooks: `DatagramFaults` (the `plan(addr)` interface of remp_node.transport.udp.Faults),
 `delay_transport(transport, host)` (an asyncio transport whose writes leave late, FIFO) and
 `await pause(host)` (one request, e.g. an HTTP POST).
 """
@@ -269,7 +269,7 @@ def from_env(environ: dict | None = None) -> LinkModel | None:
 
 
 class DatagramFaults:
-    """The remp_node.udp.Faults interface over a LinkModel: plan(addr) -> delays of the
+    """The remp_node.transport.udp.Faults interface over a LinkModel: plan(addr) -> delays of the
     copies to send ([] = lost); `stats` the model's counters; outbound only."""
 
     inbound = False

@@ -1,6 +1,6 @@
 """One dedicated Redis connection for pipelined commands with hiredis packing (RedisLink),
 shared by the daemons that write Redis in batches: rmb-peer's queue writer and reader
-(rmb_peer.redisq) and the REMP full node's status stream (remp_node.api)."""
+(rmb_peer.redisq) and the REMP full node's status stream (remp_node.api.server)."""
 from __future__ import annotations
 
 import redis.asyncio as aioredis

@@ -1,4 +1,4 @@
-"""The main job's REMP segment: a REMP LocalNet (remp_node/localnet.py) driven with planned faults.
+"""The main job's REMP segment: a REMP LocalNet (remp_node/testnet/localnet.py) driven with planned faults.
 
 RempSegment (deploy.segments.Segment, name "remp"): configured by the cluster config's
 `[remp]` table (keys below), it starts a LocalNet (2 shards x 4 validators by default to fit
@@ -15,7 +15,7 @@ masterchain_validators (all), mc_catchain_lifetime (10 s), block_interval (0.2 s
 wallet_messages (40), collator_rejects (4), kill ("v3"), kill_after (4 s), kill_for (3 s),
 deadline (90 s), faults (""), rate (10 messages/s; 0 = all at once).
 
-Full nodes: messages are spread over the `fullnodes` full nodes by remp_node.submit.Submitter
+Full nodes: messages are spread over the `fullnodes` full nodes by remp_node.api.submit.Submitter
 (round robin over the HTTP API; a full node that refuses for load, 503 with Retry-After, or
 does not answer is skipped and the message goes to the next; outcomes are followed at the
 full node that took each message); a message no full node took within the client's bounds
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from daemon_runtime.daemons import Daemon
 from deploy.segments import Segment
-from remp_node.localnet import LocalNet, load_jsonl
+from remp_node.testnet.localnet import LocalNet, load_jsonl
 
 __all__ = ["RempSegment", "DEFAULT_RATE", "DEFAULT_FULLNODES"]
 
@@ -104,12 +104,12 @@ class RempSegment(Segment):
         self.ids: dict[str, str] = {}          # message id hex -> label
         self.outcomes: dict[str, str] = {}
         self._phase = "init"
-        self.sub = None         # remp_node.submit.Submitter, made in drive()
+        self.sub = None         # remp_node.api.submit.Submitter, made in drive()
 
     async def start(self) -> None:
         net = await self.local.init()
         await self.local.start()
-        from remp_node.eventmap import peer_label
+        from remp_node.core.eventmap import peer_label
         for n in net.nodes:
             self.plan.node(n.label, peer_label(n.key_id), "remp-" + n.role)
 
@@ -127,9 +127,9 @@ class RempSegment(Segment):
                 f"{c['rejected']} rejected, {c['timeout']} timeout")
 
     async def _post(self, session, boc: bytes) -> tuple[int, dict]:
-        """Place one BOC on a full node (remp_node.submit); (HTTP status, JSON answer), or
+        """Place one BOC on a full node (remp_node.api.submit); (HTTP status, JSON answer), or
         (0, {}) when no full node took it within the client's bounds."""
-        from remp_node.submit import Placed
+        from remp_node.api.submit import Placed
         res = await self.sub.submit(boc)
         if isinstance(res, Placed):
             return res.status, res.doc
@@ -137,8 +137,8 @@ class RempSegment(Segment):
         return 0, {}
 
     def _messages(self) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]], list[tuple[str, bytes]]]:
-        from remp_node.keys import NodeKey
-        from remp_node.state import make_wallet_message
+        from remp_node.wire.keys import NodeKey
+        from remp_node.core.state import make_wallet_message
         real = []
         if self.ext_path:
             for i, row in enumerate(load_jsonl(self.ext_path)):
@@ -194,7 +194,7 @@ class RempSegment(Segment):
             raise ValueError(f"[remp] rate must be >= 0 messages/s, got {rate}")
         pace = _Pacer(rate)
         self._phase = "sending"
-        from remp_node.submit import Submitter
+        from remp_node.api.submit import Submitter
         async with aiohttp.ClientSession() as s:
             self.sub = Submitter(self.local.apis, s)
             killer = asyncio.ensure_future(self._kill_restart(kill, kill_after, kill_for))

@@ -107,8 +107,8 @@ def remp_labels(cfg: dict) -> list[str]:
 
 def _make_remp_segment(net: Testnet, cfg: dict, workdir: Path, plan: Plan, timeout: float, grace: float):
     from deploy.remp_segment import RempSegment
-    from remp_node.localnet import LocalNet
-    from remp_node.netfiles import load_network
+    from remp_node.testnet.localnet import LocalNet
+    from remp_node.daemon.netfiles import load_network
 
     class NsLocalNet(LocalNet):
         """LocalNet whose nodes listen on their namespace's address and run inside it."""

@@ -19,7 +19,7 @@ REMP_EVENTS = Catalogue("remp", [
        "block_id": "string", "reason": "string"}),
     E("remp.masterchain.committed", "a master block committed shard block ids",
       {"block_seqno": "long", "count": "long"}),
-    # full node (REMP client, remp_node/client.py)
+    # full node (REMP client, remp_node/core/client.py)
     E("remp.fullnode.sent", "the full node sent the message (tonNode.rempMessage) to a "
       "validator (peer = validator key id prefix, count = distinct validators reached so far, "
       "datagram = this datagram's number among the message's rempMessage datagrams, so that a "
@@ -33,7 +33,7 @@ REMP_EVENTS = Catalogue("remp", [
     E("remp.fullnode.dropped", "the full node dropped a datagram from a validator (malformed, "
       "unknown source or bad signature; reason = exact error)",
       {"peer": "string", "reason": "string", "size": "long"}),
-    # validator node (remp_node/validator.py events, mapped by remp_node/eventmap.py)
+    # validator node (remp_node/core/validator.py events, mapped by remp_node/core/eventmap.py)
     E("remp.validator.blamed", "a catchain or consensus of this validator proved that `peer` "
       "(key id prefix) signed two blocks at one height (fork / equivocation); the source is blamed",
       {"peer": "string", "shard": "string", "session": "long"}),

@@ -4,7 +4,7 @@ The relay core (rmb_relay.relay_core.RelayCore) says what happened as `Log` comm
 (event name, level, attributes of the RMB catalogue, rmb_peer/events.py and
 rmb_relay/events.py); this table says what each one counts and how its line is
 rate-limited, so the adapter (rmb_relay.daemon.RelayServer._emit) only executes it.
-Same shape as remp_node/eventmap.py (DESIGN.md section 2: logging stays out of cores).
+Same shape as remp_node/core/eventmap.py (DESIGN.md section 2: logging stays out of cores).
 
 | event | counter (RelayServer.metrics attribute, label) | rate-limit key |
 |---|---|---|

@@ -30,7 +30,7 @@ objectives and (protocol, rate) for rate objectives; an objective with no entry 
 not expressible in the rule file's header and gets no rules. A latency objective's threshold
 must be a bucket bound of its histogram (le labels are matched as text, written the way
 prometheus_client writes them: 1.0, 25.0); the buckets are defined next to each histogram
-(remp_node/node.py, rmb_peer/daemon.py, marlin_cluster/daemon.py).
+(remp_node/daemon/node.py, rmb_peer/daemon.py, marlin_cluster/daemon.py).
 
 Differences from the trace report, by construction: Prometheus sees every message (the
 report's default `count = "unplanned"` leaves out traffic hit by the demo's planned faults);

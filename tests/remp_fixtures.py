@@ -1,5 +1,5 @@
 """Shared helpers for the REMP integration tests: deterministic keys, real wallet
-message BOCs (pytoniq-core via remp_node.state), and an RMQ harness that drives several
+message BOCs (pytoniq-core via remp_node.core.state), and an RMQ harness that drives several
 ReliableMessageQueue cores over the in-memory SimNetwork with a fake clock."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 from pytoniq_core import Cell, MessageAny
 from pytoniq_core.tlb.transaction import ExternalMsgInfo
 
-from remp_node.cache import MessageCache
-from remp_node.keys import NodeKey
-from remp_node.messages import parse_external_message
-from remp_node.network import SimNetwork
+from remp_node.core.cache import MessageCache
+from remp_node.wire.keys import NodeKey
+from remp_node.wire.messages import parse_external_message
+from remp_node.testnet.network import SimNetwork
 
 #: fake clock origin: a Unix time (the wallet executor compares valid_until with it)
 T0 = 1_700_000_000.0
@@ -39,7 +39,7 @@ def same_body_new_id(boc: bytes) -> bytes:
 
 
 def catchain_factory(session_id, members, local, block_interval=0.05):
-    from remp_node.catchain import Catchain
+    from remp_node.core.catchain import Catchain
     return Catchain(session_id, members, local, block_interval=block_interval, sync_interval=0.3)
 
 
@@ -99,7 +99,7 @@ class WalletSet:
     """`n` wallets (deterministic keys) with `balance` each; builds signed transfers."""
 
     def __init__(self, n: int, tag: str, balance: int = 1000):
-        from remp_node.state import wallet_address
+        from remp_node.core.state import wallet_address
         self.keys = keys(n, tag)
         self.balance = balance
         self.addresses = [wallet_address(k.public) for k in self.keys]
@@ -110,7 +110,7 @@ class WalletSet:
 
     def transfer(self, i: int, amount: int, valid_until: int, *, dest: str | None = None,
                  sign_with=None) -> bytes:
-        from remp_node.state import make_wallet_message
+        from remp_node.core.state import make_wallet_message
         self._nonce += 1
         key = sign_with or self.keys[i]
         return make_wallet_message(key, self.addresses[i], dest or self.addresses[i], amount, valid_until,
@@ -137,7 +137,7 @@ def has_main_sequence(kinds: list[str]) -> bool:
 def transfers(net, n: int, nonce0: int = 0) -> list[bytes]:
     """`n` signed wallet transfers (workchain 0) from the wallets of a LocalNet's network
     (`net.wallets()`), each to itself, valid for an hour; distinct by `nonce0 + i`."""
-    from remp_node.state import make_wallet_message
+    from remp_node.core.state import make_wallet_message
     ws = [w for w in net.wallets() if w["workchain"] == 0]
     out = []
     for i in range(n):

@@ -39,7 +39,7 @@ def _report(argv):
 
 
 def _remp(argv):
-    from remp_node.daemon import parse_args
+    from remp_node.daemon.cli import parse_args
     return parse_args(argv)  # role-aware: init / validator / fullnode (file + env + flags)
 
 

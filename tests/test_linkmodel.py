@@ -100,9 +100,9 @@ def test_delay_transport_keeps_order_and_bytes_over_a_real_socket():
 
 
 def test_remp_udp_adapter_applies_the_per_destination_plan():
-    """remp_node.udp calls Faults.plan(addr): a model that drops everything toward one
+    """remp_node.transport.udp calls Faults.plan(addr): a model that drops everything toward one
     address drops those datagrams and nothing else."""
-    from remp_node.udp import Faults
+    from remp_node.transport.udp import Faults
 
     assert Faults().plan(("198.18.0.1", 1)) == [0.0]       # the old interface keeps working
     lm = linkmodel.DatagramFaults(parse("198.18.9.9 loss=1; * delay_ms=3"))

@@ -34,10 +34,10 @@ def _buckets(metric: str) -> tuple[float, ...]:
         from rmb_peer.daemon import ROUND_TRIP_BUCKETS
         return ROUND_TRIP_BUCKETS
     if metric == "remp_fullnode_first_receipt_seconds":
-        from remp_node.node import FIRST_RECEIPT_BUCKETS
+        from remp_node.daemon.node import FIRST_RECEIPT_BUCKETS
         return FIRST_RECEIPT_BUCKETS
     if metric == "remp_fullnode_finalized_seconds":
-        from remp_node.node import FINALIZED_BUCKETS
+        from remp_node.daemon.node import FINALIZED_BUCKETS
         return FINALIZED_BUCKETS
     if metric == "marlin_consumer_rebuild_seconds":
         from marlin_cluster.daemon import REBUILD_BUCKETS

@@ -13,7 +13,7 @@ import time
 import aiohttp
 import pytest
 
-from remp_node.localnet import LocalNet
+from remp_node.testnet.localnet import LocalNet
 from tests.remp_fixtures import transfers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

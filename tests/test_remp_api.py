@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 import redis
 
-from remp_node.localnet import LocalNet
+from remp_node.testnet.localnet import LocalNet
 from tests.remp_fixtures import transfers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from remp_node.cache import (AddResult, CacheStatus, CacheTransitionError, MessageCache)
+from remp_node.core.cache import (AddResult, CacheStatus, CacheTransitionError, MessageCache)
 
 
 def h(tag: str) -> bytes:

@@ -1,4 +1,4 @@
-"""Catchain core (remp_node/catchain.py) driven in memory: N cores, a fake clock
+"""Catchain core (remp_node/core/catchain.py) driven in memory: N cores, a fake clock
 (now += TICK), a lossy / duplicating / reordering datagram network. Causality is checked
 against the blocks actually seen on the wire (parsed independently of the cores' state)."""
 from __future__ import annotations
@@ -10,11 +10,11 @@ import time
 import pytest
 
 from daemon_runtime.memnet import MemNetwork
-from remp_node import catchain as cc
-from remp_node.catchain import (BlockDelivered, Catchain, CatchainRemoteError, CatchainUsageError, Dep,
+from remp_node.core import catchain as cc
+from remp_node.core.catchain import (BlockDelivered, Catchain, CatchainRemoteError, CatchainUsageError, Dep,
                                 ForkDetected, RejectedDatagram, parse_datagram, sign_block, verify_fork_proof)
-from remp_node.keys import NodeKey
-from remp_node.tl import pack_id, pack_int
+from remp_node.wire.keys import NodeKey
+from remp_node.wire.tl import pack_id, pack_int
 
 TICK = 0.05
 SESSION = hashlib.sha256(b"remp session wc0:8000000000000000 cc 7").digest()
@@ -136,7 +136,7 @@ def test_block_hash_and_signature_are_over_the_block_id():
     idb = cc.block_id_bytes(SESSION, k.key_id, 1, b.data_hash())
     assert len(idb) == 4 + 32 + 32 + 4 + 32
     assert cc.block_hash(SESSION, k.key_id, 1, b.data_hash()) == hashlib.sha256(idb).digest()
-    from remp_node.keys import verify
+    from remp_node.wire.keys import verify
     assert verify(k.public, idb, b.signature)
     cid, parsed = parse_datagram(b.encode_update(), incarnation=SESSION, n_sources=2, max_size=4096,
                                  max_payload=1024)

@@ -7,16 +7,16 @@ import json
 
 import pytest
 
-from remp_node.client import FinalStatus, ReceiptEvent, RempClient
-from remp_node.keys import NodeKey
-from remp_node.messages import parse_external_message
-from remp_node.receipts import (
+from remp_node.core.client import FinalStatus, ReceiptEvent, RempClient
+from remp_node.wire.keys import NodeKey
+from remp_node.wire.messages import parse_external_message
+from remp_node.wire.receipts import (
     Accepted, Duplicate, Ignored, Level, New, ReceiptError, Rejected, SignedReceipt, Timeout,
     make_signed_receipt, verify_receipt_json,
 )
-from remp_node.state import build_zero_state, make_wallet_message, wallet_address
-from remp_node.tl import BlockIdExt
-from remp_node.wire import RempMessageDatagram, decode_datagram
+from remp_node.core.state import build_zero_state, make_wallet_message, wallet_address
+from remp_node.wire.tl import BlockIdExt
+from remp_node.wire.packets import RempMessageDatagram, decode_datagram
 
 T0 = 1_700_000_000.0
 FULL = NodeKey.from_seed(b"\xf0" * 32)
@@ -291,8 +291,8 @@ def test_receipt_from_group_member_not_contacted_is_accepted():
 
 
 def test_wire_remp_message_format():
-    from remp_node.tl import REMP_MESSAGE, TLReader
-    from remp_node.wire import WireError, encode_remp_message
+    from remp_node.wire.tl import REMP_MESSAGE, TLReader
+    from remp_node.wire.packets import WireError, encode_remp_message
     boc = wallet_msg()
     mid = parse_external_message(boc).id
     data = encode_remp_message(boc, mid, 1234, FULL)
@@ -358,8 +358,8 @@ def test_authenticated_receipts_skip_the_second_verify_and_keep_their_signature(
     covers them): no ed25519 verify per receipt, the same events as receive_datagram, each
     status still verifiable alone; a receipt whose source_id is not the vouched source is a
     local error."""
-    import remp_node.receipts as rmod
-    from remp_node.client import ClientError
+    import remp_node.wire.receipts as rmod
+    from remp_node.core.client import ClientError
     c = client()
     mid = c.submit(wallet_msg(), T0)
     v = G1[0]
@@ -390,7 +390,7 @@ def test_authenticated_receipts_skip_the_second_verify_and_keep_their_signature(
 def test_a_silent_validator_is_passed_over_by_new_messages():
     """Validators that were sent a message and said nothing for more than silent_after (0.5 s)
     are not a new message's first choice while others are; hearing from one ends it."""
-    from remp_node.client import MessageSent
+    from remp_node.core.client import MessageSent
     silent = {v.key_id for v in G1[:3]}
     c = client()
     net = Net(c, answer=lambda v, mid: [] if v.key_id in silent else [New()])
@@ -423,7 +423,7 @@ def test_a_message_stuck_at_a_silent_validator_gets_one_early_wave():
     """A message whose validator fell silent (0.5 s) while others answer goes to the next
     one at once, not after the 2 s resend interval; with nobody answering the interval holds
     (test_no_answers_reaches_everyone_then_resends)."""
-    from remp_node.client import MessageSent
+    from remp_node.core.client import MessageSent
     silent = {v.key_id for v in G1[:3]}
     c = client()
     net = Net(c, answer=lambda v, mid: [] if v.key_id in silent else [New()])
@@ -446,7 +446,7 @@ def test_receipts_do_not_rescan_every_unanswered_message():
     instant, get_timer after each (what a daemon step does): the early-wave scan over the
     unanswered messages runs at most once per SILENT_SCAN, not per receipt (it was per
     receipt and per get_timer: quadratic past saturation)."""
-    from remp_node.client import SILENT_SCAN
+    from remp_node.core.client import SILENT_SCAN
     c = client()
     silent = [c.submit(wallet_msg(nonce=900 + i), T0) for i in range(300)]
     heard = c.submit(wallet_msg(nonce=1900), T0)
@@ -502,7 +502,7 @@ def test_waves_wait_for_the_observed_answer_time():
 def test_submit_takes_the_callers_parse(monkeypatch):
     """The API parses a POSTed BOC once and hands the result over: the client core does not
     parse it again (it was parsed twice per message, plus a third time to check it decodes)."""
-    import remp_node.client as client_mod
+    import remp_node.core.client as client_mod
     boc = wallet_msg(nonce=5)
     parsed = parse_external_message(boc)
     calls = []
@@ -521,8 +521,8 @@ def test_submitted_message_id_is_the_id_submit_gives():
     client core sends it) names a BOC as submit() does: the root hash, parsed or not, for
     an accepted message, one the pre-checks refuse and a masterchain one refused as an
     unknown account; sha256 of the bytes for garbage."""
-    from remp_node.client import submitted_message_id
-    from remp_node.messages import message_id_of
+    from remp_node.core.client import submitted_message_id
+    from remp_node.wire.messages import message_id_of
     ok, broke, garbage = wallet_msg(), wallet_msg(amount=5000, nonce=2), b"\x01\x02not a boc"
     mc = make_wallet_message(ALICE, "-1:" + A.split(":")[1], B, 1, int(T0 + 600), 3)
     for boc in (ok, broke, mc):

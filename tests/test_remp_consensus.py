@@ -1,4 +1,4 @@
-"""Block consensus (remp_node/consensus.py) and the session schedule (remp_node/schedule.py).
+"""Block consensus (remp_node/core/consensus.py) and the session schedule (remp_node/core/schedule.py).
 
 The consensus cores run against each other on an in-memory datagram network with a fake
 clock (event-driven: time jumps to the next delivery or timer), with loss, duplication,
@@ -15,10 +15,10 @@ from collections import defaultdict
 import pytest
 
 from daemon_runtime.memnet import MemNetwork
-from remp_node import consensus as C
-from remp_node import schedule as S
-from remp_node.keys import NodeKey
-from remp_node.tl import BlockIdExt, tl_constructor_id
+from remp_node.core import consensus as C
+from remp_node.core import schedule as S
+from remp_node.wire.keys import NodeKey
+from remp_node.wire.tl import BlockIdExt, tl_constructor_id
 
 SHARD0 = 0x4000000000000000
 

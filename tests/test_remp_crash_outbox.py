@@ -15,10 +15,10 @@ import time
 import aiohttp
 import pytest
 
-from remp_node.keys import NodeKey
-from remp_node.localnet import LocalNet
-from remp_node.state import make_wallet_message
-from remp_node.store import FullnodeStore
+from remp_node.wire.keys import NodeKey
+from remp_node.testnet.localnet import LocalNet
+from remp_node.core.state import make_wallet_message
+from remp_node.daemon.store import FullnodeStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

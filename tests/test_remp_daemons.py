@@ -25,10 +25,10 @@ import aiohttp
 import pytest
 from pytoniq_core import Cell
 
-from remp_node.keys import NodeKey
-from remp_node.localnet import LocalNet, load_jsonl
-from remp_node.receipts import verify_receipt_json
-from remp_node.state import make_wallet_message
+from remp_node.wire.keys import NodeKey
+from remp_node.testnet.localnet import LocalNet, load_jsonl
+from remp_node.wire.receipts import verify_receipt_json
+from remp_node.core.state import make_wallet_message
 
 from tests.conftest import SHARED_DATA
 
@@ -162,7 +162,7 @@ async def test_remp_network_of_processes(tmp_path, redis_url):
             # ... and with the receipt verifier CLI (remp-node verify), all of them at once
             allr = [r for d in final.values() for r in d["receipts"]]
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "remp_node.daemon", "verify", "--validators", str(ln.netdir / "network.json"),
+                sys.executable, "-m", "remp_node.daemon.cli", "verify", "--validators", str(ln.netdir / "network.json"),
                 "-q", "-", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE)
             out, err = await proc.communicate("\n".join(json.dumps(r) for r in allr).encode())
@@ -212,8 +212,8 @@ async def test_remp_network_of_processes(tmp_path, redis_url):
             st, h1 = await get(s, ln.http("v1") + "/health")
             session = h1["session"]
             cur = [n for n in net.validators()]
-            from remp_node.follower import ChainFollower  # noqa: F401 (groups as the full node sees them)
-            from remp_node.schedule import shard_groups, GENESIS_MASTER_HASH  # noqa: F401
+            from remp_node.core.follower import ChainFollower  # noqa: F401 (groups as the full node sees them)
+            from remp_node.core.schedule import shard_groups, GENESIS_MASTER_HASH  # noqa: F401
             # the group of shard 0x4000... right now, from a validator's view: any two of its members
             st, hv = await get(s, ln.http("v1") + "/health")
             victims = await pick_group_members(s, ln, net, session)
@@ -250,7 +250,7 @@ async def test_remp_network_of_processes(tmp_path, redis_url):
 
 async def pick_group_members(s, ln, net, session) -> list[str]:
     """Two validators of shard 0x4000000000000000's current group (from v1's roles log)."""
-    from remp_node.schedule import GENESIS_MASTER_HASH, shard_groups
+    from remp_node.core.schedule import GENESIS_MASTER_HASH, shard_groups
     # sessions 0 and 1 are seeded by genesis; later ones by the start blocks (not exposed):
     # fall back to the validators whose own logs show a 4000000000000000:current role now
     members = []

@@ -13,16 +13,16 @@ import random
 
 import pytest
 
-from remp_node.delivery import (DeliveryError, ReceiptReceiver, ReceiptSender, classify, decode_batch,
+from remp_node.core.delivery import (DeliveryError, ReceiptReceiver, ReceiptSender, classify, decode_batch,
                                 encode_ack, encode_batch, INITIAL_WINDOW, RECEIPT_BATCH, RECEIPT_BATCH_ACK, TL_LINES)
-from remp_node.keys import NodeKey
-from remp_node.network import SimNetwork
-from remp_node.receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, Timeout,
+from remp_node.wire.keys import NodeKey
+from remp_node.testnet.network import SimNetwork
+from remp_node.wire.receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, Timeout,
                                 make_signed_receipt, signed_to_json, verify_receipt_json)
-from remp_node.tl import BlockIdExt, tl_constructor_id
-from remp_node.transport import TransportCore
-from remp_node.validator import CH_CLIENT, CH_RMQ, ZERO32, mux
-from remp_node.wire import encode_remp_message
+from remp_node.wire.tl import BlockIdExt, tl_constructor_id
+from remp_node.transport.core import TransportCore
+from remp_node.core.validator import CH_CLIENT, CH_RMQ, ZERO32, mux
+from remp_node.wire.packets import encode_remp_message
 
 T0 = 1_700_000_000.0
 
@@ -351,7 +351,7 @@ def test_restarts_on_either_side():
 
 
 def decode_ack_stream(ack: bytes) -> int:
-    from remp_node.delivery import decode_ack
+    from remp_node.core.delivery import decode_ack
     return decode_ack(ack).stream
 
 
@@ -409,8 +409,8 @@ def test_real_validator_receipts_all_arrive_with_20_percent_loss():
     a 4-validator simulation: finalized transfers and a collator reject from a balance race),
     replayed at their production times through ReceiptSender -> TransportCore -> lossy
     SimNetwork -> ReceiptReceiver: count produced = count delivered, order kept per validator."""
-    from remp_node.sim import SimConfig, Simulation
-    from remp_node.validator import ReceiptSent
+    from remp_node.testnet.sim import SimConfig, Simulation
+    from remp_node.core.validator import ReceiptSent
     from tests.remp_fixtures import WalletSet
 
     class Recording(Simulation):
@@ -531,7 +531,7 @@ def test_resends_behind_a_silent_full_node_stay_bounded():
     resend_max, not every unacknowledged packet (each used to go again every 2 s: 776 receipt
     packets per message at 40 msg/s in bench_remp_daemon). A packet resent with the same
     base is the same signed bytes (no new signature)."""
-    from remp_node.delivery import RESEND_WINDOW
+    from remp_node.core.delivery import RESEND_WINDOW
     v = VALIDATORS[0]
     s = ReceiptSender(v, stream=1, max_delay=0.0, resend_initial=0.25, resend_max=2.0, initial_window=512)
     first: dict[int, bytes] = {}
@@ -624,7 +624,7 @@ def test_packets_grow_to_four_parts_on_a_clean_path_and_shrink_after_a_hole():
     and full-node verifies there are); after a resend (a packet or its ack lost) packets
     stay at lossy_batch_bytes (two parts) for loss_memory seconds, then grow again. Every
     receipt still arrives, once."""
-    from remp_node.delivery import unwrap
+    from remp_node.core.delivery import unwrap
     v = VALIDATORS[0]
     snd = ReceiptSender(v, stream=1, max_delay=0.1, initial_window=4)
     rcv = ReceiptReceiver(FULLNODE, [v.public])

@@ -1,5 +1,5 @@
 """remp-node's command lines: --help documents every flag, deploy/ files use only real flags
-(tests/test_deploy.py runs every unit and compose command through remp_node.daemon.parse_args;
+(tests/test_deploy.py runs every unit and compose command through remp_node.daemon.cli.parse_args;
 this checks the REMP-specific parts and that a bad line is refused)."""
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remp_node.daemon import parse_args
-from remp_node.node import build_fullnode_parser, build_validator_parser
+from remp_node.daemon.cli import parse_args
+from remp_node.daemon.node import build_fullnode_parser, build_validator_parser
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
 
 @pytest.mark.parametrize("role,build", [("validator", build_validator_parser), ("fullnode", build_fullnode_parser)])
 def test_help_documents_every_flag(role, build):
-    out = subprocess.run([sys.executable, "-m", "remp_node.daemon", role, "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "remp_node.daemon.cli", role, "--help"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0
     for action in build()._actions:

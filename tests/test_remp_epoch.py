@@ -7,11 +7,11 @@ import subprocess
 import sys
 import time
 
-from remp_node.delivery import ReceiptReceiver, ReceiptSender
-from remp_node.node import FullnodeDaemon, ValidatorDaemon, parse_role_args
-from remp_node.receipts import New, make_signed_receipt
-from remp_node.store import FullnodeStore, ValidatorStore
-from remp_node.transport import TransportCore
+from remp_node.core.delivery import ReceiptReceiver, ReceiptSender
+from remp_node.daemon.node import FullnodeDaemon, ValidatorDaemon, parse_role_args
+from remp_node.wire.receipts import New, make_signed_receipt
+from remp_node.daemon.store import FullnodeStore, ValidatorStore
+from remp_node.transport.core import TransportCore
 
 
 def test_run_epoch_grows_even_when_the_clock_goes_back(tmp_path):
@@ -27,7 +27,7 @@ def test_run_epoch_grows_even_when_the_clock_goes_back(tmp_path):
 
 def test_daemons_restarted_with_the_clock_set_back_are_not_stale(tmp_path, monkeypatch):
     d = tmp_path / "net"
-    r = subprocess.run([sys.executable, "-m", "remp_node.daemon", "init", "--dir", str(d), "--shards", "1",
+    r = subprocess.run([sys.executable, "-m", "remp_node.daemon.cli", "init", "--dir", str(d), "--shards", "1",
                         "--validators-per-shard", "2", "--fullnodes", "1"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr

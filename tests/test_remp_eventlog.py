@@ -1,4 +1,4 @@
-"""REMP event logs from a simulated network (remp_node/eventmap.py + Simulation(event_log=)):
+"""REMP event logs from a simulated network (remp_node/core/eventmap.py + Simulation(event_log=)):
 real daemon_runtime EventLogs onto tmp files, every line parses and follows the line
 contract, each message's trace holds the full node's received event, validator statuses up
 to Finalized, the full node's final; drops and fork blame map onto catalogued events."""
@@ -13,15 +13,15 @@ import pytest
 
 from deploy.catalogues import all_catalogues
 from daemon_runtime.eventlog import LINE_FIELDS, EventLog, EventLogError, attr_types
-from remp_node.eventmap import (LogRecord, client_records, emit_records, peer_label,
+from remp_node.core.eventmap import (LogRecord, client_records, emit_records, peer_label,
                                 validator_records)
 from remp_node.events import REMP_EVENTS
-from remp_node.sim import SimConfig, Simulation
-from remp_node.validator import CH_CLIENT, CH_RMQ, Dropped, ForkBlamed, mux
+from remp_node.testnet.sim import SimConfig, Simulation
+from remp_node.core.validator import CH_CLIENT, CH_RMQ, Dropped, ForkBlamed, mux
 
 from tests.remp_fixtures import KIND_SEQUENCE, WalletSet
 
-pytest.importorskip("remp_node.catchain", reason="remp_node/catchain.py is not in the tree")
+pytest.importorskip("remp_node.core.catchain", reason="remp_node/core/catchain.py is not in the tree")
 
 HEX8 = re.compile(r"^[0-9a-f]{8}$")
 
@@ -132,11 +132,11 @@ def test_fork_blame_and_drop_records_are_catalogued():
 def test_validator_status_line_is_the_same_from_the_event_status_or_the_signed_bytes():
     """ReceiptSent carries the status it signed, so the log line needs no parse of the signed
     receipt; the line is the one the signed bytes give."""
-    from remp_node.eventmap import validator_records
-    from remp_node.keys import NodeKey
-    from remp_node.receipts import Accepted, Level, New, Rejected, make_signed_receipt
-    from remp_node.tl import BlockIdExt
-    from remp_node.validator import ReceiptSent
+    from remp_node.core.eventmap import validator_records
+    from remp_node.wire.keys import NodeKey
+    from remp_node.wire.receipts import Accepted, Level, New, Rejected, make_signed_receipt
+    from remp_node.wire.tl import BlockIdExt
+    from remp_node.core.validator import ReceiptSent
     k = NodeKey.from_seed(b"\x07" * 32)
     bid = BlockIdExt(0, 0x4000000000000000, 5, b"\x01" * 32, b"\x02" * 32)
     for st in (New(), Accepted(Level.COLLATOR, bid), Accepted(Level.MASTERCHAIN, bid, bid),

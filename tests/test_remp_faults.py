@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 import redis
 
-from remp_node.localnet import LocalNet, load_jsonl
+from remp_node.testnet.localnet import LocalNet, load_jsonl
 
 from tests.conftest import SHARED_DATA
 from tests.test_remp_daemons import get, outcomes, post, wallet_batch

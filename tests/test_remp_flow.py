@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import hashlib
 
-from remp_node.client import FinalStatus, MessageSettled, ReceiptEvent
-from remp_node.delivery import ReceiptReceiver, decode_ack, encode_ack
-from remp_node.receipts import Accepted, Level, New, make_signed_receipt
+from remp_node.core.client import FinalStatus, MessageSettled, ReceiptEvent
+from remp_node.core.delivery import ReceiptReceiver, decode_ack, encode_ack
+from remp_node.wire.receipts import Accepted, Level, New, make_signed_receipt
 
 from tests.test_remp_client import (BY_ID, G1, MC_BLOCK, SHARD_BLOCK, T0, Net as ClientNet, client,
                                     wallet_msg)
@@ -49,7 +49,7 @@ def test_a_small_receive_buffer_behind_loss_refuses_nothing_and_loses_nothing():
 def test_ack_carries_the_receivers_window():
     r = ReceiptReceiver(FULLNODE, [VALIDATORS[0].public], max_buffered=7)
     v = VALIDATORS[0]
-    from remp_node.delivery import ReceiptSender
+    from remp_node.core.delivery import ReceiptSender
     s = ReceiptSender(v, stream=1, max_delay=0.0)
     s.add(FULLNODE.key_id, make_signed_receipt(v, b"\x01" * 32, New(), 1), T0)
     (dst, p), = s.packets_to_send(T0)
@@ -126,7 +126,7 @@ def test_finalized_from_the_chain_without_any_receipt_and_timeout_only_past_the_
 
 
 def test_admission_bounds_pending_and_rate_limits_each_client():
-    from remp_node.api import Admission
+    from remp_node.api.server import Admission
     a = Admission(max_pending=5, rate=2.0, burst=3.0)
     assert a.check("c1", 5, 0.0) == ("pending_full", Admission.MAX_RETRY_AFTER)   # no finalize rate yet
     for t in range(20):
@@ -143,7 +143,7 @@ def test_admission_pending_bound_follows_the_finalize_rate():
     """With pending_seconds the bound is what the full node finalizes in that time at its
     recent rate (never below the floor, never above max_pending): under overload accepted
     messages wait about pending_seconds, the rest is refused at once."""
-    from remp_node.api import Admission
+    from remp_node.api.server import Admission
     a = Admission(max_pending=1000, pending_seconds=1.5, pending_floor=20)
     assert a.bound(0.0) == 20                                           # nothing finalized yet: the floor
     assert a.check("c", 19, 0.0) is None

@@ -26,10 +26,10 @@ import aiohttp
 import pytest
 from pytoniq_core import Cell
 
-from remp_node.keys import NodeKey
-from remp_node.localnet import LocalNet
+from remp_node.wire.keys import NodeKey
+from remp_node.testnet.localnet import LocalNet
 from tests.test_remp_daemons import wait_for
-from remp_node.state import make_wallet_message
+from remp_node.core.state import make_wallet_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -1,5 +1,5 @@
 """Several full nodes in one REMP network, on real processes (1 shard x 4 validators + 2
-full nodes), driven by remp_node.submit.Submitter over the documented HTTP API:
+full nodes), driven by remp_node.api.submit.Submitter over the documented HTTP API:
 
 - messages spread over both full nodes all finalize, exactly once, and each one's
   validator receipts are at the full node that took it (the other never heard of it);
@@ -16,9 +16,9 @@ import time
 import aiohttp
 import pytest
 
-from remp_node.localnet import LocalNet
+from remp_node.testnet.localnet import LocalNet
 from tests.remp_fixtures import transfers
-from remp_node.submit import Placed, Submitter
+from remp_node.api.submit import Placed, Submitter
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

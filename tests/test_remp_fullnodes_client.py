@@ -1,4 +1,4 @@
-"""remp_node.submit without a network: Retry-After parsing (RFC 9110 section 10.2.3) and
+"""remp_node.api.submit without a network: Retry-After parsing (RFC 9110 section 10.2.3) and
 the client's answer to a full node that is not there."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 import aiohttp
 import pytest
 
-from remp_node.submit import Submitter, Unplaced, parse_retry_after
+from remp_node.api.submit import Submitter, Unplaced, parse_retry_after
 
 
 def test_retry_after_seconds_date_and_garbage():

@@ -1,6 +1,6 @@
 """A message's final status never contradicts the chain when the masterchain lags.
 
-In memory, fake clock (remp_node/sim.py): 2 shards x 7 validators, 3 s master sessions and a
+In memory, fake clock (remp_node/testnet/sim.py): 2 shards x 7 validators, 3 s master sessions and a
 slow masterchain (one master block a second, each carrying at most 4 KiB of shard commits),
 120 transfers in 6 s. Accepted shard blocks wait for the masterchain longer than the
 messages' lifetime (received in session N, obsolete at N+2), so at the switch to N+2 some
@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from remp_node.sim import SimConfig, Simulation
+from remp_node.testnet.sim import SimConfig, Simulation
 
 from tests.remp_fixtures import WalletSet
 

@@ -1,4 +1,4 @@
-"""remp_node.keys (libsodium via PyNaCl) against an independent RFC 8032 implementation
+"""remp_node.wire.keys (libsodium via PyNaCl) against an independent RFC 8032 implementation
 (`cryptography`, OpenSSL): same public keys and byte-identical signatures from the same seeds
 (ed25519 is deterministic), signatures cross-verify both ways, and bad input is refused."""
 import hashlib
@@ -6,8 +6,8 @@ import hashlib
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from remp_node import keys
-from remp_node.keys import NodeKey
+from remp_node.wire import keys
+from remp_node.wire.keys import NodeKey
 
 
 def _ossl(seed: bytes) -> Ed25519PrivateKey:

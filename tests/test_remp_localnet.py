@@ -8,8 +8,8 @@ import pytest
 
 from deploy.segments import Plan
 from deploy.remp_segment import RempSegment
-from remp_node.messages import parse_external_message
-from remp_node.state import decode_wallet_body
+from remp_node.wire.messages import parse_external_message
+from remp_node.core.state import decode_wallet_body
 
 from tests.conftest import SHARED_DATA
 

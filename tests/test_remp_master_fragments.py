@@ -18,11 +18,11 @@ import base64
 
 import pytest
 
-from remp_node.sim import SimConfig, Simulation
+from remp_node.testnet.sim import SimConfig, Simulation
 
 from tests.remp_fixtures import WalletSet, load_real_messages
 
-pytest.importorskip("remp_node.catchain", reason="remp_node/catchain.py is not in the tree")
+pytest.importorskip("remp_node.core.catchain", reason="remp_node/core/catchain.py is not in the tree")
 pytestmark = pytest.mark.slow
 
 PART_PAYLOAD = 1154     # transport.py: part_size 1,232 - 78 bytes of overhead

@@ -7,16 +7,16 @@ CH_MASTER_REF: each shard commit replaced by its sha256; a member that lacks one
 datagram and asks the sender (CH_COMMIT_NEED), which answers with the commit as an announce.
 Full master blocks still go to non-members (the full node's follower) and into the journal.
 
-In memory, fake clock (remp_node/sim.py), 2 shards x 7 validators."""
+In memory, fake clock (remp_node/testnet/sim.py), 2 shards x 7 validators."""
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
 
-from remp_node import consensus as cons
-from remp_node.sim import SimConfig, Simulation
-from remp_node.validator import (CH_ANNOUNCE, CH_COMMIT_NEED, CH_MASTER, CH_MASTER_REF, PayloadError, _Ref,
+from remp_node.core import consensus as cons
+from remp_node.testnet.sim import SimConfig, Simulation
+from remp_node.core.validator import (CH_ANNOUNCE, CH_COMMIT_NEED, CH_MASTER, CH_MASTER_REF, PayloadError, _Ref,
                                  decode_master_block, decode_refs, encode_refs)
 
 from tests.remp_fixtures import WalletSet
@@ -115,7 +115,7 @@ def test_a_reference_the_sender_cannot_back_changes_nothing():
     sim = Simulation(SimConfig(seed=13, mc_catchain_lifetime=60.0), wallets=w.genesis())
     sim.run(2.0)
     v, other = sim.validators[0], sim.validators[1]
-    from remp_node.validator import MAX_PARKED, mux
+    from remp_node.core.validator import MAX_PARKED, mux
     sid = v.master.session_id
     h0 = v.master.height
     for i in range(MAX_PARKED + 10):

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from remp_node.keys import NodeKey
-from remp_node.messages import parse_external_message
-from remp_node.receipts import verify_receipt_json
-from remp_node.shards import MASTERCHAIN_KEY, shard_hex
-from remp_node.sim import SimConfig, Simulation
-from remp_node.state import build_zero_state, make_wallet_message, wallet_address
-from remp_node.validator import MasterPayload, decode_master_block, encode_master_block, BlockMessage
+from remp_node.wire.keys import NodeKey
+from remp_node.wire.messages import parse_external_message
+from remp_node.wire.receipts import verify_receipt_json
+from remp_node.wire.shards import MASTERCHAIN_KEY, shard_hex
+from remp_node.testnet.sim import SimConfig, Simulation
+from remp_node.core.state import build_zero_state, make_wallet_message, wallet_address
+from remp_node.core.validator import MasterPayload, decode_master_block, encode_master_block, BlockMessage
 
 from tests.remp_fixtures import has_main_sequence, full_sequences, keys
 

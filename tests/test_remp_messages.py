@@ -7,7 +7,7 @@ import pytest
 from pytoniq_core import Address, Builder, Cell, MessageAny
 from pytoniq_core.tlb.transaction import ExternalMsgInfo
 
-from remp_node.messages import (
+from remp_node.wire.messages import (
     MAX_MESSAGE_SIZE, MessageRejected, parse_external_message, parse_external_message_base64,
     shard_contains, shard_depth, shard_for_account, shard_hex, shard_prefixes,
 )
@@ -118,7 +118,9 @@ def test_shards():
 def test_one_shard_implementation_behind_messages_and_schedule():
     """messages.py and schedule.py re-export shards.py (one implementation); the split by
     count and by depth agree; invalid input raises ShardError (schedule.shard_of: ScheduleError)."""
-    from remp_node import messages, schedule, shards
+    from remp_node.wire import messages
+    from remp_node.core import schedule
+    from remp_node.wire import shards
     for name in ("shard_contains", "shard_hex", "shard_prefixes", "shard_for_account", "shard_depth"):
         assert getattr(messages, name) is getattr(shards, name)
     for name in ("shard_contains", "shard_hex", "split_shards", "shard_range", "is_valid_shard", "FULL_SHARD"):

@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from remp_node.keys import NodeKey
-from remp_node.receipts import (
+from remp_node.wire.keys import NodeKey
+from remp_node.wire.receipts import (
     FINAL_KINDS, KIND_NAMES, KINDS, Accepted, Duplicate, Ignored, Level, New, Receipt,
     ReceiptError, Rejected, SentToValidators, SignedReceipt, Timeout, from_json, is_final,
     is_source_final, kind_of, level_of_kind, make_signed_receipt, sign_receipt, to_json,
     verify_receipt_json,
 )
-from remp_node.tl import ZERO_BLOCK_ID, BlockIdExt
+from remp_node.wire.tl import ZERO_BLOCK_ID, BlockIdExt
 
 SHARD_BLOCK = BlockIdExt(0, 0x4000000000000000, 123, bytes(range(32)), bytes(range(32, 64)))
 MC_BLOCK = BlockIdExt(-1, 0x8000000000000000, 234, b"\x11" * 32, b"\x22" * 32)
@@ -199,8 +199,8 @@ def test_accepted_receipt_parses_in_one_unpack_to_the_same_object():
     Receipt as the constructor builds, every level, zero master id read as
     NO_MASTER_BLOCK_ID, and a bad level constructor still refused."""
     import os as _os
-    from remp_node import receipts as R
-    from remp_node.tl import BlockIdExt as B, ZERO_BLOCK_ID as Z
+    from remp_node.wire import receipts as R
+    from remp_node.wire.tl import BlockIdExt as B, ZERO_BLOCK_ID as Z
     blk = B(0, 0x8000000000000000, 7, _os.urandom(32), _os.urandom(32))
     mc = B(-1, 0x8000000000000000, 9, _os.urandom(32), _os.urandom(32))
     mid, src = _os.urandom(32), _os.urandom(32)

@@ -1,4 +1,4 @@
-"""StatusHub's Redis stream writer (remp_node/api.py, XADD_SCRIPT): a batch of statuses is
+"""StatusHub's Redis stream writer (remp_node/api/server.py, XADD_SCRIPT): a batch of statuses is
 one EVAL that XADDs each, in order, with the same fields as one XADD per status; what Redis
 refuses is counted as not appended (exactly, from the refused entry on) and logged once,
 and appending resumes when Redis accepts again."""
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import redis
 from prometheus_client import CollectorRegistry
 
-from remp_node.api import StatusHub
+from remp_node.api.server import StatusHub
 
 
 def _hub(url: str, stream: str) -> tuple[StatusHub, list[str]]:

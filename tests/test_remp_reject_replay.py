@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from remp_node.messages import parse_external_message
-from remp_node.shards import shard_contains
+from remp_node.wire.messages import parse_external_message
+from remp_node.wire.shards import shard_contains
 
 from tests.remp_fixtures import WalletSet
-from remp_node.sim import SimConfig, Simulation
+from remp_node.testnet.sim import SimConfig, Simulation
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""A validator core restarted from its journal only (what remp_node/store.py keeps on disk)
+"""A validator core restarted from its journal only (what remp_node/daemon/store.py keeps on disk)
 catches up and signs again, without forking or equivocating (in memory, fake clock).
 
 Core side: ValidatorCore.journal_updates() -> ValidatorJournal;
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from remp_node import consensus as cons
-from remp_node.sim import SimConfig, Simulation
-from remp_node.validator import ForkBlamed
+from remp_node.core import consensus as cons
+from remp_node.testnet.sim import SimConfig, Simulation
+from remp_node.core.validator import ForkBlamed
 
 from tests.remp_fixtures import WalletSet
 
@@ -79,10 +79,10 @@ def test_full_node_follower_applies_master_blocks_to_its_own_state():
     """The full node's ChainFollower, fed the master commit certificates a
     validator accepted, ends with the same shard and masterchain states and knows every
     finalized message."""
-    from remp_node.follower import ChainBlockApplied, ChainFollower
-    from remp_node.keys import NodeKey
-    from remp_node.state import make_wallet_message, wallet_address
-    from remp_node.validator import CH_MASTER, mux
+    from remp_node.core.follower import ChainBlockApplied, ChainFollower
+    from remp_node.wire.keys import NodeKey
+    from remp_node.core.state import make_wallet_message, wallet_address
+    from remp_node.core.validator import CH_MASTER, mux
     w = WalletSet(12, "follower")
     mk = NodeKey.from_seed(b"\x09" * 32)
     sim = Simulation(SimConfig(validators=8, group_size=4, seed=5, mc_catchain_lifetime=5.0),
@@ -116,8 +116,8 @@ def test_every_status_a_validator_sends_to_the_full_node_is_reported_even_after_
     """Receipts that arrive after a message's final status (slower validators' Finalized,
     late IncludedIntoAcceptedBlock) are still verified and reported (ReceiptEvent.late), so a
     subscriber / the Redis stream gets every status every validator produced."""
-    from remp_node.client import ReceiptEvent
-    from remp_node.validator import ReceiptSent
+    from remp_node.core.client import ReceiptEvent
+    from remp_node.core.validator import ReceiptSent
     w = WalletSet(20, "late")
     sim = Simulation(SimConfig(validators=8, group_size=4, seed=11, mc_catchain_lifetime=30.0, reorder=0.2),
                      wallets=w.genesis())

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from remp_node.cache import CacheStatus, MessageCache
-from remp_node.network import SimNetwork
-from remp_node.rmq import (MessageAcceptedByQueue, MessageDuplicate, MessageQueued,
+from remp_node.core.cache import CacheStatus, MessageCache
+from remp_node.testnet.network import SimNetwork
+from remp_node.core.rmq import (MessageAcceptedByQueue, MessageDuplicate, MessageQueued,
                            MessageRejectedByQueue, RecordDropped, ReliableMessageQueue,
                            Record, decode_record, RmqWireError)
-from remp_node.state import make_wallet_message, wallet_address
+from remp_node.core.state import make_wallet_message, wallet_address
 
 from tests.remp_fixtures import RmqHarness, T0, catchain_factory, keys, parse, same_body_new_id
 
-pytest.importorskip("remp_node.catchain", reason="remp_node/catchain.py is not in the tree yet")
+pytest.importorskip("remp_node.core.catchain", reason="remp_node/core/catchain.py is not in the tree yet")
 
 SHARD = 0x8000000000000000
 CLIENT = b"\xcc" * 32

@@ -11,17 +11,17 @@ from collections import Counter
 import pytest
 from pytoniq_core import Cell
 
-from remp_node.consensus import quorum
-from remp_node.messages import parse_external_message
-from remp_node.receipts import verify_receipt_json
-from remp_node.sim import SimConfig, Simulation
-from remp_node.validator import CH_CLIENT, CH_RMQ, CH_SHARD, ShardBlockAccepted, mux
-from remp_node.wire import RempMessageDatagram, decode_datagram
+from remp_node.core.consensus import quorum
+from remp_node.wire.messages import parse_external_message
+from remp_node.wire.receipts import verify_receipt_json
+from remp_node.testnet.sim import SimConfig, Simulation
+from remp_node.core.validator import CH_CLIENT, CH_RMQ, CH_SHARD, ShardBlockAccepted, mux
+from remp_node.wire.packets import RempMessageDatagram, decode_datagram
 
 from tests.remp_fixtures import (WalletSet, full_sequences, has_main_sequence, load_real_messages,
                                  same_body_new_id)
 
-pytest.importorskip("remp_node.catchain", reason="remp_node/catchain.py is not in the tree")
+pytest.importorskip("remp_node.core.catchain", reason="remp_node/core/catchain.py is not in the tree")
 pytestmark = pytest.mark.slow
 
 SHARD0, SHARD1 = 0x4000000000000000, 0xC000000000000000
@@ -228,8 +228,8 @@ def shard_of_boc_id(sim: Simulation, mid: bytes) -> int | None:
 
 
 def test_forking_validator_is_blamed_and_progress_continues():
-    from remp_node.catchain import Catchain
-    from remp_node.rmq import CH_CATCHAIN, Record
+    from remp_node.core.catchain import Catchain
+    from remp_node.core.rmq import CH_CATCHAIN, Record
     w = WalletSet(31, "sim-fork")
     sim = Simulation(SimConfig(seed=4, mc_catchain_lifetime=60.0), wallets=w.genesis())
     sim.run(0.05)

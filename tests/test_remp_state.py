@@ -7,9 +7,9 @@ import json
 import pytest
 from pytoniq_core import Builder
 
-from remp_node.keys import NodeKey
-from remp_node.messages import MessageRejected, parse_external_message
-from remp_node.state import (
+from remp_node.wire.keys import NodeKey
+from remp_node.wire.messages import MessageRejected, parse_external_message
+from remp_node.core.state import (
     build_zero_state, decode_wallet_body, make_wallet_message, real_message_destinations,
     wallet_address, zero_state_from_config,
 )
@@ -133,7 +133,7 @@ def test_committed_execution_skips_only_the_body_signature(monkeypatch):
     """execute(committed=True): a message from a block its shard group accepted (every member
     executed it with every check when validating the candidate) is applied by the other
     nodes without verifying the wallet's body signature again; every other check runs."""
-    import remp_node.state as state_mod
+    import remp_node.core.state as state_mod
     calls = []
     real = state_mod._signed_by
     monkeypatch.setattr(state_mod, "_signed_by", lambda pk, tr: calls.append(pk) or real(pk, tr))

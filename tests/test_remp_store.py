@@ -1,4 +1,4 @@
-"""remp_node/store.py and `remp-node init` (netfiles.py): what a daemon finds on disk."""
+"""remp_node/daemon/store.py and `remp-node init` (netfiles.py): what a daemon finds on disk."""
 from __future__ import annotations
 
 import json
@@ -7,10 +7,10 @@ import stat
 import subprocess
 import sys
 
-from remp_node.netfiles import load_key, load_network
-from remp_node.state import make_wallet_message
-from remp_node.store import FullnodeStore, ValidatorStore
-from remp_node.validator import JournalEntry
+from remp_node.daemon.netfiles import load_key, load_network
+from remp_node.core.state import make_wallet_message
+from remp_node.daemon.store import FullnodeStore, ValidatorStore
+from remp_node.core.validator import JournalEntry
 
 
 def test_validator_store_survives_sigkill_right_after_write(tmp_path):
@@ -18,8 +18,8 @@ def test_validator_store_survives_sigkill_right_after_write(tmp_path):
     code = f"""
 import sys, time
 sys.path.insert(0, {os.getcwd()!r})
-from remp_node.store import ValidatorStore
-from remp_node.validator import JournalEntry
+from remp_node.daemon.store import ValidatorStore
+from remp_node.core.validator import JournalEntry
 s = ValidatorStore({str(tmp_path)!r})
 s.write([JournalEntry("master_commit", 1, b"c1"), JournalEntry("master_commit", 2, b"c2"),
          JournalEntry("signed_height", b"s" * 32, 7), JournalEntry("authored", b"a" * 32)])
@@ -62,7 +62,7 @@ def test_fullnode_store_keeps_statuses_in_order(tmp_path):
 
 def test_remp_node_init_writes_a_network(tmp_path):
     d = tmp_path / "net"
-    r = subprocess.run([sys.executable, "-m", "remp_node.daemon", "init", "--dir", str(d), "--shards", "2",
+    r = subprocess.run([sys.executable, "-m", "remp_node.daemon.cli", "init", "--dir", str(d), "--shards", "2",
                         "--validators-per-shard", "3", "--masterchain-validators", "4", "--fullnodes", "1",
                         "--mc-catchain-lifetime", "12", "--block-interval", "0.2", "--ext-messages", "/nonexistent"],
                        capture_output=True, text=True, timeout=60)
@@ -84,15 +84,15 @@ def test_remp_node_init_writes_a_network(tmp_path):
     zs = net.zerostate()
     wallets = net.wallets()
     assert {w["workchain"] for w in wallets} == {0, -1}
-    from remp_node.keys import NodeKey
-    from remp_node.messages import parse_external_message
+    from remp_node.wire.keys import NodeKey
+    from remp_node.wire.messages import parse_external_message
     for w in wallets:
         k = NodeKey.from_seed(bytes.fromhex(w["seed"]))
         boc = make_wallet_message(k, w["address"], w["address"], 1, 2_000_000_000)
         msg = parse_external_message(boc, zs.workchains)
         zs.state_for(msg.dst).precheck(msg, 1_700_000_000)
     # a bad argument is refused precisely
-    r = subprocess.run([sys.executable, "-m", "remp_node.daemon", "init", "--dir", str(tmp_path / "x"),
+    r = subprocess.run([sys.executable, "-m", "remp_node.daemon.cli", "init", "--dir", str(tmp_path / "x"),
                         "--shards", "3"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "power of two" in r.stderr
 
@@ -102,8 +102,8 @@ def test_validator_outbox_add_done_in_order(tmp_path):
     (dst, digest), a repeated add is one entry; what is left is reloaded by a new store."""
     import hashlib
 
-    from remp_node.delivery import OutboxChange
-    from remp_node.store import ValidatorStore
+    from remp_node.core.delivery import OutboxChange
+    from remp_node.daemon.store import ValidatorStore
     dst = b"\x01" * 32
     rs = [bytes([i]) * 40 for i in range(5)]
     st = ValidatorStore(tmp_path)
@@ -141,7 +141,7 @@ def test_fullnode_store_commits_statuses_and_outcomes_together(tmp_path):
 
 def test_validator_outbox_changes_keep_their_order_in_one_write(tmp_path):
     """add / done runs in one write() (executemany per run) end as the sequence says."""
-    from remp_node.delivery import OutboxChange
+    from remp_node.core.delivery import OutboxChange
     s = ValidatorStore(tmp_path)
     d = b"\x03" * 32
     dg = [bytes([i]) * 32 for i in range(4)]

@@ -18,19 +18,19 @@ import pytest
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from remp_node.api import add_api_routes
-from remp_node.delivery import ReceiptSender, classify
-from remp_node.keys import NodeKey
-from remp_node.netfiles import load_key, load_network
-from remp_node.node import FullnodeDaemon, ValidatorDaemon, parse_role_args
-from remp_node.receipts import New, make_signed_receipt
-from remp_node.state import make_wallet_message
+from remp_node.api.server import add_api_routes
+from remp_node.core.delivery import ReceiptSender, classify
+from remp_node.wire.keys import NodeKey
+from remp_node.daemon.netfiles import load_key, load_network
+from remp_node.daemon.node import FullnodeDaemon, ValidatorDaemon, parse_role_args
+from remp_node.wire.receipts import New, make_signed_receipt
+from remp_node.core.state import make_wallet_message
 
 
 @pytest.fixture
 def net(tmp_path):
     d = tmp_path / "net"
-    r = subprocess.run([sys.executable, "-m", "remp_node.daemon", "init", "--dir", str(d), "--shards", "1",
+    r = subprocess.run([sys.executable, "-m", "remp_node.daemon.cli", "init", "--dir", str(d), "--shards", "1",
                         "--validators-per-shard", "2", "--fullnodes", "1"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr

@@ -3,9 +3,9 @@ table in DESIGN.md section 4, and the normalization rule checked against TON tl-
 behaviour (ids of well-known lines)."""
 import pytest
 
-from remp_node import tl
-from remp_node.keys import PUB_ED25519
-from remp_node.tl import REMP_TL_LINES, normalize_tl_line, tl_constructor_id
+from remp_node.wire import tl
+from remp_node.wire.keys import PUB_ED25519
+from remp_node.wire.tl import REMP_TL_LINES, normalize_tl_line, tl_constructor_id
 
 # DESIGN.md section 4 (the ids the reference node uses on the wire).
 DESIGN_TABLE = {
@@ -72,14 +72,14 @@ def test_zero_block_id_packs_to_80_bytes():
 
 
 def test_vector_parentheses_are_dropped_like_tons_tl_compiler():
-    from remp_node.tl import tl_constructor_id
+    from remp_node.wire.tl import tl_constructor_id
     assert tl_constructor_id("catchain.getDifference rt:(vector int) = catchain.Difference") == 0xd06cced8
 
 
 def test_reader_refuses_truncated_and_badly_padded_bytes_at_every_cut():
     """TLReader reads with Struct.unpack_from and slices (no memoryview copies): every prefix
     of a valid object is refused with TLError, never another exception or a short value."""
-    from remp_node.tl import TLError, TLReader, pack_bytes, pack_int, pack_long
+    from remp_node.wire.tl import TLError, TLReader, pack_bytes, pack_int, pack_long
     blob = pack_int(-7) + pack_long(1 << 40) + pack_bytes(b"x" * 5) + pack_bytes(b"y" * 300) + b"\x01" * 32
     r = TLReader(blob)
     assert (r.int(), r.long(), r.bytes(), r.bytes(), r.int256()) == (-7, 1 << 40, b"x" * 5, b"y" * 300, b"\x01" * 32)

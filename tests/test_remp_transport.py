@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from remp_node.keys import NodeKey
-from remp_node.network import SimNetwork
-from remp_node.transport import (DROP_REASONS, HEADER_SIZE, MAX_PART_SIZE, OVERHEAD, DatagramDropped,
+from remp_node.wire.keys import NodeKey
+from remp_node.testnet.network import SimNetwork
+from remp_node.transport.core import (DROP_REASONS, HEADER_SIZE, MAX_PART_SIZE, OVERHEAD, DatagramDropped,
                                  PayloadReceived, TransportCore, TransportError, TransportLimits)
 
 T0 = 1_700_000_000.0
@@ -325,7 +325,7 @@ def test_a_tampered_or_malformed_bundle_is_dropped_whole():
     m.inject(B.key_id, bytes(bad), addr=A.key_id)
     assert b.counters["dropped_forged"] == 1 and not m.got[B.key_id]
     # an authenticated bundle whose entry lengths do not fill the body exactly (a peer's bug)
-    from remp_node.transport import KIND_BUNDLE
+    from remp_node.transport.core import KIND_BUNDLE
     for body in (b"\x09\x00abcdef", b"\x00\x00" + b"x" * 8, b"\x04\x00abcd\x01"):
         a._seal(a._peers[B.key_id], KIND_BUNDLE, body)       # sealed as A's own datagrams are
         [(sealed, _)] = a.datagrams_to_send(m.now)

@@ -10,12 +10,12 @@ import hashlib
 import os
 import socket
 
-from remp_node.delivery import ReceiptReceiver, ReceiptSender, classify
-from remp_node.keys import NodeKey
-from remp_node.receipts import Accepted, Level, New, make_signed_receipt
-from remp_node.tl import BlockIdExt
-from remp_node.transport import HEADER_SIZE, TransportCore, TransportLimits
-from remp_node.udp import Faults, UdpEndpoint
+from remp_node.core.delivery import ReceiptReceiver, ReceiptSender, classify
+from remp_node.wire.keys import NodeKey
+from remp_node.wire.receipts import Accepted, Level, New, make_signed_receipt
+from remp_node.wire.tl import BlockIdExt
+from remp_node.transport.core import HEADER_SIZE, TransportCore, TransportLimits
+from remp_node.transport.udp import Faults, UdpEndpoint
 
 
 def key(tag: str) -> NodeKey:

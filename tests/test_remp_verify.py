@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from remp_node.keys import NodeKey, verify
-from remp_node.receipts import (NO_MASTER_BLOCK_ID, Accepted, Level, New, from_json, make_signed_receipt,
+from remp_node.wire.keys import NodeKey, verify
+from remp_node.wire.receipts import (NO_MASTER_BLOCK_ID, Accepted, Level, New, from_json, make_signed_receipt,
                                 to_json)
-from remp_node.tl import REMP_ACCEPTED, REMP_COLLATOR, REMP_RECEIPT, BlockIdExt, pack_id, pack_int, pack_long
-from remp_node.verify import main
+from remp_node.wire.tl import REMP_ACCEPTED, REMP_COLLATOR, REMP_RECEIPT, BlockIdExt, pack_id, pack_int, pack_long
+from remp_node.daemon.verify import main
 
 from tests.remp_fixtures import WalletSet
 
@@ -55,7 +55,7 @@ def test_receipt_json_without_mc_fields_verifies_with_ever_block_default():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from remp_node.sim import SimConfig, Simulation
+    from remp_node.testnet.sim import SimConfig, Simulation
     w = WalletSet(6, "verify-cli")
     sim = Simulation(SimConfig(validators=4, shard_count=1, group_size=4, seed=11, mc_catchain_lifetime=60.0),
                      wallets=w.genesis())
@@ -135,10 +135,10 @@ def test_unusable_input_exits_2(run, tmp_path):
 def test_module_entry_point(run):
     sim, d = run
     text = "\n".join(json.dumps(r) for r in sim.receipts[:5])
-    p = subprocess.run([sys.executable, "-m", "remp_node.verify", "--validators", str(d / "network.json"), "-"],
+    p = subprocess.run([sys.executable, "-m", "remp_node.daemon.verify", "--validators", str(d / "network.json"), "-"],
                        input=text, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.count("\nok ") + p.stdout.startswith("ok ") == 5
     bad = json.dumps(dict(sim.receipts[0], timestamp=sim.receipts[0]["timestamp"] + 1))
-    p = subprocess.run([sys.executable, "-m", "remp_node.verify", "--validators", str(d / "network.json")],
+    p = subprocess.run([sys.executable, "-m", "remp_node.daemon.verify", "--validators", str(d / "network.json")],
                        input=bad, capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and p.stdout.startswith("bad: bad_signature")

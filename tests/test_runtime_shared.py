@@ -15,8 +15,8 @@ from daemon_runtime.ratelimit import LogLimiter
 def test_one_log_limiter_and_one_log_record_across_the_protocols():
     import marlin_cluster.daemon as marlin_daemon
     import marlin_cluster.events as marlin_events
-    import remp_node.eventmap as remp_eventmap
-    import remp_node.udp as remp_udp
+    import remp_node.core.eventmap as remp_eventmap
+    import remp_node.transport.udp as remp_udp
     import rmb_relay.core as relay_core
     assert relay_core.LogLimiter is LogLimiter
     assert marlin_daemon.LogLimiter is LogLimiter and not hasattr(marlin_daemon, "RateLimited")
@@ -64,7 +64,7 @@ def test_log_record_defaults_to_no_attrs_and_is_frozen():
 
 def test_one_in_memory_network_for_every_protocol_s_core_tests():
     from daemon_runtime.memnet import MemNetwork
-    from remp_node.network import SimNetwork
+    from remp_node.testnet.network import SimNetwork
     assert SimNetwork is MemNetwork
     for name in ("test_marlin_cores.py", "test_remp_catchain.py", "test_remp_consensus.py"):
         text = (Path(__file__).parent / name).read_text()

@@ -60,7 +60,7 @@ from daemon_runtime.eventlog import EventLog
 from daemon_runtime.redis_server import EmbeddedRedis, free_port
 from deploy.cpu import CpuSampler, CpuUsage
 from deploy.events import DEMO_EVENTS
-from deploy.blocks import BlockError, BlockFile, generated_blocks, load_blocks, load_verified_blocks, verify_block
+from marlin_cluster.blocks import BlockError, BlockFile, generated_blocks, load_blocks, load_verified_blocks, verify_block
 from daemon_runtime.daemons import Daemon, LaunchError, script
 from deploy.segments import Plan, Segment
 from rmb_peer.envelope import new_uid

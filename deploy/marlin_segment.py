@@ -54,7 +54,7 @@ class MarlinSegment(Segment):
         self.honest = [b for b in blocks if "corrupted" not in b.name]
         self.corrupted = next((b for b in blocks if "corrupted" in b.name), None)
         if self.corrupted is None and shared_data is not None and (Path(shared_data) / "btc" / CORRUPTED_NAME).is_file():
-            from deploy.blocks import BlockFile
+            from marlin_cluster.blocks import BlockFile
             self.corrupted = BlockFile(CORRUPTED_NAME, (Path(shared_data) / "btc" / CORRUPTED_NAME).read_bytes())
         self.sent: dict[str, str] = {}          # trace id -> block name (honest)
         self.corrupted_trace: str | None = None

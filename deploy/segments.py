@@ -23,7 +23,7 @@ from pathlib import Path
 
 from daemon_runtime.daemons import Daemon
 from daemon_runtime.eventlog import EventLog
-from deploy.blocks import BlockFile
+from marlin_cluster.blocks import BlockFile
 from deploy.events import DEMO_EVENTS
 
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from deploy.blocks import BlockError, generated_blocks, load_blocks, verify_block
+from marlin_cluster.blocks import BlockError, generated_blocks, load_blocks, verify_block
 
 
 def test_ethereum_blocks_hash_to_their_manifest(shared_data):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from deploy.blocks import load_blocks
+from marlin_cluster.blocks import load_blocks
 from deploy.segments import Plan
 from deploy.marlin_segment import MarlinSegment
 

@@ -113,31 +113,19 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from ..errors import RempLocalError, RempRemoteError
+from ..errors import RempLocalError
 from ..wire.keys import NodeKey, key_id as key_id_of, verify
 from ..wire.receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptError, SignedReceipt
-from ..wire.tl import (REMP_MESSAGE, REMP_NEW, REMP_SIGNED_RECEIPT, TLError, TLReader, pack_bytes, pack_id,
-                 pack_int, pack_int256, pack_long, tl_constructor_id)
+from ..wire.tl import REMP_MESSAGE, REMP_NEW, REMP_SIGNED_RECEIPT, TLError, TLReader, pack_id
+from ..wire.batches import (MAX_ACK_SEQNOS, MAX_BATCH_RECEIPTS, MAX_PACKET_BYTES, MAX_WINDOW,  # noqa: F401
+                            RECEIPT_BATCH, RECEIPT_BATCH_ACK, RECEIPT_BATCH_ACK_WINDOW, TL_LINES, Ack, Batch,
+                            DeliveryError, decode_ack, decode_batch, encode_ack, encode_batch)
 from .validator import CH_CLIENT, CHANNEL_NAMES
 
 __all__ = ["ReceiptSender", "ReceiptReceiver", "OutboxChange", "ReceiptDelivered", "DeliveryEvent", "DeliveryError",
            "DeliveryMisuse", "classify", "KINDS", "TL_LINES", "RECEIPT_BATCH", "RECEIPT_BATCH_ACK",
            "encode_batch", "decode_batch", "encode_ack", "decode_ack", "Batch", "Ack"]
 
-TL_LINES = {
-    "remp.receiptBatch":
-        "remp.receiptBatch source_id:int256 dst:int256 stream:long seqno:long base:long "
-        "receipts:(vector bytes) signature:bytes = remp.ReceiptBatch;",
-    "remp.receiptBatchAck":
-        "remp.receiptBatchAck source_id:int256 stream:long through:long seqnos:(vector long) "
-        "= remp.ReceiptBatchAck;",
-    "remp.receiptBatchAckWindow":
-        "remp.receiptBatchAckWindow source_id:int256 stream:long through:long window:int "
-        "seqnos:(vector long) = remp.ReceiptBatchAck;",
-}
-RECEIPT_BATCH = tl_constructor_id(TL_LINES["remp.receiptBatch"])          # 0x3d7144f4
-RECEIPT_BATCH_ACK = tl_constructor_id(TL_LINES["remp.receiptBatchAck"])   # 0x9dd2f163
-RECEIPT_BATCH_ACK_WINDOW = tl_constructor_id(TL_LINES["remp.receiptBatchAckWindow"])
 
 #: Validator mux channel kinds (validator.CHANNEL_NAMES): byte 0 of a muxed datagram,
 #: followed by a 32-byte session id.
@@ -151,9 +139,6 @@ _BY_ID = {REMP_MESSAGE: "client_message", REMP_SIGNED_RECEIPT: "receipt",
 # starts with a mux channel byte
 assert all((cid & 0xFF) not in _MUX for cid in _BY_ID)
 
-MAX_BATCH_RECEIPTS = 256
-MAX_PACKET_BYTES = 65535
-MAX_ACK_SEQNOS = 512
 #: packets a sender may have beyond the receiver's cumulative ack before it heard the
 #: receiver's window (TCP's initial window, RFC 5681, in packets); a receiver advertises at
 #: least this many (the full node's --receipt-window minimum), so even the first packets of
@@ -161,18 +146,6 @@ MAX_ACK_SEQNOS = 512
 INITIAL_WINDOW = 2
 #: the window (packets) a ReceiptReceiver advertises and buffers by default
 DEFAULT_WINDOW = 32
-MAX_WINDOW = 4096
-
-
-class DeliveryError(RempRemoteError):
-    """A remote delivery packet is malformed or does not verify. reason: "malformed" |
-    "unknown_source" | "bad_signature" | "wrong_destination" | "wrong_source" |
-    "stale_stream" | "buffer_full"."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 class DeliveryMisuse(RempLocalError):
@@ -205,115 +178,6 @@ def unwrap(payload: bytes) -> bytes:
             int.from_bytes(payload[:4], "little") not in _BY_ID:
         return bytes(payload[_MUX_PREFIX:])
     return bytes(payload)
-
-
-# --- TL objects --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Batch:
-    """A decoded remp.receiptBatch (see module doc); receipts: boxed rempSignedReceipt bytes."""
-
-    source_id: bytes
-    dst: bytes
-    stream: int
-    seqno: int
-    base: int
-    receipts: tuple
-    signature: bytes
-
-    def signed_part(self) -> bytes:
-        return _pack_batch(self.source_id, self.dst, self.stream, self.seqno, self.base, self.receipts, b"")
-
-    def serialize(self) -> bytes:
-        return _pack_batch(self.source_id, self.dst, self.stream, self.seqno, self.base, self.receipts,
-                           self.signature)
-
-
-def _pack_batch(source_id, dst, stream, seqno, base, receipts, signature) -> bytes:
-    out = [pack_id(RECEIPT_BATCH), pack_int256(source_id), pack_int256(dst), pack_long(stream),
-           pack_long(seqno), pack_long(base), pack_int(len(receipts))]
-    out.extend(pack_bytes(r) for r in receipts)
-    out.append(pack_bytes(signature))
-    return b"".join(out)
-
-
-def encode_batch(key: NodeKey, dst: bytes, stream: int, seqno: int, base: int,
-                 receipts: Iterable[bytes]) -> bytes:
-    """A signed remp.receiptBatch (bytes)."""
-    receipts = tuple(bytes(r) for r in receipts)
-    unsigned = Batch(key.key_id, bytes(dst), stream, seqno, base, receipts, b"")
-    return Batch(key.key_id, bytes(dst), stream, seqno, base, receipts,
-                 key.sign(unsigned.signed_part())).serialize()
-
-
-def decode_batch(data: bytes) -> Batch:
-    """Parse a remp.receiptBatch (signature NOT checked). DeliveryError("malformed")."""
-    try:
-        r = TLReader(data, MAX_PACKET_BYTES)
-        if r.constructor() != RECEIPT_BATCH:
-            raise TLError("not a remp.receiptBatch")
-        source_id, dst = r.int256(), r.int256()
-        stream, seqno, base = r.long(), r.long(), r.long()
-        n = r.int()
-        if not 0 <= n <= MAX_BATCH_RECEIPTS:
-            raise TLError(f"{n} receipts in one batch (max {MAX_BATCH_RECEIPTS})")
-        receipts = tuple(r.bytes() for _ in range(n))
-        signature = r.bytes()
-        r.finish()
-    except TLError as exc:
-        raise DeliveryError("malformed", f"remp.receiptBatch: {exc}") from None
-    if len(signature) != 64:
-        raise DeliveryError("malformed", f"remp.receiptBatch signature of {len(signature)} bytes")
-    if seqno < 1 or base < 1 or base > seqno or stream < 0:
-        raise DeliveryError("malformed", f"remp.receiptBatch seqno {seqno} base {base} stream {stream}")
-    return Batch(source_id, dst, stream, seqno, base, receipts, signature)
-
-
-@dataclass(frozen=True)
-class Ack:
-    """A decoded remp.receiptBatchAck or remp.receiptBatchAckWindow (see module doc);
-    window: None for the former."""
-
-    source_id: bytes
-    stream: int
-    through: int
-    seqnos: tuple
-    window: int | None = None
-
-
-def encode_ack(source_id: bytes, stream: int, through: int, seqnos: Iterable[int],
-               window: int | None = None) -> bytes:
-    """remp.receiptBatchAckWindow when `window` (packets) is given, else remp.receiptBatchAck."""
-    seqnos = tuple(seqnos)
-    head = [pack_id(RECEIPT_BATCH_ACK if window is None else RECEIPT_BATCH_ACK_WINDOW), pack_int256(source_id),
-            pack_long(stream), pack_long(through)]
-    if window is not None:
-        head.append(pack_int(window))
-    return b"".join(head + [pack_int(len(seqnos))] + [pack_long(s) for s in seqnos])
-
-
-def decode_ack(data: bytes) -> Ack:
-    """Parse a remp.receiptBatchAck / remp.receiptBatchAckWindow. DeliveryError("malformed")
-    (also for a window outside 1..MAX_WINDOW)."""
-    window = None
-    try:
-        r = TLReader(data, 68 + 8 * MAX_ACK_SEQNOS)
-        cid = r.constructor()
-        if cid not in (RECEIPT_BATCH_ACK, RECEIPT_BATCH_ACK_WINDOW):
-            raise TLError("not a remp.receiptBatchAck")
-        source_id, stream, through = r.int256(), r.long(), r.long()
-        if cid == RECEIPT_BATCH_ACK_WINDOW:
-            window = r.int()
-            if not 1 <= window <= MAX_WINDOW:
-                raise TLError(f"window {window} (1..{MAX_WINDOW})")
-        n = r.int()
-        if not 0 <= n <= MAX_ACK_SEQNOS:
-            raise TLError(f"{n} seqnos in one ack (max {MAX_ACK_SEQNOS})")
-        seqnos = tuple(r.long() for _ in range(n))
-        r.finish()
-    except TLError as exc:
-        raise DeliveryError("malformed", f"remp.receiptBatchAck: {exc}") from None
-    return Ack(source_id, stream, through, seqnos, window)
 
 
 # --- validator side ----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ to the next one).
 
     .venv/bin/python bench/bench_remp_daemon.py [--rates 100,300] [--duration 60] [--fullnodes K]
         [--shards 2] [--validators-per-shard 7] [--block-interval 0.25] [--drain 60] [--redis]
-        [--overload 3 [--sustained R] [--overload-duration 30]] [--pending-floor N]
+        [--overload 3 [--sustained R] [--overload-duration 30]] [--pending-seconds 1.5] [--pending-floor N]
 
 Per process and rate: CPU per message it handled (a full node: the messages it accepted; a
 validator: the messages it logged a status for), the rate at which that process would
@@ -345,7 +345,8 @@ async def amain(args) -> None:
                   masterchain_validators=args.masterchain_validators,
                   master_block_interval=args.master_block_interval, start_timeout=180.0, log_level="info",
                   redis_url=args.redis_url,
-                  fullnode_args=[] if args.pending_floor is None else ["--pending-floor", str(args.pending_floor)])
+                  fullnode_args=(["--pending-seconds", str(args.pending_seconds)]
+                                 + ([] if args.pending_floor is None else ["--pending-floor", str(args.pending_floor)])))
     net = await ln.init()
     print(f"{len(net.validators())} validators ({args.shards} shards x {args.validators_per_shard}), "
           f"{args.fullnodes} full node(s), "
@@ -522,6 +523,9 @@ def main() -> None:
     ap.add_argument("--sustained", type=float, default=None, metavar="R",
                     help="the sustained rate --overload multiplies (default: measured in this run)")
     ap.add_argument("--overload-duration", type=float, default=30.0)
+    ap.add_argument("--pending-seconds", type=float, default=1.5, metavar="S",
+                    help="the full nodes' --pending-seconds (their pending bound follows capacity; "
+                         "0 = only --max-pending; default here 1.5)")
     ap.add_argument("--pending-floor", type=int, default=None, metavar="N",
                     help="the full nodes' --pending-floor (default: theirs); a network whose capacity x "
                          "--pending-seconds is below the floor queues floor / capacity s behind it")

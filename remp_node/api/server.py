@@ -83,8 +83,9 @@ DEFAULT_MAX_PENDING = 20_000
 #: seconds of finalizing the pending bound stands for (--pending-seconds default): past
 #: `finals per s over the last Admission.RATE_WINDOW s x this` messages not final yet a new one
 #: is refused, so an accepted message waits about this long behind the others (Little's law);
-#: 0 turns the derived bound off (only --max-pending then)
-DEFAULT_PENDING_SECONDS = 1.5
+#: 0 (the default) keeps only --max-pending; 1.5 held accepted messages' Finalized p99 under
+#: 3 s at 3x the sustained rate (bench/bench_remp_daemon.py --overload 3, docs/remp-scaling.md)
+DEFAULT_PENDING_SECONDS = 0.0
 #: the derived bound never goes below this (--pending-floor default): a full node that has
 #: finalized nothing yet (just started, or idle for RATE_WINDOW s) still takes a burst of it
 #: (users post a few hundred messages at once to a fresh full node); below capacity x

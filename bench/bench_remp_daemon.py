@@ -6,6 +6,7 @@ to the next one).
 
     .venv/bin/python bench/bench_remp_daemon.py [--rates 100,300] [--duration 60] [--fullnodes K]
         [--shards 2] [--validators-per-shard 7] [--block-interval 0.25] [--drain 60] [--redis]
+        [--overload 3 [--sustained R] [--overload-duration 30]] [--pending-seconds 1.5] [--pending-floor N]
 
 Per process and rate: CPU per message it handled (a full node: the messages it accepted; a
 validator: the messages it logged a status for), the rate at which that process would
@@ -22,7 +23,16 @@ catchain, shard / master / announce = consensus) and transport datagrams per mes
 of 1,232 bytes). Then the highest rate sustained with nothing lost, and the same-run baseline
 of a raw asyncio UDP request/response (bench/bench_remp_udp.py `run("raw", 200, ...)`).
 
-Targets (issue): first receipt p50 <= 50 ms, p99 <= 200 ms at 100/s; Finalized p50 <= 3 block
+--overload F: after the rates, an overload run: F x the rate the network sustains (--sustained
+R, or else the highest of this run's --rates that was sustained, or else the highest rate's
+accepted messages per second of sending) for --overload-duration s, each message POSTed once
+(documented HTTP API, round robin over the full nodes, no retry): every message must be
+either accepted (202) and then finalized, or refused at once (503 with Retry-After). Prints
+the accepted messages' first receipt p50/p99 (target p99 <= 200 ms) and Finalized p50/p99
+(target p99 <= 3 s), accepted lost (target 0), refusals by reason and their answer time
+p99 and Retry-After range, and the full nodes' remp_api_refused_total by reason.
+
+Targets: first receipt p50 <= 50 ms, p99 <= 200 ms at 100/s; Finalized p50 <= 3 block
 intervals + 0.5 s; >= 300/s with 0 lost; client + catchain payloads per message <= 2N + 3
 (N = validators per shard group) in steady state. Latencies come from the full node's
 event log (remp.fullnode.received / .status / .final timestamps, one clock).
@@ -150,6 +160,126 @@ def handled(ln: LocalNet, since: float) -> dict[str, int]:
     return out
 
 
+def latencies(ln: LocalNet, ids: list[str]) -> tuple[list[float], list[float]]:
+    """For the messages `ids` (hex), from the full nodes' event logs (one clock): first
+    receipt latency in ms (remp.fullnode.received -> the first PutIntoQueue status) and
+    Finalized latency in s (received -> the full node's own Finalized status)."""
+    received, first, fin = {}, {}, {}
+    for f in ln.fullnode_labels():
+        own = ln.net.node(f).key_id[:4].hex()
+        for e in ln.events(f):
+            if e["event"] == "remp.fullnode.received":
+                received.setdefault(e["trace_id"], ts(e))
+            if e["event"] != "remp.fullnode.status":
+                continue
+            k = e["attrs"].get("kind")
+            if k == "PutIntoQueue" and e["trace_id"] not in first:
+                first[e["trace_id"]] = ts(e)
+            elif k == "Finalized" and e["attrs"].get("peer") == own:
+                fin.setdefault(e["trace_id"], ts(e))
+    lat_first = [(first[m] - received[m]) * 1000 for m in ids if m in first and m in received]
+    lat_fin = [(fin[m] - received[m]) for m in ids if m in fin and m in received]
+    return lat_first, lat_fin
+
+
+async def refused_metric(s: aiohttp.ClientSession, ln: LocalNet) -> Counter:
+    """remp_api_refused_total by reason, summed over the full nodes (/metrics)."""
+    out = Counter()
+    for label in ln.fullnode_labels():
+        async with s.get(ln.http(label) + "/metrics") as r:
+            text = await r.text()
+        for line in text.splitlines():
+            if line.startswith("remp_api_refused_total{"):
+                out[line.split('reason="')[1].split('"')[0]] += float(line.split()[-1])
+    return out
+
+
+async def overload_phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: int) -> dict:
+    """Offer `rate` msg/s for `duration` s, each message POSTed ONCE to the next full node
+    (round robin; the documented HTTP API: body = base64 BOC): 202 = accepted, 503 =
+    refused (reason from the body, delay from Retry-After), anything else or no answer =
+    an error. Then wait up to `drain` s for every accepted message to be final."""
+    import base64
+    bocs = transfers(net, int(rate * duration), nonce0)
+    ref0 = await refused_metric(s, ln)
+    c0 = cpu_s(ln)
+    ids: list[str] = []
+    refused, errors = Counter(), Counter()
+    answer_ms: dict[str, list[float]] = {"accepted": [], "refused": []}
+    retry_after: list[float] = []
+    apis = ln.apis
+    t0 = time.monotonic()
+
+    async def one(i: int, boc: bytes) -> None:
+        url = apis[i % len(apis)] + "/messages"
+        a = time.monotonic()
+        try:
+            async with s.post(url, data=base64.b64encode(boc)) as r:
+                status, hdr = r.status, r.headers.get("Retry-After")
+                doc = await r.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            errors[type(exc).__name__] += 1
+            return
+        ms = (time.monotonic() - a) * 1000
+        if status == 202:
+            ids.append(doc["message_id"])
+            answer_ms["accepted"].append(ms)
+        elif status == 503:
+            refused[str(doc.get("reason"))] += 1
+            answer_ms["refused"].append(ms)
+            if hdr is None or not hdr.strip().isdigit():
+                errors["503 without a Retry-After in seconds"] += 1
+            else:
+                retry_after.append(float(hdr))
+        else:
+            errors[str(status)] += 1
+    tasks = []
+    for i, boc in enumerate(bocs):
+        delay = t0 + i / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(i, boc)))
+    await asyncio.gather(*tasks)
+    send_s = time.monotonic() - t0
+    end = time.monotonic() + drain
+    finals = {}
+    while time.monotonic() < end:
+        finals = {e["trace_id"]: e for f in ln.fullnode_labels() for e in ln.events(f, "remp.fullnode.final")}
+        if all(m in finals for m in ids):
+            break
+        await asyncio.sleep(1)
+    c1 = cpu_s(ln)
+    ref1 = await refused_metric(s, ln)
+    lat_first, lat_fin = latencies(ln, ids)
+    outcomes = Counter(finals[m]["attrs"]["outcome"] if m in finals else "none" for m in ids)
+    return {"rate": rate, "sent": len(bocs), "accepted": len(ids), "refused": dict(refused), "errors": dict(errors),
+            "send_s": send_s, "accepted_per_s": len(ids) / max(send_s, 1e-9),
+            "first_p50": pct(lat_first, 0.5), "first_p99": pct(lat_first, 0.99), "n_first": len(lat_first),
+            "fin_p50": pct(lat_fin, 0.5), "fin_p99": pct(lat_fin, 0.99), "n_fin": len(lat_fin),
+            "outcomes": dict(outcomes), "lost": len(ids) - outcomes.get("finalized", 0),
+            "refused_answer_p99_ms": pct(answer_ms["refused"], 0.99),
+            "accepted_answer_p99_ms": pct(answer_ms["accepted"], 0.99),
+            "retry_after_min": min(retry_after, default=float("nan")),
+            "retry_after_max": max(retry_after, default=float("nan")),
+            "metric_refused": {k: ref1[k] - ref0.get(k, 0) for k in ref1 if ref1[k] - ref0.get(k, 0)},
+            "cpu_per_accepted_ms": sum(cpu_delta(c0, c1).values()) / max(1, len(ids)) * 1000}
+
+
+def report_overload(o: dict, factor: float, sustained_rate: float, src: str) -> None:
+    print(f"\noverload: {o['rate']}/s offered ({factor:g} x the sustained {sustained_rate:.0f}/s, {src}) for "
+          f"{o['sent'] / o['rate']:.0f} s (sent in {o['send_s']:.1f} s): {o['accepted']} accepted "
+          f"({o['accepted_per_s']:.0f}/s), refused {sum(o['refused'].values())} by reason {o['refused']}, "
+          f"other answers / errors {o['errors']}")
+    print(f"  accepted: first receipt p50 {o['first_p50']:.1f} ms, p99 {o['first_p99']:.1f} ms over {o['n_first']} "
+          f"(target p99 <= 200: {'met' if o['first_p99'] <= 200 else 'MISSED'}); Finalized p50 {o['fin_p50']:.2f} s, "
+          f"p99 {o['fin_p99']:.2f} s over {o['n_fin']} (target p99 <= 3 s: {'met' if o['fin_p99'] <= 3 else 'MISSED'}); "
+          f"outcomes {o['outcomes']}; accepted LOST {o['lost']} (target 0: {'met' if o['lost'] == 0 else 'MISSED'})")
+    print(f"  refusals answered in p99 {o['refused_answer_p99_ms']:.1f} ms (202s in p99 "
+          f"{o['accepted_answer_p99_ms']:.1f} ms), Retry-After {o['retry_after_min']:g}..{o['retry_after_max']:g} s; "
+          f"full nodes' remp_api_refused_total by reason {o['metric_refused']}; CPU per accepted message "
+          f"{o['cpu_per_accepted_ms']:.1f} ms (all processes)", flush=True)
+
+
 async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: int) -> dict:
     bocs = transfers(net, int(rate * duration), nonce0)
     n0, b0, d0 = await scrape(s, ln)
@@ -192,21 +322,7 @@ async def phase(s, ln, net, rate: int, duration: float, drain: float, nonce0: in
     c2 = cpu_s(ln)
     n1, b1, d1 = await scrape(s, ln)
     ds1 = await delivery_stats(s, ln)
-    received, first, fin = {}, {}, {}
-    for f in fns:
-        own = ln.net.node(f).key_id[:4].hex()
-        for e in ln.events(f):
-            if e["event"] == "remp.fullnode.received":
-                received.setdefault(e["trace_id"], ts(e))
-            if e["event"] != "remp.fullnode.status":
-                continue
-            k = e["attrs"].get("kind")
-            if k == "PutIntoQueue" and e["trace_id"] not in first:
-                first[e["trace_id"]] = ts(e)
-            elif k == "Finalized" and e["attrs"].get("peer") == own:
-                fin.setdefault(e["trace_id"], ts(e))
-    lat_first = [(first[m] - received[m]) * 1000 for m in ids if m in first and m in received]
-    lat_fin = [(fin[m] - received[m]) for m in ids if m in fin and m in received]
+    lat_first, lat_fin = latencies(ln, ids)
     outcomes = Counter(finals[m]["attrs"]["outcome"] if m in finals else "none" for m in ids)
     lost = len(ids) - outcomes.get("finalized", 0) + sum(errors.values())
     per = max(1, len(ids))
@@ -228,7 +344,9 @@ async def amain(args) -> None:
                   mc_catchain_lifetime=args.mc_catchain_lifetime, block_interval=args.block_interval,
                   masterchain_validators=args.masterchain_validators,
                   master_block_interval=args.master_block_interval, start_timeout=180.0, log_level="info",
-                  redis_url=args.redis_url)
+                  redis_url=args.redis_url,
+                  fullnode_args=(["--pending-seconds", str(args.pending_seconds)]
+                                 + ([] if args.pending_floor is None else ["--pending-floor", str(args.pending_floor)])))
     net = await ln.init()
     print(f"{len(net.validators())} validators ({args.shards} shards x {args.validators_per_shard}), "
           f"{args.fullnodes} full node(s), "
@@ -237,7 +355,7 @@ async def amain(args) -> None:
     await ln.start()
     results = []
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64),
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256),
                                          timeout=aiohttp.ClientTimeout(total=30)) as s:
             # warm-up: one message through each full node to Finalized (genesis passed, chains running)
             warm = Submitter(ln.apis, s)
@@ -264,6 +382,19 @@ async def amain(args) -> None:
                 results.append(r)
                 report(r, args)
                 report_ceiling(r)
+            if args.overload:
+                if args.sustained:
+                    base, src = float(args.sustained), "--sustained"
+                elif any(sustained(r, args) for r in results):
+                    base, src = float(max(r["rate"] for r in results if sustained(r, args))), "sustained in this run"
+                else:
+                    top = max(results, key=lambda r: r["rate"])
+                    base = top["accepted"] / max(top["done_s"], 1e-9)
+                    src = f"none of the rates sustained: {top['rate']}/s's accepted messages per second until all final"
+                rate = max(1, int(round(args.overload * base)))
+                args.overload_result = await overload_phase(s, ln, net, rate, args.overload_duration, args.drain, nonce)
+                args.overload_result.update(factor=args.overload, base=base, base_src=src)
+                report_overload(args.overload_result, args.overload, base, src)
     finally:
         await ln.stop()
     ok = [r["rate"] for r in results if sustained(r, args)]
@@ -387,6 +518,17 @@ def main() -> None:
                     help="the first N validators also validate the masterchain (default: all)")
     ap.add_argument("--mc-catchain-lifetime", type=float, default=60.0)
     ap.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU measurement before the rates")
+    ap.add_argument("--overload", type=float, default=0.0, metavar="F",
+                    help="after the rates, offer F x the sustained rate for --overload-duration s (module doc)")
+    ap.add_argument("--sustained", type=float, default=None, metavar="R",
+                    help="the sustained rate --overload multiplies (default: measured in this run)")
+    ap.add_argument("--overload-duration", type=float, default=30.0)
+    ap.add_argument("--pending-seconds", type=float, default=1.5, metavar="S",
+                    help="the full nodes' --pending-seconds (their pending bound follows capacity; "
+                         "0 = only --max-pending; default here 1.5)")
+    ap.add_argument("--pending-floor", type=int, default=None, metavar="N",
+                    help="the full nodes' --pending-floor (default: theirs); a network whose capacity x "
+                         "--pending-seconds is below the floor queues floor / capacity s behind it")
     ap.add_argument("--workdir", default=None, help="keep the network, data and logs here")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--redis", action="store_true",
@@ -422,6 +564,19 @@ def main() -> None:
         for x in rows:
             figures[f"cpu_ms_per_message_{x['process']}{at}"] = x["cpu_ms_per_message"]
     figures["fullnodes"] = args.fullnodes
+    o = getattr(args, "overload_result", None)
+    if o:
+        figures.update({
+            "overload_factor": o["factor"], "overload_base_rate": o["base"], "overload_offered_per_s": o["rate"],
+            "overload_sent": o["sent"], "overload_accepted": o["accepted"],
+            "overload_accepted_per_s": o["accepted_per_s"], "overload_refused": sum(o["refused"].values()),
+            "overload_errors": sum(o["errors"].values()), "overload_accepted_lost": o["lost"],
+            "overload_first_receipt_p50_ms": o["first_p50"], "overload_first_receipt_p99_ms": o["first_p99"],
+            "overload_finalized_p50_s": o["fin_p50"], "overload_finalized_p99_s": o["fin_p99"],
+            "overload_refusal_answer_p99_ms": o["refused_answer_p99_ms"],
+            "overload_retry_after_max_s": o["retry_after_max"]})
+        for reason, n in o["refused"].items():
+            figures[f"overload_refused_{reason}"] = n
     write_result("remp_daemon", figures,
                  {"udp_round_trip_p50_ms": raw["p50"], "udp_round_trip_p99_ms": raw["p99"]} if raw else None)
 

@@ -137,3 +137,25 @@ def test_admission_bounds_pending_and_rate_limits_each_client():
     assert a.check("c2", 0, 1.0) is None                                # another client has its own
     assert a.check("c1", 0, 1.5) is None                                # one token back after 0.5 s
     assert a.check("c1", 0, 1.5)[0] == "client_rate"
+
+
+def test_admission_pending_bound_follows_the_finalize_rate():
+    """With pending_seconds the bound is what the full node finalizes in that time at its
+    recent rate (never below the floor, never above max_pending): under overload accepted
+    messages wait about pending_seconds, the rest is refused at once."""
+    from remp_node.api.server import Admission
+    a = Admission(max_pending=1000, pending_seconds=1.5, pending_floor=20)
+    assert a.bound(0.0) == 20                                           # nothing finalized yet: the floor
+    assert a.check("c", 19, 0.0) is None
+    assert a.check("c", 20, 0.0) == ("pending_full", 2)                 # retry after ~pending_seconds
+    for i in range(1000):                                               # 100 finals per s for 10 s
+        a.final(i / 100)
+    assert a.bound(10.0) == 150                                         # 100/s x 1.5 s
+    assert a.check("c", 149, 10.0) is None
+    assert a.check("c", 200, 10.0) == ("pending_full", 1)               # 51 over / 100 per s -> 1 s
+    assert a.bound(30.0) == 20                                          # idle again: back to the floor
+    capped = Admission(max_pending=50, pending_seconds=10.0, pending_floor=20)
+    for i in range(1000):
+        capped.final(i / 100)
+    assert capped.bound(10.0) == 50                                     # never above max_pending
+    assert Admission(max_pending=50).bound(0.0) == 50                   # pending_seconds 0: max_pending

@@ -192,3 +192,28 @@ def test_local_misuse_is_not_receipt_error():
     assert not isinstance(e.value, ReceiptError)
     with pytest.raises(ValueError):
         Receipt(b"short", New(), 1, KEY.key_id)
+
+
+def test_accepted_receipt_parses_in_one_unpack_to_the_same_object():
+    """Receipts holding an Accepted status (fixed size) take a one-struct path: the same
+    Receipt as the constructor builds, every level, zero master id read as
+    NO_MASTER_BLOCK_ID, and a bad level constructor still refused."""
+    import os as _os
+    from remp_node.wire import receipts as R
+    from remp_node.wire.tl import BlockIdExt as B, ZERO_BLOCK_ID as Z
+    blk = B(0, 0x8000000000000000, 7, _os.urandom(32), _os.urandom(32))
+    mc = B(-1, 0x8000000000000000, 9, _os.urandom(32), _os.urandom(32))
+    mid, src = _os.urandom(32), _os.urandom(32)
+    for st in [R.Accepted(lv, blk) for lv in R.Level] + [R.Accepted(R.Level.MASTERCHAIN, blk, mc),
+                                                         R.Accepted(R.Level.QUEUE, Z, Z)]:
+        rc = R.Receipt(mid, st, 1_700_000_000_123, src)
+        data = rc.serialize()
+        got = R.Receipt.parse(data)
+        assert got == rc and got.serialize() == data
+        assert type(got.status.level) is R.Level and got.status.level is st.level
+    assert R.Receipt.parse(R.Receipt(mid, R.Accepted(R.Level.QUEUE, blk, Z), 1, src).serialize()).status.master_id \
+        == R.NO_MASTER_BLOCK_ID
+    bad = bytearray(R.Receipt(mid, R.Accepted(R.Level.QUEUE, blk), 1, src).serialize())
+    bad[40:44] = b"\x01\x02\x03\x04"                  # the level constructor
+    with pytest.raises(R.ReceiptError, match="malformed"):
+        R.Receipt.parse(bytes(bad))

@@ -18,7 +18,9 @@
   read "accepted for processing" (202) or "done now" (200) into a POST that did nothing; the
   body says what happened to the first one. A message this full node refused itself (422)
   was never sent, so it is checked again.
-  Admission control (Admission): past ``--max-pending`` messages not final yet, or past a
+  Admission control (Admission): past the pending bound (``--max-pending``, lowered to what
+  the full node finalizes in ``--pending-seconds`` at its recent rate, never below
+  ``--pending-floor``) messages not final yet, or past a
   client address's ``--client-rate`` / ``--client-burst`` token bucket, a new message is
   answered **503** with ``Retry-After`` (RFC 9110 section 10.2.3, seconds) and ``{"message_id",
   "error", "reason": "pending_full" | "client_rate", "retry_after"}``: not accepted, not
@@ -78,6 +80,17 @@ MID_RE = re.compile(r"^[0-9a-fA-F]{64}$")
 MAX_MEMORY_MESSAGES = 100_000
 #: messages held not final yet past which new ones are refused (503; --max-pending default)
 DEFAULT_MAX_PENDING = 20_000
+#: seconds of finalizing the pending bound stands for (--pending-seconds default): past
+#: `finals per s over the last Admission.RATE_WINDOW s x this` messages not final yet a new one
+#: is refused, so an accepted message waits about this long behind the others (Little's law);
+#: 0 (the default) keeps only --max-pending; 1.5 held accepted messages' Finalized p99 under
+#: 3 s at 3x the sustained rate (bench/bench_remp_daemon.py --overload 3, docs/remp-scaling.md)
+DEFAULT_PENDING_SECONDS = 0.0
+#: the derived bound never goes below this (--pending-floor default): a full node that has
+#: finalized nothing yet (just started, or idle for RATE_WINDOW s) still takes a burst of it
+#: (users post a few hundred messages at once to a fresh full node); below capacity x
+#: pending_seconds it holds latency, above it a slow network queues floor / capacity seconds
+DEFAULT_PENDING_FLOOR = 256
 #: statuses waiting for Redis at most (beyond: counted as not appended)
 MAX_REDIS_BACKLOG = 200_000
 #: appends a batch of statuses to the stream, one entry each, in order: KEYS[1] the stream,
@@ -132,10 +145,17 @@ class Admission:
     accepted is never dropped for load; anchor: CometBFT refuses a transaction with "mempool
     is full" instead of queueing it):
 
-    - max_pending: messages held not final yet (the client core's tracked ones); past it a
-      new message is refused, reason "pending_full", retry after the time the full node
+    - the pending bound: messages held not final yet (the client core's tracked ones); past
+      it a new message is refused, reason "pending_full", retry after the time the full node
       needs to finalize the excess at its recent rate (finals in the last RATE_WINDOW s),
-      within [1, MAX_RETRY_AFTER] s;
+      within [1, MAX_RETRY_AFTER] s. The bound is max_pending, or, when pending_seconds > 0,
+      the lower of max_pending and max(pending_floor, that recent finalize rate x
+      pending_seconds): the full node takes what it can finalize within about pending_seconds
+      (Little's law: time in the system = messages in it / their throughput) and refuses the
+      rest at once, so accepted messages keep their latency under overload instead of
+      queueing (a fixed max_pending of thousands let Finalized grow to tens of seconds).
+      Without a finalize rate yet the retry is pending_seconds past the floor and
+      MAX_RETRY_AFTER past max_pending;
     - rate / burst: a token bucket per client address (RFC 2697's single-rate form: `rate`
       tokens per second, at most `burst` kept); a message takes one token; without one it is
       refused, reason "client_rate", retry after the time until the next token. rate 0: off.
@@ -143,15 +163,20 @@ class Admission:
       with a full bucket).
 
     check(client, pending, now) -> None (admit; the token is taken) or (reason, retry_after
-    seconds, an int >= 1). final(now) records one final outcome (the finalize rate)."""
+    seconds, an int >= 1). final(now) records one final outcome (the finalize rate).
+    bound(now) -> the pending bound in force (messages). Raises ValueError for max_pending or
+    pending_floor < 1, or a negative rate, burst or pending_seconds."""
 
     RATE_WINDOW = 10.0
     MAX_RETRY_AFTER = 60
 
-    def __init__(self, max_pending: int, rate: float = 0.0, burst: float = 0.0, max_clients: int = 10_000):
-        if max_pending < 1 or rate < 0 or burst < 0:
-            raise ValueError("max_pending must be >= 1, rate and burst >= 0")
+    def __init__(self, max_pending: int, rate: float = 0.0, burst: float = 0.0, max_clients: int = 10_000,
+                 pending_seconds: float = 0.0, pending_floor: int = DEFAULT_PENDING_FLOOR):
+        if max_pending < 1 or rate < 0 or burst < 0 or pending_seconds < 0 or pending_floor < 1:
+            raise ValueError("max_pending and pending_floor must be >= 1, rate, burst and pending_seconds >= 0")
         self.max_pending = max_pending
+        self.pending_seconds = pending_seconds
+        self.pending_floor = pending_floor
         self.rate = rate
         self.burst = max(burst, 1.0) if rate > 0 else 0.0
         self.max_clients = max_clients
@@ -168,11 +193,25 @@ class Admission:
             self._finals.popleft()
         return len(self._finals) / self.RATE_WINDOW
 
+    def bound(self, now: float) -> int:
+        if self.pending_seconds <= 0:
+            return self.max_pending
+        derived = max(self.pending_floor, math.ceil(self._final_rate(now) * self.pending_seconds))
+        return min(self.max_pending, derived)
+
     def check(self, client: str, pending: int, now: float) -> tuple[str, int] | None:
-        if pending >= self.max_pending:
-            excess = pending - self.max_pending + 1
+        bound = self.bound(now) if pending >= self.pending_floor else self.max_pending
+        if pending >= bound:
+            excess = pending - bound + 1
             rate = self._final_rate(now)
-            wait = excess / rate if rate > 0 else float(self.MAX_RETRY_AFTER)
+            if rate > 0:
+                wait = excess / rate
+            elif bound < self.max_pending:
+                # the floor of a full node that finalized nothing in RATE_WINDOW s (just
+                # started): its first messages finalize within about pending_seconds
+                wait = self.pending_seconds
+            else:
+                wait = float(self.MAX_RETRY_AFTER)
             return "pending_full", int(min(self.MAX_RETRY_AFTER, max(1, math.ceil(wait))))
         if self.rate <= 0:
             return None
@@ -279,7 +318,10 @@ class StatusHub:
         self.refusal_log = RefusalLog(lambda reason, count, retry: daemon.log.emit(
             "remp.fullnode.refused", None, "warning", reason=reason, count=count, retry_after=retry))
         self.admission = Admission(getattr(a, "max_pending", DEFAULT_MAX_PENDING) or DEFAULT_MAX_PENDING,
-                                   getattr(a, "client_rate", 0.0) or 0.0, getattr(a, "client_burst", 0.0) or 0.0)
+                                   getattr(a, "client_rate", 0.0) or 0.0, getattr(a, "client_burst", 0.0) or 0.0,
+                                   pending_seconds=getattr(a, "pending_seconds", 0.0) or 0.0,
+                                   pending_floor=getattr(a, "pending_floor", DEFAULT_PENDING_FLOOR)
+                                   or DEFAULT_PENDING_FLOOR)
 
     # -- statuses ---------------------------------------------------------------------------
     def status(self, mid: bytes, d: dict, text: str) -> None:

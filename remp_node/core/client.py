@@ -366,7 +366,8 @@ class RempClient:
             raise ReceiptError("malformed", "a full node does not accept tonNode.rempMessage datagrams")
         self._receipt(dg, dg.open(), now, False)
 
-    def receive_authenticated(self, signed: SignedReceipt, receipt: Receipt, source: bytes, now: float) -> None:
+    def receive_authenticated(self, signed: SignedReceipt, receipt: Receipt, source: bytes, now: float,
+                              digest: bytes = b"") -> None:
         """Feed one receipt whose bytes the caller already authenticated as validator
         `source`'s (32-byte key id): delivery.ReceiptReceiver checked the packet's ed25519
         signature against that validator's key and that receipt.source_id is the packet's
@@ -374,17 +375,19 @@ class RempClient:
         ~80-95 us, saved per receipt); it is kept unchanged in the ReceiptEvent, so a
         subscriber can still verify each status alone. receipt: signed.open(). Raises
         ClientError when receipt.source_id is not `source` (not a remote error: the caller
-        vouched for it)."""
+        vouched for it). digest: sha256(signed.receipt + signed.signature) when the caller has
+        it (delivery.ReceiptDelivered.digest; computed here otherwise)."""
         if receipt.source_id != source:
             raise ClientError("receive_authenticated: receipt source_id is not the authenticated source")
-        self._receipt(signed, receipt, now, True)
+        self._receipt(signed, receipt, now, True, digest)
 
-    def _receipt(self, dg: SignedReceipt, receipt: Receipt, now: float, authenticated: bool) -> None:
+    def _receipt(self, dg: SignedReceipt, receipt: Receipt, now: float, authenticated: bool,
+                 digest: bytes = b"") -> None:
         t = self._tracked.get(receipt.message_id)
         if t is None:
-            self._late_receipt(dg, receipt, now, authenticated)
+            self._late_receipt(dg, receipt, now, authenticated, digest)
             return
-        digest = hashlib.sha256(dg.receipt + dg.signature).digest()
+        digest = digest or hashlib.sha256(dg.receipt + dg.signature).digest()
         if digest in t.seen:
             self.stats["receipts_dropped"] += 1
             return
@@ -437,13 +440,14 @@ class RempClient:
                 self._finish(t, "rejected", decisive, reasons, now)
         self._tick(now, scan=False)
 
-    def _late_receipt(self, dg: SignedReceipt, receipt: Receipt, now: float, authenticated: bool = False) -> None:
+    def _late_receipt(self, dg: SignedReceipt, receipt: Receipt, now: float, authenticated: bool = False,
+                      digest: bytes = b"") -> None:
         late = self._late.get(receipt.message_id)
         if late is None or late.until < now:
             self.stats["receipts_dropped"] += 1
             return
         keys, seen, shard = late.keys, late.seen, late.shard
-        digest = hashlib.sha256(dg.receipt + dg.signature).digest()
+        digest = digest or hashlib.sha256(dg.receipt + dg.signature).digest()
         if digest in seen:
             self.stats["receipts_dropped"] += 1
             return

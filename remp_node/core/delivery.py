@@ -559,11 +559,14 @@ class ReceiptDelivered(DeliveryEvent):
     """One receipt, in its source's production order.
 
     source: the validator's key id (32 bytes); signed: the receipts.SignedReceipt exactly as
-    the validator signed it (verifiable alone); receipt: signed.open()."""
+    the validator signed it (verifiable alone); receipt: signed.open(); digest:
+    sha256(signed.receipt + signed.signature), the receipt's duplicate key (computed once
+    here, reused by the client core's per-message duplicate check; b"" when not given)."""
 
     source: bytes
     signed: SignedReceipt
     receipt: Receipt
+    digest: bytes = b""
 
 
 @dataclass
@@ -695,7 +698,7 @@ class ReceiptReceiver:
             if len(self._seen_order) > self.dedup_memory:
                 self._seen.discard(self._seen_order.popleft())
             self.stats["receipts"] += 1
-            self._events.append(ReceiptDelivered(source, sr, rc))
+            self._events.append(ReceiptDelivered(source, sr, rc, digest))
 
     def next_event(self) -> DeliveryEvent | None:
         return self._events.popleft() if self._events else None

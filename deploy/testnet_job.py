@@ -271,6 +271,7 @@ class NsRmb:
         self.rtt: dict[str, list[float]] = {"bob": [], "carol": []}
         self.stop_apps = asyncio.Event()
         self.app_tasks: list[asyncio.Task] = []
+        self.app_logs: list = []
         self.state = "new"
 
     async def _redis(self, node: str, bind: str) -> str:
@@ -372,13 +373,23 @@ class NsRmb:
         await asyncio.gather(*(self.daemons[t].start(self.timeout) for t in TWINS))
         from rmb_peer.client import RmbService
         for twin in ("bob", "carol"):
-            svc = RmbService(self.redis_url[twin], name=f"echo@{twin}")
+            svc = RmbService(self.redis_url[twin], name=f"echo@{twin}", log=self.app_log("echo", twin))
 
             @svc.handler("testnet.echo")
             async def _echo(data: bytes) -> bytes:
                 return data
             self.app_tasks.append(asyncio.ensure_future(svc.run(self.stop_apps)))
         self.state = "started"
+
+    def app_log(self, app: str, twin: str):
+        """An app's own event log (rmb.app.*, as the main job's apps write them): service =
+        the app's name, node = its twin id; the report's RMB round trip reads it."""
+        from daemon_runtime.eventlog import EventLog
+        from rmb_peer.events import RMB_EVENTS
+        log = EventLog(app, str(self.twin_ids[twin]), [RMB_EVENTS],
+                       sink=str(self.logdir / f"app-{app}-{twin}.jsonl"))
+        self.app_logs.append(log)
+        return log
 
     def all_daemons(self) -> list[Daemon]:
         return list(self.daemons.values()) + list(self.redis.values())
@@ -388,7 +399,7 @@ class NsRmb:
         from rmb_peer.envelope import new_uid
         self.state = "sending"
         n, ttl, gap = int(self.cfg["requests"]), int(self.cfg["ttl"]), float(self.cfg["interval"])
-        client = RmbClient(self.redis_url["alice"], name="testnet-app")
+        client = RmbClient(self.redis_url["alice"], name="testnet-app", log=self.app_log("testnet-app", "alice"))
         ids = {self.twin_ids[t]: t for t in ("bob", "carol")}
 
         async def one(i: int, dst: str) -> None:
@@ -427,6 +438,8 @@ class NsRmb:
                  if k in self.daemons]
         await asyncio.gather(*(d.stop(self.grace) for d in order if d.proc is not None), return_exceptions=True)
         await asyncio.gather(*(d.stop(5) for d in self.redis.values()), return_exceptions=True)
+        for log in self.app_logs:
+            log.close()
 
     def counts(self) -> dict:
         c: dict[str, int] = {}
@@ -454,13 +467,17 @@ async def _partition(net: Testnet, plan: Plan, region: str | None, at: float, du
     if region is None or duration <= 0:
         return
     await asyncio.sleep(at)
-    plan.fault("region_partition", region, duration)
+    # the region, then every node in it: the report's planned-fault rule matches node labels
+    cut = [n.name for n in net.nodes.values() if n.region == region]
+    for target in [region, *cut]:
+        plan.fault("region_partition", target, duration)
     await asyncio.to_thread(net.partition, region)
     log.append({"fault": "region_partition", "region": region, "at": time.time(), "duration_s": duration})
     print(f"testnet: region {region} partitioned for {duration:.0f} s", flush=True)
     await asyncio.sleep(duration)
     await asyncio.to_thread(net.heal)
-    plan.recovered("region_partition", region)
+    for target in [region, *cut]:
+        plan.recovered("region_partition", target)
     print(f"testnet: region {region} healed", flush=True)
 
 

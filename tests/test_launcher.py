@@ -344,3 +344,26 @@ def test_a_daemon_that_dies_is_reported_with_its_exit_code_and_stderr(tmp_path):
     assert proc.returncode == 1
     assert "rmb-relay-relay1 exited with code 2 before READY" in proc.stderr
     assert "invalid int value: 'many'" in proc.stderr  # the tail of the daemon's own stderr
+
+
+def test_topology_run_says_why_the_testnet_cannot_run_and_exits_2(monkeypatch, capsys):
+    """--topology needs root and namespaces: without them it exits 2 with the testnet's own
+    one-line reason, before building anything (here the reason is forced)."""
+    import deploy.testnet as tn
+    from deploy.launcher import main
+
+    reason = "the testnet needs root (it creates network namespaces, veth pairs, bridges and tc qdiscs)"
+    monkeypatch.setattr(tn, "unavailable", lambda: reason)
+    assert main(["--topology", "wan", "--no-report"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"relay-suite-demo: {reason}"]
+
+
+def test_topology_that_does_not_load_exits_2(capsys):
+    import deploy.testnet as tn
+    from deploy.launcher import main
+
+    if tn.unavailable():
+        pytest.skip(f"namespace testnet unavailable: {tn.unavailable()}")
+    assert main(["--topology", "no-such-topology", "--no-report"]) == 2
+    assert "no-such-topology" in capsys.readouterr().err

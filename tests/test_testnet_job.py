@@ -43,3 +43,12 @@ def test_three_protocols_on_wan_with_a_partition_and_a_heal(tmp_path):
     stderr = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.stderr"))
     assert "TEST ONLY link model active" in stderr
     assert result["leftovers"] == [] and tn.leftovers() == []
+    # the partition is planned for the region and for every node in it, so the report's
+    # planned-fault rule (spark/plan.py, node labels) sees carol's, v3's ... traffic as hit
+    plan = [json.loads(line) for line in (tmp_path / "logs" / "demo-plan.jsonl").read_text().splitlines()]
+    cut = {e["attrs"]["target"] for e in plan if e["event"] == "demo.plan.fault"
+           and e["attrs"].get("fault") == "region_partition"}
+    assert {"ap", "carol"} <= cut and "alice" not in cut
+    # the apps log their calls as the main job's apps do (the report's RMB round trip)
+    app = (tmp_path / "logs" / "app-testnet-app-alice.jsonl").read_text()
+    assert app.count('"rmb.app.requested"') == 16 and app.count('"rmb.app.replied"') == 16

@@ -1,4 +1,4 @@
-"""rmb_relay.relay_core.RelayCore in memory with a fake clock, no sockets (DESIGN.md
+"""rmb_relay.core.RelayCore in memory with a fake clock, no sockets (DESIGN.md
 section 2): offline replay order, connection replacement race, lookups per twin (chain,
 stale-while-revalidate, stale-if-error), federation retry and ranker, rate limiter,
 fail-fast, expiry, ping, full queue, impossible transitions."""

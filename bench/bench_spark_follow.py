@@ -99,7 +99,9 @@ def run(rate_name: str, rate: float, seconds: float) -> dict:
     writer = threading.Thread(target=lambda: marks.append(("n", write(logdir, rate, seconds, marks, stop))))
     writer.start()
     last = None
-    while writer.is_alive() or not refreshes or refreshes[-1][0] < marks[-1][0]:
+    def written() -> int:          # lines written so far (marks end with ("n", total))
+        return max((n for n, _ in marks if n != "n"), default=0)
+    while writer.is_alive() or not refreshes or refreshes[-1][0] < written():
         try:
             st = json.loads(status.read_text())
             if st["updated_unix"] != last:

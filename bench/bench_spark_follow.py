@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,49 +90,60 @@ def run(rate_name: str, rate: float, seconds: float) -> dict:
                             "--out", str(out), "--master", "local[2]", "--trigger-s", "1",
                             "--exit-on", str(done)], cwd=ROOT, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    status = out / "live" / "status.json"
-    limit = time.monotonic() + 600
-    while not (out / "checkpoint").exists() and time.monotonic() < limit:
-        time.sleep(0.2)            # the query is up: the JVM's start is not the lag
-    marks: list = []
-    stop = threading.Event()
-    refreshes: list[tuple[int, float]] = []
-    writer = threading.Thread(target=lambda: marks.append(("n", write(logdir, rate, seconds, marks, stop))))
-    writer.start()
-    last = None
-    def written() -> int:          # lines written so far (marks end with ("n", total))
-        return max((n for n, _ in marks if n != "n"), default=0)
-    while writer.is_alive() or not refreshes or refreshes[-1][0] < written():
-        try:
-            st = json.loads(status.read_text())
-            if st["updated_unix"] != last:
-                last = st["updated_unix"]
-                refreshes.append((st["lines"], st["updated_unix"]))
-        except (FileNotFoundError, ValueError, KeyError):
-            pass
-        if not writer.is_alive():
-            done.touch()
-            if job.poll() is not None or time.monotonic() > limit + seconds + 600:
-                break
-        time.sleep(0.1)
-    job.wait(600)
-    total = next(v for k, v in marks if k == "n")
-    lags = []
-    for n, t in marks:
-        if n == "n":
-            continue
-        hit = next((u for lines, u in refreshes if lines >= n), None)
-        if hit is not None:
-            lags.append(max(0.0, hit - t))
-    t_b = time.time()
-    segs = sorted(str(p) for p in (logdir / "segments").glob("*.jsonl"))
-    subprocess.run([sys.executable, "-m", "spark.report", "--out", str(tmp / "batch"),
-                    "--master", "local[2]", *segs], cwd=ROOT, env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    batch_s = time.time() - t_b
-    return {"rate": rate, "events": total, "p50_s": pct(lags, 0.5), "p99_s": pct(lags, 0.99),
-            "refreshes": len(refreshes), "batch_s": round(batch_s, 2),
-            "covered": len(lags), "marks": len(marks) - 1}
+    try:
+        status = out / "live" / "status.json"
+        limit = time.monotonic() + 600
+        while not (out / "checkpoint").exists() and time.monotonic() < limit:
+            time.sleep(0.2)            # the query is up: the JVM's start is not the lag
+        marks: list = []
+        stop = threading.Event()
+        refreshes: list[tuple[int, float]] = []
+        writer = threading.Thread(target=lambda: marks.append(("n", write(logdir, rate, seconds, marks, stop))))
+        writer.start()
+        last = None
+        def written() -> int:          # lines written so far (marks end with ("n", total))
+            return max((n for n, _ in marks if n != "n"), default=0)
+        while writer.is_alive() or not refreshes or refreshes[-1][0] < written():
+            try:
+                st = json.loads(status.read_text())
+                if st["updated_unix"] != last:
+                    last = st["updated_unix"]
+                    refreshes.append((st["lines"], st["updated_unix"]))
+            except (FileNotFoundError, ValueError, KeyError):
+                pass
+            if not writer.is_alive():
+                done.touch()
+                if job.poll() is not None or time.monotonic() > limit + seconds + 600:
+                    break
+            time.sleep(0.1)
+        job.wait(600)
+        total = next(v for k, v in marks if k == "n")
+        lags = []
+        for n, t in marks:
+            if n == "n":
+                continue
+            hit = next((u for lines, u in refreshes if lines >= n), None)
+            if hit is not None:
+                lags.append(max(0.0, hit - t))
+        t_b = time.time()
+        segs = sorted(str(p) for p in (logdir / "segments").glob("*.jsonl"))
+        subprocess.run([sys.executable, "-m", "spark.report", "--out", str(tmp / "batch"),
+                        "--master", "local[2]", *segs], cwd=ROOT, env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        batch_s = time.time() - t_b
+        return {"rate": rate, "events": total, "p50_s": pct(lags, 0.5), "p99_s": pct(lags, 0.99),
+                "refreshes": len(refreshes), "batch_s": round(batch_s, 2),
+                "covered": len(lags), "marks": len(marks) - 1}
+    finally:
+        # the streaming job ends at --exit-on; on any error before that it is stopped here
+        if job.poll() is None:
+            job.terminate()
+            try:
+                job.wait(30)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -245,11 +245,19 @@ class ShardPayload:
     messages: tuple[BlockMessage, ...]
 
 
+def _pack_message(m: BlockMessage) -> bytes:
+    return pack_int256(m.message_id) + pack_int256(m.uid) + pack_int256(m.origin) + pack_bytes(m.boc)
+
+
+def _read_messages(r: TLReader, n: int) -> tuple[BlockMessage, ...]:
+    """n BlockMessages from r (message id, uid, origin: int256 each; the BOC: bytes)."""
+    return tuple(BlockMessage(r.int256(), r.int256(), r.int256(), r.bytes()) for _ in range(n))
+
+
 def encode_shard_payload(p: ShardPayload) -> bytes:
     out = [pack_id(SHARD_BLOCK), pack_int(p.session), pack_long(p.gen_utime_ms), pack_int256(p.collator),
            pack_int(len(p.messages))]
-    for m in p.messages:
-        out.append(pack_int256(m.message_id) + pack_int256(m.uid) + pack_int256(m.origin) + pack_bytes(m.boc))
+    out.extend(_pack_message(m) for m in p.messages)
     return b"".join(out)
 
 
@@ -262,7 +270,7 @@ def decode_shard_payload(data: bytes) -> ShardPayload:
         session, gen, collator, n = r.int(), r.long(), r.int256(), r.uint()
         if n > 4096:
             raise PayloadError(f"{n} messages in a shard block")
-        msgs = tuple(BlockMessage(r.int256(), r.int256(), r.int256(), r.bytes()) for _ in range(n))
+        msgs = _read_messages(r, n)
         r.finish()
     except TLError as exc:
         raise PayloadError(f"shard block: {exc}") from None
@@ -285,8 +293,7 @@ def encode_master_block(p: MasterPayload) -> bytes:
     out = [pack_id(MASTER_BLOCK), pack_int(p.session), pack_long(p.gen_utime_ms),
            pack_int(len(p.shard_commits)), b"".join(pack_bytes(c) for c in p.shard_commits),
            pack_int(len(p.messages))]
-    for m in p.messages:
-        out.append(pack_int256(m.message_id) + pack_int256(m.uid) + pack_int256(m.origin) + pack_bytes(m.boc))
+    out.extend(_pack_message(m) for m in p.messages)
     return b"".join(out)
 
 
@@ -302,7 +309,7 @@ def decode_master_block(data: bytes) -> MasterPayload:
         k = r.uint()
         if k > 4096:
             raise PayloadError(f"{k} messages in a master block")
-        msgs = tuple(BlockMessage(r.int256(), r.int256(), r.int256(), r.bytes()) for _ in range(k))
+        msgs = _read_messages(r, k)
         r.finish()
     except TLError as exc:
         raise PayloadError(f"master block: {exc}") from None

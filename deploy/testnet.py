@@ -685,6 +685,23 @@ def _install_signals() -> None:
     signal.signal(signal.SIGTERM, on_signal)
 
 
+def guarded(prog: str, run, errors: tuple[type[BaseException], ...]):
+    """run() for a command line: SIGINT/SIGTERM -> 130 ("interrupted; testnet removed"), one of
+    `errors` -> 1 with its text on stderr, else run()'s value; afterwards the leftovers of a
+    testnet nobody holds are removed."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; testnet removed", file=sys.stderr)
+        return 130
+    except errors as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if leftovers() and not _lock_holder():
+            cleanup(verbose=True)
+
+
 def _lock_holder() -> str | None:
     """The pid text in the lock file when another process holds the lock, else None."""
     try:
@@ -726,18 +743,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.job:
         from deploy.daemons import LaunchError
         from deploy.testnet_job import run_job
-        try:
-            return run_job(topo, [x.strip() for x in args.job.split(",") if x.strip()], Path(args.workdir),
-                           partition_s=args.partition)
-        except KeyboardInterrupt:
-            print("relay-suite-testnet: interrupted; testnet removed", file=sys.stderr)
-            return 130
-        except (TestnetError, LaunchError) as exc:
-            print(f"relay-suite-testnet: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            if leftovers() and not _lock_holder():
-                cleanup(verbose=True)
+        return guarded("relay-suite-testnet", lambda: run_job(
+            topo, [x.strip() for x in args.job.split(",") if x.strip()], Path(args.workdir),
+            partition_s=args.partition), (TestnetError, LaunchError))
     names = [x.strip() for x in args.nodes.split(",")] if args.nodes else (topo.example or ["a", "b"])
     try:
         with Testnet(topo, names) as net:

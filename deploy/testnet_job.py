@@ -36,8 +36,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import statistics
 import time
 from datetime import datetime
 from pathlib import Path
@@ -46,7 +44,7 @@ from daemon_runtime.daemons import Daemon, LaunchError, script
 from deploy.segments import Plan
 from deploy.testnet import Testnet, TestnetError, Topology
 
-__all__ = ["run_job", "job_nodes", "NsRempSegment", "NsMarlinSegment", "NsRmb", "DEFAULTS"]
+__all__ = ["run_job", "run_and_record", "job_nodes", "NsRmb", "DEFAULTS"]
 
 SHARED_DATA = Path(os.environ.get("RELAYSUITE_SHARED_DATA",
                                   Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
@@ -192,7 +190,7 @@ def _make_marlin_segment(net: Testnet, cfg: dict, workdir: Path, plan: Plan, tim
         """MarlinNet whose nodes listen on their namespace's address and run inside it."""
 
         def init(self) -> dict:
-            nodes = super().init()
+            super().init()
             path = self.netdir / "network.json"
             mode = path.stat().st_mode & 0o777
             doc = json.loads(path.read_text())
@@ -569,14 +567,21 @@ def run_job(topo: Topology, protocols: list[str], workdir: Path, partition_s: fl
             cfg: dict | None = None) -> int:
     """CLI entry: run the job, print the figures, write WORKDIR/testnet.json; 0 when every
     verdict row is ok."""
+    result = run_and_record(topo, protocols, workdir, partition_s, cfg)
+    return 0 if all(ok for ok, _ in result["verdict"].values()) else 1
+
+
+def run_and_record(topo: Topology, protocols: list[str], workdir: Path, partition_s: float | None = None,
+                   cfg: dict | None = None) -> dict:
+    """Run the job, write WORKDIR/testnet.json, print the figures; the result dict."""
     cfg = json.loads(json.dumps(cfg or DEFAULTS))
     if partition_s is not None:
         cfg["partition_s"] = partition_s
     result = asyncio.run(run_async(topo, protocols, Path(workdir), cfg))
     Path(workdir).mkdir(parents=True, exist_ok=True)
     (Path(workdir) / "testnet.json").write_text(json.dumps(result, indent=1, default=str))
-    print(report(result))
-    return 0 if all(ok for ok, _ in result["verdict"].values()) else 1
+    print(report(result), flush=True)
+    return result
 
 
 def report(result: dict) -> str:

@@ -23,7 +23,6 @@ data fails); 1 otherwise. Every namespace and link is removed on every exit path
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -51,9 +50,8 @@ def run_topology(args) -> int:
     from daemon_runtime.daemons import LaunchError
     from deploy import launcher
     from deploy.objectives import objectives, sla_toml
-    from deploy.testnet import TestnetError, _install_signals, _lock_holder, cleanup, leftovers, load_topology, \
-        unavailable
-    from deploy.testnet_job import DEFAULTS, report, run_async
+    from deploy.testnet import TestnetError, _install_signals, guarded, leftovers, load_topology, unavailable
+    from deploy.testnet_job import run_and_record
 
     why = unavailable()
     if why:
@@ -73,22 +71,11 @@ def run_topology(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     workdir = Path(args.workdir or Path(cfg["cluster"]["workdir"]) / f"{time.strftime('%Y%m%d-%H%M%S')}-{topo.name}")
-    job_cfg = json.loads(json.dumps(DEFAULTS))
-    job_cfg["partition_s"] = float(args.partition)
     _install_signals()
-    try:
-        result = asyncio.run(run_async(topo, protocols, workdir, job_cfg))
-    except KeyboardInterrupt:
-        print("relay-suite-demo: interrupted; testnet removed", file=sys.stderr)
-        return 130
-    except (TestnetError, LaunchError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if leftovers() and not _lock_holder():
-            cleanup(verbose=True)
-    (workdir / "testnet.json").write_text(json.dumps(result, indent=1, default=str))
-    print(report(result), flush=True)
+    result = guarded("relay-suite-demo", lambda: run_and_record(topo, protocols, workdir, float(args.partition)),
+                     (TestnetError, LaunchError))
+    if isinstance(result, int):
+        return result
     rows = [{"name": k, "ok": bool(ok), "detail": detail} for k, (ok, detail) in result["verdict"].items()]
     regions = {name: n["region"] for name, n in result["topology"]["nodes"].items()}
     derived = {o["name"]: o for o in objectives(topo, regions)}

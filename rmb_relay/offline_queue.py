@@ -221,8 +221,11 @@ class OfflineQueue:
         except asyncio.CancelledError as exc:
             # the connection closed: the frames the cancellation unwound (Redis client,
             # asyncio.timeout) hold the error in their locals, a cycle error -> traceback
-            # -> frame -> error that would keep this peer until a cyclic GC pass
+            # -> frame -> error that would keep this peer until a cyclic GC pass. This
+            # frame is executing and so is not cleared, yet it is in the error's traceback
+            # too: it lets go of the command and its connection itself.
             traceback.clear_frames(exc.__traceback__)
+            del cmd, peer
             raise
         except (TimeoutError, aioredis.RedisError, OSError) as exc:
             self.relay._feed(self.relay.core.queue_failed, peer, repr(exc))
@@ -241,6 +244,7 @@ class OfflineQueue:
                 await self.call(pipe.execute())
         except asyncio.CancelledError as exc:
             traceback.clear_frames(exc.__traceback__)
+            del cmd                        # as in read(): this frame is in the traceback
             raise
         except (TimeoutError, aioredis.RedisError, OSError) as exc:
             self.relay._feed(self.relay.core.queue_failed, cmd.conn, repr(exc))

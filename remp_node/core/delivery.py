@@ -120,14 +120,14 @@ from ..wire.tl import REMP_MESSAGE, REMP_NEW, REMP_SIGNED_RECEIPT, TLError, TLRe
 from ..wire.batches import (MAX_ACK_SEQNOS, MAX_BATCH_RECEIPTS, MAX_PACKET_BYTES, MAX_WINDOW,  # noqa: F401
                             RECEIPT_BATCH, RECEIPT_BATCH_ACK, RECEIPT_BATCH_ACK_WINDOW, TL_LINES, Ack, Batch,
                             DeliveryError, decode_ack, decode_batch, encode_ack, encode_batch)
-from .validator import CH_CLIENT, CHANNEL_NAMES
+from ..wire.node_tl import CH_CLIENT, CHANNEL_NAMES
 
 __all__ = ["ReceiptSender", "ReceiptReceiver", "OutboxChange", "ReceiptDelivered", "DeliveryEvent", "DeliveryError",
            "DeliveryMisuse", "classify", "KINDS", "TL_LINES", "RECEIPT_BATCH", "RECEIPT_BATCH_ACK",
            "encode_batch", "decode_batch", "encode_ack", "decode_ack", "Batch", "Ack"]
 
 
-#: Validator mux channel kinds (validator.CHANNEL_NAMES): byte 0 of a muxed datagram,
+#: Validator mux channel kinds (wire/node_tl.py CHANNEL_NAMES): byte 0 of a muxed datagram,
 #: followed by a 32-byte session id.
 _MUX = CHANNEL_NAMES
 _MUX_PREFIX = 33
@@ -155,7 +155,7 @@ class DeliveryMisuse(RempLocalError):
 def classify(payload: bytes) -> str:
     """Kind of one transport payload (KINDS): "client_message" (tonNode.rempMessage),
     "receipt" (tonNode.rempSignedReceipt), "receipt_batch", "receipt_ack" (this module's
-    TL), bare or inside a validator CH_CLIENT mux; "validator_mux" (validator.mux of
+    TL), bare or inside a validator CH_CLIENT mux; "validator_mux" (node_tl.mux of
     RMQ / shard / master / announce traffic, or a CH_CLIENT mux of anything else); else
     "unknown". Looks only at the first 37 bytes; never raises."""
     data = bytes(payload[:_MUX_PREFIX + 4])

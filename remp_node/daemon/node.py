@@ -61,8 +61,8 @@ from .netfiles import NetFilesError, load_key, load_network
 from ..wire.receipts import ReceiptError
 from ..core.schedule import master_session_at
 from .store import StoreError
-from ..core.validator import (CH_CLIENT, CH_MASTER, CHANNEL_NAMES, Dropped, MasterBlockAccepted, ReceiptSent,
-                        ShardBlockAccepted, ValidatorCore, ZERO32, mux)
+from ..core.validator import Dropped, MasterBlockAccepted, ReceiptSent, ShardBlockAccepted, ValidatorCore
+from ..wire.node_tl import CH_CLIENT, CH_MASTER, CHANNEL_NAMES, ZERO32, mux
 from ..wire.packets import WireError
 
 #: seconds between a received datagram and the step that flushes its consequences (module

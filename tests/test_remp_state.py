@@ -68,7 +68,7 @@ def test_execution_failures_change_nothing(kwargs, now, needle):
     assert st.state_hash() == before
     with pytest.raises(MessageRejected) as e:
         st.precheck(msg(**kwargs), now)
-    assert e.value.code == "pre_execution" and e.value.reason == f"Pre-execution failed: {res.error}"
+    assert e.value.code == "pre_execution" and e.value.text == f"Pre-execution failed: {res.error}"
 
 
 def test_unknown_account():

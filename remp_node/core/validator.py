@@ -816,7 +816,7 @@ class ValidatorCore:
         try:
             parsed = self._parse(dg.boc)
         except MessageRejected as exc:
-            self._drop("client", src, f"bad message: {exc.reason}")
+            self._drop("client", src, f"bad message: {exc.text}")
             return
         if parsed.id != dg.message_id:
             self._drop("client", src, "rempMessage id is not the BOC's root hash")
@@ -1007,7 +1007,7 @@ class ValidatorCore:
             try:
                 parsed = self._parsed_of(m)
             except MessageRejected as exc:
-                return f"message {m.message_id.hex()}: {exc.reason}"
+                return f"message {m.message_id.hex()}: {exc.text}"
             if parsed.id != m.message_id or parsed.uid != m.uid or not self._in_shard(parsed, s.shard):
                 return f"message {m.message_id.hex()} does not match its BOC or shard"
             res = state.execute(parsed, p.gen_utime_ms / 1000.0)
@@ -1279,7 +1279,7 @@ class ValidatorCore:
             try:
                 parsed = self._parsed_of(m)
             except MessageRejected as exc:
-                return f"message {m.message_id.hex()}: {exc.reason}"
+                return f"message {m.message_id.hex()}: {exc.text}"
             if parsed.id != m.message_id or parsed.uid != m.uid or parsed.workchain != MASTERCHAIN_WORKCHAIN:
                 return f"message {m.message_id.hex()} does not match its BOC or the masterchain"
             res = state.execute(parsed, p.gen_utime_ms / 1000.0)

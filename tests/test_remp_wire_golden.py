@@ -65,3 +65,19 @@ def test_channel_prefix():
             n.CH_COMMIT_NEED) == (1, 2, 3, 4, 5, 6, 7)
     with pytest.raises(RempLocalError):
         n.mux(n.CH_RMQ, b"short", b"")
+
+
+def test_catchain_datagrams():
+    from remp_node.wire import catchain_tl as c
+    left = c.Dep(1, 2, bytes(range(32)), bytes(64))
+    right = c.Dep(1, 2, bytes(range(1, 33)), b"\x01" * 64)
+    assert c.pack_get_difference([3, -1, 0]).hex() == "d8ce6cd0" "03000000" "03000000ffffffff00000000"
+    assert c.pack_difference([3, -1, 0]).hex() == "cad11514" "03000000" "03000000ffffffff00000000"
+    assert c.pack_get_block(bytes(range(32))).hex() == "78dd3d09" + bytes(range(32)).hex()
+    assert c.pack_block_not_found().hex() == "840811b6"
+    assert c.pack_block_update(b"body").hex() == "c4586723626f6479"
+    assert c.pack_block_result(b"body").hex() == "47302a9d626f6479"
+    fork = c.pack_difference_fork(left, right)
+    assert (len(fork), _sha(fork)) == (220, "672d2e4d01c8778ab0995974f77cdf54d1414aafa336474879b8f2923bcfd35a")
+    assert c.read_fork_proof(c.pack_fork_proof(left, right)) == (left, right)
+    assert c.record_size(b"abc") == 4 and c.record_size(b"abcd") == 8

@@ -81,3 +81,19 @@ def test_catchain_datagrams():
     assert (len(fork), _sha(fork)) == (220, "672d2e4d01c8778ab0995974f77cdf54d1414aafa336474879b8f2923bcfd35a")
     assert c.read_fork_proof(c.pack_fork_proof(left, right)) == (left, right)
     assert c.record_size(b"abc") == 4 and c.record_size(b"abcd") == 8
+
+
+def test_payload_kinds_by_first_bytes():
+    from remp_node.wire.batches import RECEIPT_BATCH, RECEIPT_BATCH_ACK
+    from remp_node.wire.tl import REMP_MESSAGE, REMP_SIGNED_RECEIPT, pack_id
+    sid = bytes(range(32))
+    for cid, kind in ((REMP_MESSAGE, "client_message"), (REMP_SIGNED_RECEIPT, "receipt"),
+                      (RECEIPT_BATCH, "receipt_batch"), (RECEIPT_BATCH_ACK, "receipt_ack")):
+        body = pack_id(cid) + b"rest"
+        assert n.classify(body) == kind and n.unwrap(body) == body
+        assert n.classify(n.mux(n.CH_CLIENT, n.ZERO32, body)) == kind
+        assert n.unwrap(n.mux(n.CH_CLIENT, n.ZERO32, body)) == body
+    assert n.classify(n.mux(n.CH_RMQ, sid, b"x")) == "validator_mux"
+    assert n.classify(n.mux(n.CH_CLIENT, n.ZERO32, b"\x00\x00\x00\x00")) == "validator_mux"
+    assert n.classify(b"\x00" * 40) == "unknown" and n.classify(b"") == "unknown"
+    assert set(n.KINDS) == {"client_message", "receipt", "receipt_batch", "receipt_ack", "validator_mux", "unknown"}

@@ -1,8 +1,12 @@
 """The REMP validator node's own wire objects: the channel prefix every datagram between REMP
 nodes carries, the shard and master block payloads (remp.node.shardBlock /
-remp.node.masterBlock), and the two bodies of "shard commits by reference" (CH_MASTER_REF,
-CH_COMMIT_NEED). Pure codecs; the validator core (remp_node/core/validator.py, its module
-docstring: "Multiplexing", "Shard commits by reference") decides when they are sent.
+remp.node.masterBlock), the two bodies of "shard commits by reference" (CH_MASTER_REF,
+CH_COMMIT_NEED), and `classify` / `unwrap`, which tell a transport payload's kind from its
+first bytes (client datagrams and receipts, bare or in a CH_CLIENT mux; receipt batches and
+acks; the validators' own channels). Pure codecs; the validator core
+(remp_node/core/validator.py, its module docstring: "Multiplexing", "Shard commits by
+reference") decides when they are sent, the receipt delivery core
+(remp_node/core/delivery.py) and the daemons route by `classify`.
 
 Layouts (ever-tl ton_api.tl style: little-endian, TL `bytes` padding, boxed objects start
 with the crc32 constructor id of their TL line):
@@ -25,15 +29,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import RempRemoteError
+from .batches import RECEIPT_BATCH, RECEIPT_BATCH_ACK, RECEIPT_BATCH_ACK_WINDOW
 from .consensus_tl import MAX_DATAGRAM, MAX_PAYLOAD
 from .packets import WireUsageError
-from .tl import TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256, pack_long, tl_constructor_id
+from .tl import (REMP_MESSAGE, REMP_SIGNED_RECEIPT, TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256,
+                 pack_long, tl_constructor_id)
 
 __all__ = ["CH_CLIENT", "CH_RMQ", "CH_SHARD", "CH_MASTER", "CH_ANNOUNCE", "CH_MASTER_REF", "CH_COMMIT_NEED",
            "CHANNEL_NAMES", "ZERO32", "PREFIX", "mux", "demux", "PayloadError",
            "MAX_REFS", "CommitRef", "encode_refs", "decode_refs", "encode_commit_need", "decode_commit_need",
            "SHARD_BLOCK", "MASTER_BLOCK", "MAX_SHARD_PAYLOAD", "BlockMessage", "ShardPayload", "MasterPayload",
-           "encode_shard_payload", "decode_shard_payload", "encode_master_block", "decode_master_block"]
+           "encode_shard_payload", "decode_shard_payload", "encode_master_block", "decode_master_block",
+           "KINDS", "classify", "unwrap"]
 
 CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE = 1, 2, 3, 4, 5
 #: a CH_MASTER datagram with its shard commits by reference, and the request for the commits a
@@ -245,3 +252,42 @@ def decode_master_block(data: bytes) -> MasterPayload:
     except TLError as exc:
         raise PayloadError(f"master block: {exc}") from None
     return MasterPayload(session, gen, commits, msgs)
+
+
+# --- what a transport payload is ------------------------------------------------------------------
+
+#: What classify() returns.
+KINDS = ("client_message", "receipt", "receipt_batch", "receipt_ack", "validator_mux", "unknown")
+_BY_ID = {REMP_MESSAGE: "client_message", REMP_SIGNED_RECEIPT: "receipt",
+          RECEIPT_BATCH: "receipt_batch", RECEIPT_BATCH_ACK: "receipt_ack", RECEIPT_BATCH_ACK_WINDOW: "receipt_ack"}
+# a boxed TL object and a muxed datagram can never be confused: no constructor id we route
+# starts with a channel byte
+assert all((cid & 0xFF) not in CHANNEL_NAMES for cid in _BY_ID)
+
+
+def classify(payload: bytes) -> str:
+    """Kind of one transport payload (KINDS): "client_message" (tonNode.rempMessage),
+    "receipt" (tonNode.rempSignedReceipt), "receipt_batch", "receipt_ack" (wire/batches.py),
+    bare or inside a validator CH_CLIENT mux; "validator_mux" (mux of RMQ / shard / master /
+    announce traffic, or a CH_CLIENT mux of anything else); else "unknown". Looks only at
+    the first 37 bytes; never raises."""
+    data = bytes(payload[:PREFIX + 4])
+    if len(data) >= 4:
+        kind = _BY_ID.get(int.from_bytes(data[:4], "little"))
+        if kind is not None:
+            return kind
+    if len(data) >= PREFIX and data[0] in CHANNEL_NAMES:
+        if data[0] == CH_CLIENT and len(data) >= PREFIX + 4:
+            inner = _BY_ID.get(int.from_bytes(data[PREFIX:PREFIX + 4], "little"))
+            if inner is not None:
+                return inner
+        return "validator_mux"
+    return "unknown"
+
+
+def unwrap(payload: bytes) -> bytes:
+    """The TL object of a payload classify() named (strips a CH_CLIENT mux prefix)."""
+    if len(payload) >= PREFIX + 4 and payload[0] == CH_CLIENT and \
+            int.from_bytes(payload[:4], "little") not in _BY_ID:
+        return bytes(payload[PREFIX:])
+    return bytes(payload)

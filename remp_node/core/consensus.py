@@ -88,7 +88,8 @@ Block id (document for verifiers)
     file_hash = sha256(candidate bytes)
     block_id  = tonNode.blockIdExt(workchain, shard, seqno, root_hash, file_hash)
 
-Wire (every datagram is one boxed TL object; ids = tl_constructor_id of the TL_* lines below;
+Wire (codecs in remp_node/wire/consensus_tl.py; every datagram is one boxed TL object; ids =
+tl_constructor_id of the TL_* lines there;
     ed25519 signatures over the boxed *Data objects)
     remp.consensus.proposal  session_id:int256 round:int pol_round:int candidate:bytes
                              pol_signatures:(vector remp.consensus.signature) signature:int512
@@ -123,8 +124,7 @@ from enum import Enum
 from typing import Callable, NamedTuple
 
 from ..wire.keys import NodeKey, key_id as key_id_of, verify
-from ..wire.tl import (BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256,  # noqa: F401
-                       pack_int512, pack_long, tl_constructor_id)
+from ..wire.tl import BlockIdExt
 from ..wire.consensus_tl import (  # noqa: F401  (the core's names stay importable from here)
     BLOCK_ROOT, Candidate, CANDIDATE, Commit, COMMIT, COMMIT_SIGS, CommitSignatures,
     ConsensusStateError, ConsensusUsageError, ConsensusWireError, decode_master_payload,

@@ -97,3 +97,24 @@ def test_payload_kinds_by_first_bytes():
     assert n.classify(n.mux(n.CH_CLIENT, n.ZERO32, b"\x00\x00\x00\x00")) == "validator_mux"
     assert n.classify(b"\x00" * 40) == "unknown" and n.classify(b"") == "unknown"
     assert set(n.KINDS) == {"client_message", "receipt", "receipt_batch", "receipt_ack", "validator_mux", "unknown"}
+
+
+def test_rmq_records_fetch_and_session_id():
+    from remp_node.wire import rmq_tl as q
+    head = ("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+            "0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20" "05000000"
+            "02030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f2021")
+    msg = q.Record(bytes(range(32)), bytes(range(1, 33)), 5, bytes(range(2, 34)), b"boc!")
+    digest = q.Record(bytes(range(32)), bytes(range(1, 33)), 5, bytes(range(2, 34)), None, True)
+    assert msg.pack().hex() == "aed060f9" + head + "04626f6321000000"
+    assert digest.pack().hex() == "96fb7846" + head + "01000000"
+    assert q.decode_record(msg.pack()) == msg and q.decode_record(digest.pack()) == digest
+    ids = [bytes(range(32)), bytes(32)]
+    query = q.encode_query(ids)
+    assert query.hex() == "01" "06c46581" "02000000" + ids[0].hex() + ids[1].hex()
+    assert q.decode_query(query[1:]) == ids
+    resp = q.encode_response([b"a", b"bcdef"])
+    assert resp.hex() == "02" "761fda2f" "02000000" "01610000" "0562636465660000"
+    assert q.decode_response(resp[1:]) == [b"a", b"bcdef"]
+    assert q.rmq_session_id(0, -0x8000000000000000, 3, ids).hex() == \
+        "890a83f879f8e8fb2b0f73cc3eea713e43b87ad53776b4e52287c84f84af44cf"

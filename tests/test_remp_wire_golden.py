@@ -118,3 +118,11 @@ def test_rmq_records_fetch_and_session_id():
     assert q.decode_response(resp[1:]) == [b"a", b"bcdef"]
     assert q.rmq_session_id(0, -0x8000000000000000, 3, ids).hex() == \
         "890a83f879f8e8fb2b0f73cc3eea713e43b87ad53776b4e52287c84f84af44cf"
+
+
+def test_group_seed_hash_input():
+    from remp_node.core.schedule import group_seed
+    assert group_seed(4, bytes(range(32)), 0, -0x8000000000000000).hex() == \
+        "e7cc04c56dc635c9400506cfb6855a0b2b8b1b83bc13da5bbb21303dca4c816f"
+    assert hashlib.sha256(n.pack_group_seed(bytes(range(32)), 4, 0, -0x8000000000000000)).hexdigest() == \
+        "e7cc04c56dc635c9400506cfb6855a0b2b8b1b83bc13da5bbb21303dca4c816f"

@@ -19,6 +19,8 @@ with the crc32 constructor id of their TL line):
     blockMessage      message_id:int256 uid:int256 origin:int256 boc:bytes     (bare)
     CH_MASTER_REF     count:int then per segment 0:int data:bytes | 1:int hash:int256
     CH_COMMIT_NEED    count:int hashes:int256*
+    group seed        remp.schedule.groupSeed prev_mc_block_hash:int256 session_seqno:int
+                      workchain:int shard:long      (hashed, never sent)
 
 Errors: PayloadError (a RempRemoteError, a ValueError; reason "bad_payload", or
 "short_datagram" from demux) for remote bytes that do not parse; WireUsageError (a
@@ -40,7 +42,7 @@ __all__ = ["CH_CLIENT", "CH_RMQ", "CH_SHARD", "CH_MASTER", "CH_ANNOUNCE", "CH_MA
            "MAX_REFS", "CommitRef", "encode_refs", "decode_refs", "encode_commit_need", "decode_commit_need",
            "SHARD_BLOCK", "MASTER_BLOCK", "MAX_SHARD_PAYLOAD", "BlockMessage", "ShardPayload", "MasterPayload",
            "encode_shard_payload", "decode_shard_payload", "encode_master_block", "decode_master_block",
-           "KINDS", "classify", "unwrap"]
+           "KINDS", "classify", "unwrap", "TL_GROUP_SEED", "GROUP_SEED", "pack_group_seed"]
 
 CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE = 1, 2, 3, 4, 5
 #: a CH_MASTER datagram with its shard commits by reference, and the request for the commits a
@@ -63,6 +65,10 @@ MASTER_BLOCK = tl_constructor_id(
     "messages:(vector remp.node.blockMessage) = remp.node.MasterBlock")
 #: largest shard block payload decode_shard_payload reads (bytes)
 MAX_SHARD_PAYLOAD = 8 << 20
+#: the hash input of a session's per-shard group rotation seed (remp_node/core/schedule.py)
+TL_GROUP_SEED = ("remp.schedule.groupSeed prev_mc_block_hash:int256 session_seqno:int "
+                 "workchain:int shard:long = remp.schedule.GroupSeed")
+GROUP_SEED = tl_constructor_id(TL_GROUP_SEED)
 
 
 class PayloadError(RempRemoteError):
@@ -252,6 +258,12 @@ def decode_master_block(data: bytes) -> MasterPayload:
     except TLError as exc:
         raise PayloadError(f"master block: {exc}") from None
     return MasterPayload(session, gen, commits, msgs)
+
+
+def pack_group_seed(prev_master_block_hash: bytes, session_seqno: int, workchain: int, shard: int) -> bytes:
+    """The boxed remp.schedule.groupSeed whose sha256 is a session's group rotation seed."""
+    return (pack_id(GROUP_SEED) + pack_int256(prev_master_block_hash) + pack_int(session_seqno)
+            + pack_int(workchain) + pack_long(shard))
 
 
 # --- what a transport payload is ------------------------------------------------------------------

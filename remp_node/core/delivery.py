@@ -90,7 +90,8 @@ the TON convention for self-signed objects, as wire.py does for tonNode.rempMess
         seqnos:(vector long) = remp.ReceiptBatchAck;
 
 source_id: the validator's key id; dst: the full node's key id; stream: the sender's run
-(grows across restarts: microseconds since the Unix epoch at start unless given);
+(grows across restarts: the caller passes one per run, the daemon its run epoch, microseconds
+since the Unix epoch at start; the core reads no clock);
 seqno: 1, 2, ... per (dst, stream); base: every seqno below it is acknowledged or
 abandoned; receipts: boxed tonNode.rempSignedReceipt objects, in production order.
 An ack names the validator (source_id) and stream it acknowledges; `through`: every seqno
@@ -109,7 +110,6 @@ ValueError) for local misuse.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
@@ -232,7 +232,7 @@ class ReceiptSender:
     def __init__(self, key: NodeKey, *, max_delay: float = 0.1, max_batch_bytes: int = 4452,
                  lossy_batch_bytes: int = 2144, loss_memory: float = 5.0,
                  resend_initial: float = 0.25, resend_max: float = 2.0, max_unacked_per_dst: int = 4096,
-                 stream: int | None = None, session: int = 0, journal: bool = False,
+                 stream: int, session: int = 0, journal: bool = False,
                  urgent_first: Callable[[bytes], bool] | None = None, initial_window: int = INITIAL_WINDOW):
         if max_delay < 0 or resend_initial <= 0 or resend_max < resend_initial or max_unacked_per_dst < 1 \
                 or not 1 <= initial_window <= max_unacked_per_dst:
@@ -245,7 +245,7 @@ class ReceiptSender:
         self.resend_initial = resend_initial
         self.resend_max = resend_max
         self.max_unacked = max_unacked_per_dst
-        self.stream = int(time.time_ns() // 1000 if stream is None else stream)
+        self.stream = int(stream)
         self.session = session
         self._dsts: dict[bytes, _Dst] = {}
         self._out: list[tuple[bytes, bytes]] = []

@@ -24,9 +24,7 @@ import copy as _copy
 import functools
 import hashlib
 from collections import OrderedDict
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Mapping
 
 from pytoniq_core import Address, Builder, Cell, MessageAny
@@ -364,22 +362,13 @@ class ZeroState:
         return _copy.deepcopy(self)
 
 
-def real_message_destinations(path: str | Path) -> list[str]:
-    """Distinct 'wc:hex64' destinations of an ext_messages.jsonl file, in file order."""
-    seen: dict[str, None] = {}
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            seen.setdefault(json.loads(line)["dst"], None)
-    return list(seen)
-
-
 def build_zero_state(workchain: int = 0, shard_count: int = 2,
                      wallets: Iterable[tuple[bytes, int]] = (),
                      open_accounts: Iterable[str] = (), open_balance: int = 0,
                      masterchain_wallets: Iterable[tuple[bytes, int]] = ()) -> ZeroState:
     """Shard states for `shard_count` equal shards of `workchain`, with one wallet per
     (public_key, balance) at wallet_address(public_key) and one open account (key None,
-    `open_balance`) per 'wc:hex64' in `open_accounts` (e.g. real_message_destinations;
+    `open_balance`) per 'wc:hex64' in `open_accounts` (e.g. netfiles.real_message_destinations;
     '-1:hex64' ones go to the masterchain state); `masterchain_wallets` are wallets at
     wallet_address(public_key, -1)."""
     shards = shard_prefixes(shard_count)
@@ -393,21 +382,20 @@ def build_zero_state(workchain: int = 0, shard_count: int = 2,
     return zs
 
 
-def zero_state_from_config(config: Mapping) -> ZeroState:
-    """build_zero_state from a config mapping (e.g. the zerostate JSON):
+def zero_state_from_mapping(config: Mapping, ext_destinations: Iterable[str] = ()) -> ZeroState:
+    """build_zero_state from a config mapping (e.g. the zerostate JSON) and the destinations
+    of the real messages (daemon/netfiles.py real_message_destinations reads them from the
+    file named by "ext_messages"; this core reads no file):
 
     {"workchain": 0, "shard_count": 2,
      "wallets": [{"public_key": "<64 hex>", "balance": 1000000000}, ...],
      "open_accounts": ["0:<64 hex>", ...],            # optional
      "masterchain_wallets": [{"public_key": ..., "balance": ...}],  # optional, workchain -1
      "masterchain_accounts": ["-1:<64 hex>", ...],    # optional open accounts of workchain -1
-     "ext_messages": "../shared/data/ton/ext_messages.jsonl",  # optional: their destinations
      "open_balance": 0}                                # optional
-    Missing or absent ext_messages files are skipped (the real data is optional)."""
+    `ext_destinations` ('wc:hex64') become open accounts after "open_accounts"."""
     opens = list(config.get("open_accounts", []))
-    path = config.get("ext_messages")
-    if path and Path(path).is_file():
-        opens += [d for d in real_message_destinations(path) if d not in opens]
+    opens += [d for d in ext_destinations if d not in opens]
     opens += [d for d in config.get("masterchain_accounts", []) if d not in opens]
     wallets = [(bytes.fromhex(w["public_key"]), int(w.get("balance", 0))) for w in config.get("wallets", [])]
     mc_wallets = [(bytes.fromhex(w["public_key"]), int(w.get("balance", 0)))

@@ -126,3 +126,18 @@ def test_group_seed_hash_input():
         "e7cc04c56dc635c9400506cfb6855a0b2b8b1b83bc13da5bbb21303dca4c816f"
     assert hashlib.sha256(n.pack_group_seed(bytes(range(32)), 4, 0, -0x8000000000000000)).hexdigest() == \
         "e7cc04c56dc635c9400506cfb6855a0b2b8b1b83bc13da5bbb21303dca4c816f"
+
+
+def test_wallet_message_boc():
+    from remp_node.wire import wallet
+    from remp_node.wire.keys import NodeKey
+    key = NodeKey.from_seed(bytes(range(32)))
+    src, dst = wallet.wallet_address(key.public, 0), wallet.wallet_address(bytes(32), -1)
+    assert src == "0:56475aa75463474c0285df5dbf2bcab73da651358839e9b77481b2eab107708c"
+    assert dst == "-1:66687aadf862bd776c8fc18b8e9f8e20089714856ee233b3902a591d0d5f2925"
+    boc = wallet.make_wallet_message(key, src, dst, 12345, 1700000000, 7)
+    assert (len(boc), _sha(boc)) == (159, "2675dce8d2278016ff886f3022dc9d4fa5f12916389fce0525bd38107075aecd")
+    body = wallet.build_wallet_body(key, dst, 12345, 1700000000, 7)
+    assert body.hash.hex() == "7d82b14dd855bfefd005c8212259e2a41ec7fd0d654e637e80e564ec5748c260"
+    tr = wallet.decode_wallet_body(body)
+    assert (tr.valid_until, tr.nonce, tr.dest, tr.amount) == (1700000000, 7, dst, 12345)

@@ -123,7 +123,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, NamedTuple
 
-from ..wire.keys import NodeKey, key_id as key_id_of
+from ..wire.keys import NodeKey, key_id as key_id_of, verify  # noqa: F401  (verify: tests use it from here)
 from ..wire.tl import BlockIdExt
 from ..wire.consensus_tl import (  # noqa: F401  (the core's names stay importable from here)
     BLOCK_ROOT, Candidate, CANDIDATE, Commit, COMMIT, COMMIT_SIGS, CommitSignatures,

@@ -4,8 +4,9 @@ trace and SLA report with objectives derived from the topology's links.
     run_topology(args) -> exit code   (args: relay-suite-demo's parsed options)
 
 Steps: the testnet job (deploy/testnet_job.py run_async: every node in its own network
-namespace, the topology's links, the last region partitioned `--partition` s and healed,
-every outcome accounted for) for the protocols `--only` / `--no-remp` / `--no-marlin` leave;
+namespace, the topology's links, the planned faults of deploy/testnet_job.py: the last
+region partitioned `--partition` s and healed, an asymmetric link, a relay's host
+unreachable, a relay rotated; every outcome accounted for) for the protocols `--only` / `--no-remp` / `--no-marlin` leave;
 the SLA file WORKDIR/sla-<topology>.toml (deploy/objectives.py: the rate objectives of
 spark/sla.toml, the latency objectives derived from the links and the nodes' placement);
 the report (spark/report.py run) over WORKDIR/logs with that file, as the main job runs it.

@@ -69,6 +69,10 @@ CTL_ROUTER = "198.19.255.254"
 CTL_NET = ipaddress.ip_network("198.19.255.252/30")
 BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
 TOPOLOGIES = Path(__file__).with_name("topologies")
+#: TCP's retransmission timeout ceiling in every node (net.ipv4.tcp_rto_max_ms, ms): a
+#: connection that backed off during a partition resumes at most this long after the heal
+#: (the default ceiling, 120 s, would leave it silent for as long again as the cut lasted)
+RTO_MAX_MS = 5000
 LOCK_PATH = Path(os.environ.get("RELAY_SUITE_TESTNET_LOCK", "/run/relay-suite-testnet.lock"))
 
 
@@ -488,6 +492,10 @@ class Testnet:
             run(["ip", "-n", n.ns, "addr", "add", f"{n.address}/{reg.subnet.prefixlen}", "dev", "eth0"])
             run(["ip", "-n", n.ns, "link", "set", "eth0", "up"])
             run(["ip", "-n", n.ns, "route", "add", "default", "via", reg.gateway])
+            # after a heal, TCP retransmits within RTO_MAX_MS instead of the default 120 s
+            # backoff ceiling (kernels from 6.11; ignored where the sysctl does not exist)
+            _run(["ip", "netns", "exec", n.ns, "sysctl", "-qw", f"net.ipv4.tcp_rto_max_ms={RTO_MAX_MS}"],
+                 check=False)
             run(self._tbf(n.ns, "eth0", n.bandwidth))
             run(self._tbf(rns, n.port_if, n.bandwidth))
 

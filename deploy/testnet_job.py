@@ -57,7 +57,7 @@ from pathlib import Path
 
 from daemon_runtime.daemons import Daemon, LaunchError, script
 from deploy.segments import Plan
-from deploy.testnet import Testnet, TestnetError, Topology
+from deploy.testnet import RTO_MAX_MS, Testnet, TestnetError, Topology
 
 __all__ = ["run_job", "run_and_record", "job_nodes", "NsRmb", "DEFAULTS"]
 
@@ -543,9 +543,19 @@ def _window(plan: Plan, fault: str, targets: list[str], duration: float) -> None
         plan.fault(fault, target, duration)
 
 
-def _healed(plan: Plan, fault: str, targets: list[str]) -> None:
-    for target in targets:
-        plan.recovered(fault, target)
+def _healed(plan: Plan, fault: str, targets: list[str], recovery: bool = True) -> None:
+    """Close the fault's planned window; after a heal the window stays open for the nodes'
+    TCP retransmission ceiling (deploy.testnet.RTO_MAX_MS), the longest a connection that
+    backed off during the cut waits before it resumes. Runs in the background."""
+    async def later():
+        if recovery:
+            await asyncio.sleep(RTO_MAX_MS / 1e3)
+        for target in targets:
+            plan.recovered(fault, target)
+    _PENDING.append(asyncio.ensure_future(later()))
+
+
+_PENDING: list = []
 
 
 async def _partition(net: Testnet, plan: Plan, region: str | None, at: float, duration: float,
@@ -630,7 +640,7 @@ async def _relay_rotation(plan: Plan, rmb: "NsRmb", spec: dict, log: list) -> No
                 "moved": moved, "planned_for": hit, "took_s": time.time() - t0})
     print(f"testnet: relay {new} serves {', '.join(moved)} ({time.time() - t0:.1f} s)", flush=True)
     await asyncio.sleep(max(0.0, window - (time.time() - t0)))
-    _healed(plan, "relay_rotation", hit)
+    _healed(plan, "relay_rotation", hit, recovery=False)
 
 
 def _fault_tasks(net: Testnet, plan: Plan, cfg: dict, segs: dict, log: list) -> list:
@@ -675,6 +685,8 @@ async def run_async(topo: Topology, protocols: list[str], workdir: Path, cfg: di
         t0 = time.monotonic()
         await asyncio.gather(*_fault_tasks(net, plan, cfg, segs, result["faults"]),
                              *(s.drive() for s in segs.values()))
+        await asyncio.gather(*_PENDING)
+        _PENDING.clear()
         result["drive_s"] = time.monotonic() - t0
     finally:
         for s in segs.values():
@@ -682,6 +694,9 @@ async def run_async(topo: Topology, protocols: list[str], workdir: Path, cfg: di
                 await s.stop()
             except Exception as exc:    # noqa: BLE001 - tear-down goes on
                 print(f"testnet: stopping {type(s).__name__}: {exc}", flush=True)
+        for task in _PENDING:
+            task.cancel()
+        _PENDING.clear()
         plan.close()
         await asyncio.to_thread(net.down)
     from deploy.testnet import leftovers

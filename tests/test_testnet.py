@@ -112,6 +112,10 @@ def test_build_caps_partition_heal_and_remove():
         assert "100Mbit" in _qdisc(net.nodes["c1m1"].ns, "eth0")
         assert "tbf" in _qdisc(net.region_ns("eu"), net.nodes["producer"].port_if)   # the other end too
         assert "htb" in _qdisc(tn.ROUTER_NS, "r0")
+        rto = subprocess.run(["ip", "netns", "exec", net.nodes["producer"].ns, "sysctl", "-n",
+                              "net.ipv4.tcp_rto_max_ms"], capture_output=True, text=True)
+        if rto.returncode == 0:                      # kernels from 6.11
+            assert int(rto.stdout) == tn.RTO_MAX_MS
         # partition ap (c2m1 is there: placement round-robin eu, us, ap -> c1m1 eu, c2m1 us)
         where = {n: net.nodes[n].region for n in net.nodes}
         target = where["consumer1"]

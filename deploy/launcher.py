@@ -86,9 +86,9 @@ PROTOCOLS = ("rmb", *SEGMENTS)
 #: rmb-peer's reason when a reply reaches it after its request completed or expired.
 LATE_REASON = "reply for a request that already completed or expired"
 ERR_EXPIRED = 102
-#: --topology: how long the last region is partitioned (Marlin drops chunks older than its
-#: tolerable latency, 30 s: a longer cut leaves blocks sent during it neither rebuilt nor disputed)
-TOPOLOGY_PARTITION_S = 10.0
+#: --topology: how long the last region is partitioned (blocks whose chunks arrive later than
+#: Marlin's tolerable latency are disputed as "expired" by the cut-off consumer)
+TOPOLOGY_PARTITION_S = 30.0
 
 
 # --------------------------------------------------------------------------- config

@@ -30,7 +30,8 @@ Delay, jitter, loss and duplication: this kernel has no `netem`, so every daemon
 itself from the link model the testnet hands it (RELAY_SUITE_LINKS, daemon_runtime/linkmodel.py:
 one rule per destination region, built from the topology). Partitions: blackhole policy
 rules in the router namespace (`partition`, also one way), so the control link keeps
-working; an unreachable host: its bridge port down (`isolate`); `heal` undoes both.
+working; an unreachable host: its bridge port down (`isolate`); an asymmetric link: one
+direction's htb class lowered (`cap`); `heal` undoes them (all, or one region / node / path).
 
 Lifecycle: `Testnet.up()` creates everything (any failure removes what was made and raises
 TestnetError), `down()` kills every process still inside its namespaces and deletes them;
@@ -68,6 +69,10 @@ CTL_ROUTER = "198.19.255.254"
 CTL_NET = ipaddress.ip_network("198.19.255.252/30")
 BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
 TOPOLOGIES = Path(__file__).with_name("topologies")
+#: TCP's retransmission timeout ceiling in every node (net.ipv4.tcp_rto_max_ms, ms): a
+#: connection that backed off during a partition resumes at most this long after the heal
+#: (the default ceiling, 120 s, would leave it silent for as long again as the cut lasted)
+RTO_MAX_MS = 5000
 LOCK_PATH = Path(os.environ.get("RELAY_SUITE_TESTNET_LOCK", "/run/relay-suite-testnet.lock"))
 
 
@@ -320,8 +325,9 @@ class Node:
 class Testnet:
     """Testnet(topology, node_names). up() builds it, down() removes it (idempotent); use as
     a context manager. exec_argv(node, argv) runs a command inside a node's namespace with
-    its link model; url(node, port) the node's HTTP address; partition / heal / isolate
-    change reachability (router policy rules)."""
+    its link model; url(node, port) the node's HTTP address; partition / isolate / cap
+    change reachability and bandwidth (router policy rules, bridge port, htb class), heal
+    undoes them."""
 
     __test__ = False
 
@@ -333,6 +339,7 @@ class Testnet:
         self._up = False
         self._rules: set[tuple[str, str, str]] = set()
         self._isolated: set[str] = set()
+        self._caps: dict[tuple[str, str], int] = {}
         counters: dict[str, int] = {}
         used: dict[str, set[str]] = {r: set() for r in topology.regions}
         for name, (region, addr) in topology.nodes.items():
@@ -485,6 +492,10 @@ class Testnet:
             run(["ip", "-n", n.ns, "addr", "add", f"{n.address}/{reg.subnet.prefixlen}", "dev", "eth0"])
             run(["ip", "-n", n.ns, "link", "set", "eth0", "up"])
             run(["ip", "-n", n.ns, "route", "add", "default", "via", reg.gateway])
+            # after a heal, TCP retransmits within RTO_MAX_MS instead of the default 120 s
+            # backoff ceiling (kernels from 6.11; ignored where the sysctl does not exist)
+            _run(["ip", "netns", "exec", n.ns, "sysctl", "-qw", f"net.ipv4.tcp_rto_max_ms={RTO_MAX_MS}"],
+                 check=False)
             run(self._tbf(n.ns, "eth0", n.bandwidth))
             run(self._tbf(rns, n.port_if, n.bandwidth))
 
@@ -549,20 +560,49 @@ class Testnet:
         _run(["ip", "-n", self.region_ns(n.region), "link", "set", n.port_if, "down"])
         self._isolated.add(node)
 
+    def _htb_class(self, src_region: str, dst_region: str) -> tuple[str, str]:
+        """(router interface into dst_region, htb class id of traffic from src_region)."""
+        names = list(self.topo.regions)
+        return f"r{names.index(dst_region)}", f"1:{10 + names.index(src_region)}"
+
+    def _set_path_rate(self, src_region: str, dst_region: str, bits: int) -> None:
+        rif, cid = self._htb_class(src_region, dst_region)
+        _run(["ip", "netns", "exec", ROUTER_NS, "tc", "class", "change", "dev", rif, "parent", "1:",
+              "classid", cid, "htb", "rate", f"{bits}bit", "ceil", f"{bits}bit"])
+
+    def cap(self, src_region: str, dst_region: str, bits: int) -> None:
+        """Cap the inter-region path src_region -> dst_region at `bits` bits/s (its htb class
+        on the router), the opposite direction unchanged: an asymmetric link. heal() puts
+        the topology's bandwidth back. Raises TestnetError for equal or unknown regions."""
+        if src_region == dst_region or (src_region, dst_region) not in self.topo.paths:
+            raise TestnetError(f"cap: no inter-region path {src_region} -> {dst_region}")
+        self._set_path_rate(src_region, dst_region, int(bits))
+        self._caps[(src_region, dst_region)] = int(bits)
+
     def _add(self, src: str, dst: str) -> None:
         if (src, dst, "bh") not in self._rules:
             self._rule("add", src, dst)
             self._rules.add((src, dst, "bh"))
 
-    def heal(self) -> None:
-        """Remove every partition rule and bring isolated hosts back."""
-        for src, dst, _ in list(self._rules):
-            self._rule("del", src, dst)
-        self._rules.clear()
-        for node in list(self._isolated):
-            n = self.nodes[node]
-            _run(["ip", "-n", self.region_ns(n.region), "link", "set", n.port_if, "up"])
-        self._isolated.clear()
+    def heal(self, region: str | None = None, node: str | None = None,
+             path: tuple[str, str] | None = None) -> None:
+        """Undo faults: with no argument every one (partition rules, isolated hosts, capped
+        paths); else only `region`'s partition rules, `node`'s isolation or `path`'s cap."""
+        everything = region is None and node is None and path is None
+        for src, dst in list(self._caps):
+            if everything or path == (src, dst):
+                self._set_path_rate(src, dst, self.topo.paths[(src, dst)].bandwidth)
+                del self._caps[(src, dst)]
+        sub = str(self.topo.regions[region].subnet) if region else None
+        for src, dst, tag in list(self._rules):
+            if everything or sub in (src, dst):
+                self._rule("del", src, dst)
+                self._rules.discard((src, dst, tag))
+        for name in list(self._isolated):
+            if everything or name == node:
+                n = self.nodes[name]
+                _run(["ip", "-n", self.region_ns(n.region), "link", "set", n.port_if, "up"])
+                self._isolated.discard(name)
         # a blackholed flow's cached route would outlive the rule
         _run(["ip", "-n", ROUTER_NS, "route", "flush", "cache"], check=False)
 
@@ -675,7 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "the measured figures and writes WORKDIR/testnet.json")
     p.add_argument("--workdir", default="out/testnet", help="run directory for --job (default out/testnet)")
     p.add_argument("--partition", type=float, default=None, metavar="S",
-                   help="--job: seconds a region stays partitioned (default: the job's, 5)")
+                   help="--job: seconds a region stays partitioned (default: the job's, 30)")
     return p
 
 

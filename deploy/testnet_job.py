@@ -12,20 +12,35 @@ What runs where (node names are placed by the topology's [placement]):
 - Marlin: the main job's Marlin segment (deploy/marlin_segment.py MarlinSegment: blocks
   from ../shared/data, a member SIGKILLed and restarted, a corrupted block that must be
   disputed), node hosts rewritten likewise; names "producer", "c<i>m<j>", "consumer<k>".
-- RMB: registry, relay1, relay2 (federated), twins alice (client), bob and carol (an echo
-  service each, run in this process against the twin's own Redis); every Redis runs inside
-  the namespace of the node that owns it. alice calls bob and carol `requests` times.
+- RMB: registry, relay1, relay2 (federated), relay3 (joins in the rotation), twins alice
+  (client), bob and carol (an echo service each, run in this process against the twin's own
+  Redis); every Redis runs inside the namespace of the node that owns it. alice calls bob
+  and carol `requests` times, one call each every `interval` s.
 
-Fault plan (logged with deploy.segments.Plan before it is injected, as the main job does):
-`region_partition` of the last region of the topology (both directions, blackhole rules in
-the router namespace) `partition_at` s after traffic starts, healed `partition_s` s later;
-plus each segment's own planned faults. A one-region topology gets no partition.
+Fault plan (each logged with deploy.segments.Plan, for the fault and every node it hits,
+before it is injected, as the main job does; times in s after traffic starts, cfg keys):
+- `region_partition`: the last region of the topology cut off (both directions, blackhole
+  rules in the router namespace) at `partition_at`, healed `partition_s` s later;
+- `asymmetric_link` (faults.asymmetric: at, for, mbit, from, to): one inter-region path
+  capped in one direction (htb on the router), the reverse path unchanged;
+- `relay_unreachable` (faults.relay_unreachable: relay, at, for): a relay's host cut off
+  (its bridge port down) while twins that list another relay keep receiving through it;
+- `relay_rotation` (faults.relay_rotation: relay, new, at, window): rotating nodes, the
+  relay stopped for good, a new relay on its own node joins, its twins' peers restart on
+  the new relay and publish it in the registry;
+- each segment's own: a validator and a cluster member SIGKILLed and restarted (REMP's
+  validator set and Marlin's membership are fixed in their network files, so the same
+  identity comes back).
+A one-region topology gets no partition and no asymmetric link.
 
 Accounting, the loopback job's rules: REMP: every submitted message reaches a final outcome
 (finalized, rejected, timeout), none left without one ("none"), rejections as planned;
-Marlin: every (block, consumer) pair rebuilt, the corrupted block disputed by every
-consumer; RMB: every (request, destination) answered, errored or expired (the peer told the
-app), none silently missing, answers carry the payload back. Figures (ms, from the daemons'
+Marlin: every (block, consumer) pair rebuilt or disputed by the consumer (e.g. "expired"
+when its chunks arrive after TOLERABLE_LATENCY, as after a long partition), the corrupted
+block disputed by every consumer; RMB: every (request, destination) answered, errored or
+expired (the peer told the app), none silently missing, answers carry the payload back;
+while a relay is unreachable, every request to a twin that lists another relay answered;
+after the rotation, every request to the moved twins answered. Figures (ms, from the daemons'
 own logs and this process's clock; one machine, one clock): REMP first receipt (submit ->
 first PutIntoQueue at the full node) and Finalized p50/p99, Marlin produce -> rebuilt p50/p99
 per consumer, RMB round trip p50/p99 per destination. Written to WORKDIR/testnet.json with the
@@ -42,7 +57,7 @@ from pathlib import Path
 
 from daemon_runtime.daemons import Daemon, LaunchError, script
 from deploy.segments import Plan
-from deploy.testnet import Testnet, TestnetError, Topology
+from deploy.testnet import RTO_MAX_MS, Testnet, TestnetError, Topology
 
 __all__ = ["run_job", "run_and_record", "job_nodes", "NsRmb", "DEFAULTS"]
 
@@ -57,8 +72,12 @@ DEFAULTS = {
              "fullnodes": 1},
     "marlin": {"clusters": 3, "members": 2, "kill": "c2m1", "kill_at": 0.5, "kill_duration": 3.0,
                "deadline": 150.0, "interval": 0.5, "tolerable_latency": 30, "max_clock_skew": 2},
-    "rmb": {"requests": 40, "ttl": 40, "interval": 0.25},
+    "rmb": {"requests": 140, "ttl": 40, "interval": 0.5, "twin_cache_ttl": 5.0},
     "partition_at": 4.0, "partition_s": 30.0, "start_timeout": 90.0, "grace": 10.0,
+    # the other planned faults, s after traffic starts (module doc); None / {} leaves one out
+    "faults": {"asymmetric": {"at": 6.0, "for": 15.0, "mbit": 5},
+               "relay_unreachable": {"relay": "relay2", "at": 36.0, "for": 8.0},
+               "relay_rotation": {"relay": "relay2", "new": "relay3", "at": 46.0, "window": 12.0}},
 }
 
 
@@ -209,8 +228,31 @@ def _make_marlin_segment(net: Testnet, cfg: dict, workdir: Path, plan: Plan, tim
         def _url(self, name: str, path: str) -> str:
             return net.url(name, self.procs[name].info["status_port"]) + path
 
+    class NsMarlinSegment(MarlinSegment):
+        """Every (block, consumer) pair accounted for: rebuilt, or disputed by the consumer
+        (e.g. "expired": its chunks arrived after TOLERABLE_LATENCY, as after a long
+        partition). The segment waits for that; counters add `disputed` and `accounted`."""
+
+        def _pairs(self) -> tuple[set, set]:
+            rebuilt = {(c, t) for c in self.net.names("consumer") for t in self.net.rebuilt(c) if t in self.sent}
+            disputed = {(c, r.get("trace_id")) for c in self.net.names("consumer")
+                        for r in self.net.events(c, "marlin.consumer.dispute") if r.get("trace_id") in self.sent}
+            return rebuilt, disputed - rebuilt
+
+        def _rebuilt_pairs(self) -> int:
+            rebuilt, disputed = self._pairs()
+            return len(rebuilt) + len(disputed)
+
+        async def _collect(self) -> dict:
+            out = await super()._collect()
+            rebuilt, disputed = self._pairs()
+            out["rebuilt"] -= len(disputed)
+            out["disputed"] = len(disputed)
+            out["accounted"] = len(rebuilt) + len(disputed)
+            return out
+
     blocks = default_blocks() + [corrupted_block()]
-    seg = MarlinSegment(cfg, workdir, plan, SHARED_DATA if SHARED_DATA.is_dir() else None, blocks,
+    seg = NsMarlinSegment(cfg, workdir, plan, SHARED_DATA if SHARED_DATA.is_dir() else None, blocks,
                         start_timeout=timeout, grace=grace)
     old = seg.net
     seg.net = NsMarlinNet(workdir, clusters=old.shape["clusters"], members=old.shape["members"],
@@ -247,8 +289,10 @@ def marlin_figures(seg) -> dict:
 # --------------------------------------------------------------------------- RMB
 
 
-RMB_NODES = ["registry", "relay1", "relay2", "alice", "bob", "carol"]
-TWINS = {"alice": ["relay1"], "bob": ["relay2"], "carol": ["relay2", "relay1"]}
+RMB_NODES = ["registry", "relay1", "relay2", "relay3", "alice", "bob", "carol"]
+#: twin -> its relays in the order its peer uses them (frames leave through the first live
+#: one): carol lists relay1 first so that an unreachable relay2 is one she can do without
+TWINS = {"alice": ["relay1"], "bob": ["relay2"], "carol": ["relay1", "relay2"]}
 
 
 class NsRmb:
@@ -270,6 +314,9 @@ class NsRmb:
         self.stop_apps = asyncio.Event()
         self.app_tasks: list[asyncio.Task] = []
         self.app_logs: list = []
+        self.relays_of: dict[str, list[str]] = {}
+        self.retired: list[str] = []
+        self.sent_at: dict[tuple[str, str], float] = {}
         self.state = "new"
 
     async def _redis(self, node: str, bind: str) -> str:
@@ -319,7 +366,6 @@ class NsRmb:
         return probe()
 
     async def start(self) -> None:
-        from daemon_runtime.ports import free_ports
         from rmb_peer.identity import Identity
         from rmb_peer.twins import TwinDirectory
         from deploy.launcher import seed_for
@@ -336,16 +382,7 @@ class NsRmb:
         self.registry_url = net.url("registry", info["port"])
         self.plan.node("registry", f"{net.address('registry')}:{info['port']}", "rmb-registry")
         for relay in ("relay1", "relay2"):
-            url = await self._redis(relay, "127.0.0.1")
-            await self._wait_redis_in(relay, url)
-            port = free_ports("127.0.0.1", 1)[0]
-            domain = f"{net.address(relay)}:{port}"
-            self.domains[relay] = domain
-            self.daemons[relay] = Daemon(f"rmb-relay-{relay}", net.exec_argv(relay, [
-                script("rmb-relay"), "--domain", domain, "--listen", domain, "--redis", url + "/0",
-                "--registry", self.registry_url, "--event-loop", "asyncio",
-                "--log", str(self.logdir / f"rmb-relay-{relay}.jsonl")]), self.logdir)
-            self.plan.node(relay, domain, "rmb-relay")
+            await self._relay(relay)
         await asyncio.gather(*(self.daemons[r].start(self.timeout) for r in ("relay1", "relay2")))
         directory = TwinDirectory(self.registry_url, cache_ttl=0)
         try:
@@ -359,14 +396,7 @@ class NsRmb:
             url = await self._redis(twin, net.address(twin))
             await self._wait_redis(url)
             self.redis_url[twin] = url + "/0"
-            argv = [script("rmb-peer"), "--seed", seed_for(twin), "--key-type", "sr25519",
-                    "--twin", str(self.twin_ids[twin]), "--redis", url + "/0", "--registry", self.registry_url,
-                    "--status-listen", f"{net.address(twin)}:0", "--event-loop", "asyncio",
-                    "--data-dir", str(self.workdir / f"peer-{twin}"),
-                    "--log", str(self.logdir / f"rmb-peer-{twin}.jsonl")]
-            for r in relays:
-                argv += ["--relay", f"ws://{self.domains[r]}"]
-            self.daemons[twin] = Daemon(f"rmb-peer-{twin}", net.exec_argv(twin, argv), self.logdir)
+            self._peer(twin, relays)
             self.plan.node(twin, str(self.twin_ids[twin]), "rmb-peer")
         await asyncio.gather(*(self.daemons[t].start(self.timeout) for t in TWINS))
         from rmb_peer.client import RmbService
@@ -378,6 +408,53 @@ class NsRmb:
                 return data
             self.app_tasks.append(asyncio.ensure_future(svc.run(self.stop_apps)))
         self.state = "started"
+
+    async def _relay(self, relay: str) -> None:
+        """A relay daemon (not started) on node `relay` with its own Redis in its namespace."""
+        from daemon_runtime.ports import free_ports
+        net = self.net
+        url = await self._redis(relay, "127.0.0.1")
+        await self._wait_redis_in(relay, url)
+        port = free_ports("127.0.0.1", 1)[0]
+        domain = f"{net.address(relay)}:{port}"
+        self.domains[relay] = domain
+        self.daemons[relay] = Daemon(f"rmb-relay-{relay}", net.exec_argv(relay, [
+            script("rmb-relay"), "--domain", domain, "--listen", domain, "--redis", url + "/0",
+            "--registry", self.registry_url, "--event-loop", "asyncio",
+            "--twin-cache-ttl", str(float(self.cfg.get("twin_cache_ttl", 5.0))),
+            "--log", str(self.logdir / f"rmb-relay-{relay}.jsonl")]), self.logdir)
+        self.plan.node(relay, domain, "rmb-relay")
+
+    def _peer(self, twin: str, relays: list[str]) -> None:
+        """The twin's rmb-peer daemon (not started) connected to `relays` in that order; at
+        start it publishes these relays as its twin's record (rmb-peer without --no-update)."""
+        from deploy.launcher import seed_for
+        net = self.net
+        argv = [script("rmb-peer"), "--seed", seed_for(twin), "--key-type", "sr25519",
+                "--twin", str(self.twin_ids[twin]), "--redis", self.redis_url[twin], "--registry", self.registry_url,
+                "--status-listen", f"{net.address(twin)}:0", "--event-loop", "asyncio",
+                "--data-dir", str(self.workdir / f"peer-{twin}"),
+                "--log", str(self.logdir / f"rmb-peer-{twin}.jsonl")]
+        for r in relays:
+            argv += ["--relay", f"ws://{self.domains[r]}"]
+        self.daemons[twin] = Daemon(f"rmb-peer-{twin}", net.exec_argv(twin, argv), self.logdir)
+        self.relays_of[twin] = list(relays)
+
+    async def rotate_relay(self, old: str, new: str) -> list[str]:
+        """Rotating nodes: relay `old` is stopped (SIGTERM) for good, a new relay `new` (its own
+        namespace, address and Redis) starts, and every twin that used `old` restarts its
+        peer (same identity, same data directory) with `new` in its place, which publishes
+        the new relay list in the registry. Returns the twins moved."""
+        await self.daemons[old].stop(self.grace)
+        self.retired.append(old)
+        await self._relay(new)
+        await self.daemons[new].start(self.timeout)
+        moved = [t for t, rs in self.relays_of.items() if old in rs]
+        for twin in moved:
+            await self.daemons[twin].stop(self.grace)
+            self._peer(twin, [new if r == old else r for r in self.relays_of[twin]])
+        await asyncio.gather(*(self.daemons[t].start(self.timeout) for t in moved))
+        return moved
 
     def app_log(self, app: str, twin: str):
         """An app's own event log (rmb.app.*, as the main job's apps write them): service =
@@ -404,6 +481,7 @@ class NsRmb:
             """One request to one twin (one call each, so the round trip is per destination)."""
             payload = f"testnet request {i} to {dst} ".encode() * 8
             t0 = time.monotonic()
+            self.sent_at[(str(i), dst)] = time.time()
             replies = await client.call([self.twin_ids[dst]], "testnet.echo", payload, ttl=ttl, ref=new_uid())
             for rep in replies[:1]:
                 if rep.code is None:
@@ -432,7 +510,7 @@ class NsRmb:
     async def stop(self) -> None:
         self.stop_apps.set()
         await asyncio.gather(*self.app_tasks, return_exceptions=True)
-        order = [self.daemons[k] for k in ("alice", "bob", "carol", "relay1", "relay2", "registry")
+        order = [self.daemons[k] for k in ("alice", "bob", "carol", "relay1", "relay2", "relay3", "registry")
                  if k in self.daemons]
         await asyncio.gather(*(d.stop(self.grace) for d in order if d.proc is not None), return_exceptions=True)
         await asyncio.gather(*(d.stop(5) for d in self.redis.values()), return_exceptions=True)
@@ -460,23 +538,124 @@ def job_nodes(protocols: list[str], cfg: dict = DEFAULTS) -> list[str]:
     return names
 
 
+def _window(plan: Plan, fault: str, targets: list[str], duration: float) -> None:
+    for target in targets:
+        plan.fault(fault, target, duration)
+
+
+def _healed(plan: Plan, fault: str, targets: list[str], recovery: bool = True) -> None:
+    """Close the fault's planned window; after a heal the window stays open for the nodes'
+    TCP retransmission ceiling (deploy.testnet.RTO_MAX_MS), the longest a connection that
+    backed off during the cut waits before it resumes. Runs in the background."""
+    async def later():
+        if recovery:
+            await asyncio.sleep(RTO_MAX_MS / 1e3)
+        for target in targets:
+            plan.recovered(fault, target)
+    _PENDING.append(asyncio.ensure_future(later()))
+
+
+_PENDING: list = []
+
+
 async def _partition(net: Testnet, plan: Plan, region: str | None, at: float, duration: float,
                      log: list) -> None:
     if region is None or duration <= 0:
         return
     await asyncio.sleep(at)
     # the region, then every node in it: the report's planned-fault rule matches node labels
-    cut = [n.name for n in net.nodes.values() if n.region == region]
-    for target in [region, *cut]:
-        plan.fault("region_partition", target, duration)
+    cut = [region] + [n.name for n in net.nodes.values() if n.region == region]
+    _window(plan, "region_partition", cut, duration)
     await asyncio.to_thread(net.partition, region)
-    log.append({"fault": "region_partition", "region": region, "at": time.time(), "duration_s": duration})
+    log.append({"fault": "region_partition", "target": region, "at": time.time(), "duration_s": duration,
+                "planned_for": cut})
     print(f"testnet: region {region} partitioned for {duration:.0f} s", flush=True)
     await asyncio.sleep(duration)
-    await asyncio.to_thread(net.heal)
-    for target in [region, *cut]:
-        plan.recovered("region_partition", target)
+    await asyncio.to_thread(net.heal, region)
+    log[-1]["healed"] = time.time()
+    _healed(plan, "region_partition", cut)
     print(f"testnet: region {region} healed", flush=True)
+
+
+async def _asymmetric(net: Testnet, plan: Plan, spec: dict, log: list) -> None:
+    """One inter-region path capped in one direction only (the reverse keeps the topology's
+    bandwidth); planned for the receiving region's nodes."""
+    regions = list(net.topo.regions)
+    if len(regions) < 2 or float(spec.get("for", 0)) <= 0:
+        return
+    src, dst = spec.get("from", regions[0]), spec.get("to", regions[1])
+    bits, duration = int(float(spec.get("mbit", 5)) * 1e6), float(spec["for"])
+    await asyncio.sleep(float(spec.get("at", 0)))
+    hit = [f"{src}->{dst}"] + [n.name for n in net.nodes.values() if n.region == dst]
+    _window(plan, "asymmetric_link", hit, duration)
+    await asyncio.to_thread(net.cap, src, dst, bits)
+    back = net.topo.paths[(dst, src)].bandwidth
+    log.append({"fault": "asymmetric_link", "target": f"{src}->{dst}", "at": time.time(), "duration_s": duration,
+                "mbit": bits / 1e6, "reverse_mbit": back / 1e6, "planned_for": hit})
+    print(f"testnet: path {src} -> {dst} capped at {bits / 1e6:g} Mbit/s ({dst} -> {src} stays "
+          f"{back / 1e6:g}) for {duration:.0f} s", flush=True)
+    await asyncio.sleep(duration)
+    await asyncio.to_thread(net.heal, None, None, (src, dst))
+    log[-1]["healed"] = time.time()
+    _healed(plan, "asymmetric_link", hit)
+    print(f"testnet: path {src} -> {dst} back to {net.topo.paths[(src, dst)].bandwidth / 1e6:g} Mbit/s", flush=True)
+
+
+async def _relay_unreachable(net: Testnet, plan: Plan, rmb: "NsRmb", spec: dict, log: list) -> None:
+    """A relay's host unreachable (its bridge port down, the daemon still running) while the
+    twins that list another relay too keep receiving through it. Planned for the relay and
+    for every twin whose first relay it is (its peer sends through its first live relay)."""
+    relay, duration = str(spec.get("relay", "relay2")), float(spec.get("for", 0))
+    if duration <= 0 or relay not in rmb.daemons:
+        return
+    await asyncio.sleep(float(spec.get("at", 0)))
+    hit = [relay] + [t for t, rs in rmb.relays_of.items() if rs and rs[0] == relay]
+    _window(plan, "relay_unreachable", hit, duration)
+    await asyncio.to_thread(net.isolate, relay)
+    others = {t: [r for r in rs if r != relay] for t, rs in rmb.relays_of.items() if relay in rs}
+    log.append({"fault": "relay_unreachable", "target": relay, "at": time.time(), "duration_s": duration,
+                "planned_for": hit, "other_relays": others})
+    print(f"testnet: relay {relay}'s host unreachable for {duration:.0f} s "
+          f"(twins on it: {', '.join(f'{t} (also {rs})' if rs else t for t, rs in others.items())})", flush=True)
+    await asyncio.sleep(duration)
+    await asyncio.to_thread(net.heal, None, relay)
+    log[-1]["healed"] = time.time()
+    _healed(plan, "relay_unreachable", hit)
+    print(f"testnet: relay {relay} reachable again", flush=True)
+
+
+async def _relay_rotation(plan: Plan, rmb: "NsRmb", spec: dict, log: list) -> None:
+    """Rotating nodes (RMB): relay `relay` leaves for good and relay `new` joins (module doc)."""
+    old, new = str(spec.get("relay", "relay2")), str(spec.get("new", "relay3"))
+    if spec.get("at") is None or old not in rmb.daemons or new not in rmb.net.nodes:
+        return
+    await asyncio.sleep(float(spec["at"]))
+    window = float(spec.get("window", 10.0))
+    hit = [old, new] + [t for t, rs in rmb.relays_of.items() if old in rs]
+    _window(plan, "relay_rotation", hit, window)
+    t0 = time.time()
+    print(f"testnet: relay {old} stopped, relay {new} joining", flush=True)
+    moved = await rmb.rotate_relay(old, new)
+    log.append({"fault": "relay_rotation", "target": old, "new": new, "at": t0, "duration_s": window,
+                "moved": moved, "planned_for": hit, "took_s": time.time() - t0})
+    print(f"testnet: relay {new} serves {', '.join(moved)} ({time.time() - t0:.1f} s)", flush=True)
+    await asyncio.sleep(max(0.0, window - (time.time() - t0)))
+    _healed(plan, "relay_rotation", hit, recovery=False)
+
+
+def _fault_tasks(net: Testnet, plan: Plan, cfg: dict, segs: dict, log: list) -> list:
+    """The planned faults (cfg["faults"], times in s after traffic starts) as coroutines."""
+    f = cfg.get("faults") or {}
+    regions = list(net.topo.regions)
+    out = [_partition(net, plan, regions[-1] if len(regions) > 1 else None, float(cfg["partition_at"]),
+                      float(cfg["partition_s"]), log)]
+    if f.get("asymmetric"):
+        out.append(_asymmetric(net, plan, f["asymmetric"], log))
+    if "rmb" in segs and f.get("relay_unreachable"):
+        out.append(_relay_unreachable(net, plan, segs["rmb"], f["relay_unreachable"], log))
+    if "rmb" in segs and f.get("relay_rotation"):
+        out.append(_relay_rotation(plan, segs["rmb"], f["relay_rotation"], log))
+    return out
 
 
 async def run_async(topo: Topology, protocols: list[str], workdir: Path, cfg: dict) -> dict:
@@ -503,11 +682,11 @@ async def run_async(topo: Topology, protocols: list[str], workdir: Path, cfg: di
         for name, s in segs.items():
             print(f"testnet: starting {name}", flush=True)
             await s.start()
-        region = list(topo.regions)[-1] if len(topo.regions) > 1 else None
         t0 = time.monotonic()
-        await asyncio.gather(_partition(net, plan, region, float(cfg["partition_at"]), float(cfg["partition_s"]),
-                                        result["faults"]),
+        await asyncio.gather(*_fault_tasks(net, plan, cfg, segs, result["faults"]),
                              *(s.drive() for s in segs.values()))
+        await asyncio.gather(*_PENDING)
+        _PENDING.clear()
         result["drive_s"] = time.monotonic() - t0
     finally:
         for s in segs.values():
@@ -515,10 +694,14 @@ async def run_async(topo: Topology, protocols: list[str], workdir: Path, cfg: di
                 await s.stop()
             except Exception as exc:    # noqa: BLE001 - tear-down goes on
                 print(f"testnet: stopping {type(s).__name__}: {exc}", flush=True)
+        for task in _PENDING:
+            task.cancel()
+        _PENDING.clear()
         plan.close()
         await asyncio.to_thread(net.down)
-    from deploy.testnet import leftovers
-    result["leftovers"] = leftovers()
+    from deploy.testnet import _lock_holder, leftovers
+    # a testnet started by someone else once this one released the lock is theirs
+    result["leftovers"] = leftovers() if not _lock_holder() else []
     if "remp" in segs:
         s = segs["remp"]
         result["remp"] = {"counts": s.counters(), "figures": remp_figures(s)}
@@ -529,8 +712,30 @@ async def run_async(topo: Topology, protocols: list[str], workdir: Path, cfg: di
         s = segs["rmb"]
         result["rmb"] = {"counts": s.counts(), "round_trip": {k: _stats(v) for k, v in s.rtt.items()},
                          "requests": int(cfg["rmb"]["requests"]), "destinations": 2}
+        result["rmb"].update(_rmb_fault_outcomes(s, result["faults"]))
     result["verdict"] = verdict(result)
     return result
+
+
+def _rmb_fault_outcomes(rmb: "NsRmb", faults: list) -> dict:
+    """What happened to the RMB requests sent during the relay faults: to the twins that
+    list another relay while one was unreachable; to the moved twins after the new relay
+    joined (sent once their peers were back)."""
+    out = {}
+    for f in faults:
+        if f["fault"] == "relay_unreachable":
+            twins = [t for t, rs in f["other_relays"].items() if rs]
+            inside = [k for k, at in rmb.sent_at.items() if k[1] in twins and f["at"] <= at <= f["healed"]]
+            out["other_relay"] = {"relay": f["target"], "twins": twins, "sent": len(inside),
+                                  "answered": sum(1 for k in inside if rmb.outcomes.get(k) == "answered"),
+                                  "outcomes": {k[0] + "->" + k[1]: rmb.outcomes.get(k) for k in inside}}
+        elif f["fault"] == "relay_rotation":
+            # once the peers are back and the senders' relay has dropped its cached record
+            since = f["at"] + f["took_s"] + float(rmb.cfg.get("twin_cache_ttl", 5.0))
+            after = [k for k, at in rmb.sent_at.items() if k[1] in f["moved"] and at >= since]
+            out["rotation"] = {"old": f["target"], "new": f["new"], "moved": f["moved"], "sent_after": len(after),
+                               "answered_after": sum(1 for k in after if rmb.outcomes.get(k) == "answered")}
+    return out
 
 
 def verdict(result: dict) -> dict:
@@ -547,9 +752,9 @@ def verdict(result: dict) -> dict:
     m = result.get("marlin")
     if m:
         c = m["counts"]
-        out["marlin.every_block_rebuilt"] = (c.get("expected_rebuilt", -1) > 0
-                                             and c.get("rebuilt", 0) >= c.get("expected_rebuilt", 0),
-                                             f"rebuilt={c.get('rebuilt')} expected={c.get('expected_rebuilt')}")
+        out["marlin.every_block_rebuilt_or_disputed"] = (
+            c.get("expected_rebuilt", -1) > 0 and c.get("accounted", c.get("rebuilt", 0)) >= c.get("expected_rebuilt", 0),
+            f"rebuilt={c.get('rebuilt')} disputed={c.get('disputed', 0)} expected={c.get('expected_rebuilt')}")
         out["marlin.corrupted_disputed"] = (c.get("disputes", 0) >= 2, f"disputes={c.get('disputes')}")
         out["marlin.none_refused"] = (not m["refused"], f"refused={m['refused']}")
     b = result.get("rmb")
@@ -559,6 +764,16 @@ def verdict(result: dict) -> dict:
         told = sum(v for k, v in c.items() if k == "answered" or k == "expired" or k.startswith("errored"))
         out["rmb.every_request_accounted"] = (told == total and not c.get("missing") and not c.get("mismatched"),
                                               f"{c} of {total}")
+    if b and b.get("other_relay"):
+        o = b["other_relay"]
+        out["rmb.other_relay_kept_receiving"] = (o["answered"] == o["sent"],
+                                                 f"{o['answered']} of {o['sent']} requests to {o['twins']} "
+                                                 f"answered while {o['relay']} was unreachable")
+    if b and b.get("rotation"):
+        r = b["rotation"]
+        out["rmb.rotated_relay_serves"] = (r["answered_after"] > 0 and r["answered_after"] == r["sent_after"],
+                                           f"{r['answered_after']} of {r['sent_after']} requests to {r['moved']} "
+                                           f"answered after {r['new']} joined")
     out["no_leftovers"] = (not result.get("leftovers"), f"leftovers={result.get('leftovers')}")
     return out
 
@@ -591,7 +806,9 @@ def report(result: dict) -> str:
         lines.append(f"  path {p['from']} -> {p['to']}: {p['one_way_ms']:g} ms one way +- {p['jitter_ms']:g}, "
                      f"loss {p['loss']:g}, {p['mbit']:g} Mbit/s")
     for f in result.get("faults", []):
-        lines.append(f"  fault: {f['fault']} {f['region']} for {f['duration_s']:g} s")
+        lines.append(f"  fault (planned): {f['fault']} {f['target']} for {f['duration_s']:g} s"
+                     + (f", {f['mbit']:g} Mbit/s one way ({f['reverse_mbit']:g} back)" if "mbit" in f else "")
+                     + (f", moved {', '.join(f['moved'])} to {f['new']}" if "moved" in f else ""))
 
     def fmt(s):
         return (f"p50 {s['p50_ms']:.0f} ms, p99 {s['p99_ms']:.0f} ms (n={s['n']})" if s and s.get("n") else "no data")

@@ -93,6 +93,13 @@ def _qdisc(ns: str, dev: str) -> str:
                           capture_output=True, text=True).stdout
 
 
+def _htb_rate(dev: str, classid: str) -> str:
+    out = subprocess.run(["ip", "netns", "exec", tn.ROUTER_NS, "tc", "class", "show", "dev", dev, "classid", classid],
+                         capture_output=True, text=True).stdout
+    assert out.strip(), f"no htb class {classid} on {dev}"
+    return out
+
+
 @needs_root
 def test_build_caps_partition_heal_and_remove():
     net = Testnet(load_topology("thin"), ["producer", "c1m1", "c2m1", "consumer1"])
@@ -105,6 +112,10 @@ def test_build_caps_partition_heal_and_remove():
         assert "100Mbit" in _qdisc(net.nodes["c1m1"].ns, "eth0")
         assert "tbf" in _qdisc(net.region_ns("eu"), net.nodes["producer"].port_if)   # the other end too
         assert "htb" in _qdisc(tn.ROUTER_NS, "r0")
+        rto = subprocess.run(["ip", "netns", "exec", net.nodes["producer"].ns, "sysctl", "-n",
+                              "net.ipv4.tcp_rto_max_ms"], capture_output=True, text=True)
+        if rto.returncode == 0:                      # kernels from 6.11
+            assert int(rto.stdout) == tn.RTO_MAX_MS
         # partition ap (c2m1 is there: placement round-robin eu, us, ap -> c1m1 eu, c2m1 us)
         where = {n: net.nodes[n].region for n in net.nodes}
         target = where["consumer1"]
@@ -126,6 +137,16 @@ def test_build_caps_partition_heal_and_remove():
         assert res[("producer", "consumer1")] is not None
         net.heal()
         assert net.probe([("producer", "c1m1")])[("producer", "c1m1")] is not None
+        # an asymmetric link: eu -> us capped, us -> eu keeps its bandwidth; heal restores it
+        into_us, from_eu = net._htb_class("eu", "us")
+        into_eu, from_us = net._htb_class("us", "eu")
+        net.cap("eu", "us", 5 * 10**6)
+        assert "rate 5Mbit" in _htb_rate(into_us, from_eu)
+        assert "rate 100Mbit" in _htb_rate(into_eu, from_us)
+        with pytest.raises(TestnetError, match="no inter-region path eu -> eu"):
+            net.cap("eu", "eu", 10**6)
+        net.heal(path=("eu", "us"))
+        assert "rate 100Mbit" in _htb_rate(into_us, from_eu)
     assert tn.leftovers() == []
     # no rstn- name anywhere: namespaces, links, root routes
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout

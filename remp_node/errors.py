@@ -11,9 +11,9 @@ and websockets' `exceptions.py`; marlin_cluster/wire.py has the same pair
                                   state transition). Never a ValueError, so a boundary that
                                   turns remote errors into drops cannot swallow a bug.
 
-Every REMP error type derives from exactly one of the two. The wire codecs (tl.py, wire.py)
-and the cores (catchain.py, rmq.py, consensus.py, validator.py) raise subclasses; each
-daemon has one boundary that turns a RempRemoteError into a counted, rate-limited drop.
+Every REMP error type derives from exactly one of the two. The wire codecs (remp_node/wire/)
+and the cores (remp_node/core/) raise subclasses; each daemon has one boundary that turns a
+RempRemoteError into a counted, rate-limited drop.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from daemon_runtime.memnet import MemNetwork
 from remp_node.core import consensus as C
 from remp_node.core import schedule as S
 from remp_node.wire.keys import NodeKey
-from remp_node.wire.tl import BlockIdExt, tl_constructor_id
+from remp_node.wire.tl import BlockIdExt, pack_id, tl_constructor_id
 
 SHARD0 = 0x4000000000000000
 
@@ -117,7 +117,7 @@ class Equivocator(Node):
         odd = {m.key_id for i, m in enumerate(self.members) if i % 2}
         batch = self.core.datagrams_to_send(now)
         for dst, data in batch:
-            if dst in odd and data not in self.originals and not data.startswith(C.pack_id(C.COMMIT)):
+            if dst in odd and data not in self.originals and not data.startswith(pack_id(C.COMMIT)):
                 out.append((dst, self.fake_for(data)))
                 self.later.append((dst, data))
             else:

@@ -23,16 +23,11 @@ from remp_node.errors import REASON_RE, RempLocalError, RempRemoteError
 #: every module of remp_node (the wire codecs, the cores, the transport, the daemons, the API)
 MODULES = [importlib.import_module(m.name)
            for m in pkgutil.walk_packages(remp_node.__path__, "remp_node.")]
-#: MessageRejected is the RejectedByFullnode outcome, not a protocol error: its `reason` is the
-#: receipt's exact error text (the seed's wording) and its `code` the short machine tag
-NOT_PROTOCOL_ERRORS = {"remp_node.wire.messages.MessageRejected"}
-
 
 def _error_classes(mod) -> list[type]:
     return [c for _, c in inspect.getmembers(mod, inspect.isclass)
             if issubclass(c, BaseException) and c.__module__ == mod.__name__
-            and c not in (RempRemoteError, RempLocalError)
-            and f"{c.__module__}.{c.__qualname__}" not in NOT_PROTOCOL_ERRORS]
+            and c not in (RempRemoteError, RempLocalError)]
 
 
 @pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.__name__)
@@ -68,6 +63,23 @@ def _literal_first_args(path: Path, names: set[str]) -> list[str]:
             if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
                 out.append(node.args[0].value)
     return out
+
+
+def test_message_rejected_is_a_remote_error_whose_reason_is_its_tag():
+    from remp_node.core import state
+    from remp_node.wire import messages
+    with pytest.raises(RempRemoteError) as info:
+        messages.parse_external_message(b"not a boc")
+    exc = info.value
+    assert isinstance(exc, messages.MessageRejected)
+    assert exc.reason == exc.code == "deserialize"
+    assert str(exc) == exc.text and exc.text.startswith("Can't deserialize message")
+    codes = _literal_first_args(Path(messages.__file__), {"MessageRejected"})
+    codes += _literal_first_args(Path(state.__file__), {"MessageRejected"})
+    assert {"deserialize", "not_external_in", "too_big", "too_deep", "bad_workchain", "unknown_account",
+            "pre_execution"} <= set(codes)
+    for c in codes:
+        assert REASON_RE.match(c), c
 
 
 def test_every_drop_reason_in_the_cores_is_a_metric_label():

@@ -16,8 +16,8 @@ import pytest
 
 from remp_node.core import consensus as cons
 from remp_node.testnet.sim import SimConfig, Simulation
-from remp_node.core.validator import (CH_ANNOUNCE, CH_COMMIT_NEED, CH_MASTER, CH_MASTER_REF, PayloadError, _Ref,
-                                 decode_master_block, decode_refs, encode_refs)
+from remp_node.wire.node_tl import (CH_ANNOUNCE, CH_COMMIT_NEED, CH_MASTER, CH_MASTER_REF, CommitRef, PayloadError,
+                                   decode_master_block, decode_refs, encode_refs)
 
 from tests.remp_fixtures import WalletSet
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_refs_round_trip_and_malformed_input():
-    segs = [b"head", _Ref(b"\x01" * 32), b"", _Ref(b"\x02" * 32), b"tail" * 100]
+    segs = [b"head", CommitRef(b"\x01" * 32), b"", CommitRef(b"\x02" * 32), b"tail" * 100]
     assert decode_refs(encode_refs(segs)) == segs
     body = encode_refs(segs)
     for bad in (body[:-1], body + b"\x00\x00\x00\x00", b"\x01\x00\x00\x00\x07\x00\x00\x00", b""):
@@ -119,7 +119,7 @@ def test_a_reference_the_sender_cannot_back_changes_nothing():
     sid = v.master.session_id
     h0 = v.master.height
     for i in range(MAX_PARKED + 10):
-        v.receive_datagram(mux(CH_MASTER_REF, sid, encode_refs([b"x", _Ref(bytes([i]) * 32)])), other.key.key_id,
+        v.receive_datagram(mux(CH_MASTER_REF, sid, encode_refs([b"x", CommitRef(bytes([i]) * 32)])), other.key.key_id,
                            sim.now)
     assert len(v._parked) == MAX_PARKED
     out = v.datagrams_to_send(sim.now)

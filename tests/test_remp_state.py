@@ -9,10 +9,8 @@ from pytoniq_core import Builder
 
 from remp_node.wire.keys import NodeKey
 from remp_node.wire.messages import MessageRejected, parse_external_message
-from remp_node.core.state import (
-    build_zero_state, decode_wallet_body, make_wallet_message, real_message_destinations,
-    wallet_address, zero_state_from_config,
-)
+from remp_node.core.state import build_zero_state, decode_wallet_body, make_wallet_message, wallet_address
+from remp_node.daemon.netfiles import real_message_destinations, zero_state_from_config
 
 ALICE = NodeKey.from_seed(b"\x01" * 32)
 BOB = NodeKey.from_seed(b"\x04" * 32)  # lands in the other shard
@@ -68,7 +66,7 @@ def test_execution_failures_change_nothing(kwargs, now, needle):
     assert st.state_hash() == before
     with pytest.raises(MessageRejected) as e:
         st.precheck(msg(**kwargs), now)
-    assert e.value.code == "pre_execution" and e.value.reason == f"Pre-execution failed: {res.error}"
+    assert e.value.code == "pre_execution" and e.value.text == f"Pre-execution failed: {res.error}"
 
 
 def test_unknown_account():

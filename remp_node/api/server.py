@@ -438,7 +438,7 @@ class StatusHub:
                 parse_external_message(boc, (0, -1))
                 reason = "Can't deserialize message"
             except MessageRejected as exc:
-                reason = exc.reason
+                reason = exc.text
             self.m_refused.labels("undecodable").inc()
             return 400, {"error": reason}
         try:

@@ -86,14 +86,14 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from ..wire.keys import NodeKey, key_id, verify
-from ..wire.tl import TLReader, pack_bytes, pack_id, pack_int, pack_int256
 from ..wire.catchain_tl import (  # noqa: F401  (the core's names stay importable from here)
     BLOCK, BLOCK_DATA, block_data_hash, BLOCK_DEP, block_hash, BLOCK_ID, block_id_bytes,
     BLOCK_NOT_FOUND, BLOCK_RESULT, BLOCK_UPDATE, CatchainRemoteError, CatchainUsageError,
     _check_dep_shape, check_fork, DATA_FORK, DATA_VECTOR, Dep, _DEP_WIRE_MAX, DIFFERENCE,
     DIFFERENCE_FORK, GET_BLOCK, GET_DIFFERENCE, pack_fork_proof, pack_records, parse_block_body,
     parse_datagram, _read_dep, root_dep, root_hash, sign_block, SIGNATURE_SIZE, _tl_id,
-    unpack_records, verify_fork_proof, WireBlock)
+    unpack_records, verify_fork_proof, WireBlock, pack_block_not_found, pack_block_result, pack_block_update,
+    pack_difference, pack_difference_fork, pack_get_block, pack_get_difference, read_fork_proof, record_size)
 
 
 # --- events ------------------------------------------------------------------------------
@@ -310,7 +310,7 @@ class Catchain:
         if self.muted:
             self.stats["muted_records"] += 1
             return
-        size = len(pack_bytes(payload))
+        size = record_size(payload)
         if size + 8 > self.max_payload:
             raise CatchainUsageError(f"record of {len(payload)} bytes does not fit max_payload={self.max_payload}")
         if self._records_bytes + size > self.max_submit_bytes:
@@ -435,13 +435,7 @@ class Catchain:
         self.stats["forks_detected"] += 1
         self._events.append(ForkDetected(s.key_id, s.index, proof))
         # tell everybody (catchain.differenceFork, bare deps)
-        r = TLReader(proof, max_bytes=1024)
-        r.constructor()
-        r.constructor()
-        left = _read_dep(r)
-        r.constructor()
-        right = _read_dep(r)
-        self._broadcast(pack_id(DIFFERENCE_FORK) + left.pack() + right.pack())
+        self._broadcast(pack_difference_fork(*read_fork_proof(proof)))
         # drop its undelivered blocks nobody depends on, highest first so chains unwind
         for height in sorted((x for x in s.by_height if x > s.delivered_height), reverse=True):
             for h in list(s.by_height.get(height, ())):
@@ -599,7 +593,7 @@ class Catchain:
     def _produce(self, now: float) -> None:
         records, size = [], 8
         while self._records:
-            sz = len(pack_bytes(self._records[0]))
+            sz = record_size(self._records[0])
             if records and size + sz > self.max_payload:
                 break
             records.append(self._records.popleft())
@@ -628,7 +622,7 @@ class Catchain:
         me.delivered_hash = h
         self.stats["blocks_created"] += 1
         self._emit_delivered(me, rec)
-        self._broadcast(pack_id(BLOCK_UPDATE) + rec.body)
+        self._broadcast(pack_block_update(rec.body))
         self._last_block_at = now
         self._next_block_at = now + self.block_interval if self._records else None
         self.max_stored_seen = max(self.max_stored_seen, len(self._blocks))
@@ -643,7 +637,7 @@ class Catchain:
         if peers:
             target = self._rng.choice(peers)
             rt = self._rt()
-            self._send(target, pack_id(GET_DIFFERENCE) + pack_int(len(rt)) + b"".join(pack_int(x) for x in rt))
+            self._send(target, pack_get_difference(rt))
             self.stats["get_difference_sent"] += 1
         asked = 0
         for h in list(self._refs):
@@ -665,7 +659,7 @@ class Catchain:
                 break
             rec.asked_at = now
             rec.asks += 1
-            self._send(dest, pack_id(GET_BLOCK) + pack_int256(h))
+            self._send(dest, pack_get_block(h))
             self.stats["get_block_sent"] += 1
             asked += 1
 
@@ -679,7 +673,7 @@ class Catchain:
         for i, x in enumerate(rt):
             if x >= 0 and self._sources[i].blamed:
                 left, right = self._fork_deps(self._sources[i])
-                self._send(peer, pack_id(DIFFERENCE_FORK) + left.pack() + right.pack())
+                self._send(peer, pack_difference_fork(left, right))
                 self.stats["difference_fork_sent"] += 1
                 return
         row = self._peer_delivered[peer]
@@ -704,30 +698,25 @@ class Catchain:
                     self.stats["difference_unavailable"] += 1     # pruned here
                     stuck.add(i)
                     continue
-                self._send(peer, pack_id(BLOCK_UPDATE) + rec.body)
+                self._send(peer, pack_block_update(rec.body))
                 sent_upto[i] = nh
                 budget -= 1
                 progressed = True
                 self.stats["difference_blocks_sent"] += 1
-        self._send(peer, pack_id(DIFFERENCE) + pack_int(len(sent_upto)) + b"".join(pack_int(x) for x in sent_upto))
+        self._send(peer, pack_difference(sent_upto))
 
     def _fork_deps(self, s: _Source) -> tuple[Dep, Dep]:
         assert s.fork_proof is not None
-        r = TLReader(s.fork_proof, max_bytes=1024)
-        r.constructor()
-        r.constructor()
-        left = _read_dep(r)
-        r.constructor()
-        return left, _read_dep(r)
+        return read_fork_proof(s.fork_proof)
 
     def _on_get_block(self, h: bytes, sender: bytes) -> None:
         self.stats["get_block_received"] += 1
         rec = self._blocks.get(h)
         peer = self._by_key_id[sender]
         if rec is None or rec.body is None:
-            self._send(peer, pack_id(BLOCK_NOT_FOUND))
+            self._send(peer, pack_block_not_found())
             return
-        self._send(peer, pack_id(BLOCK_RESULT) + rec.body)
+        self._send(peer, pack_block_result(rec.body))
 
     def _on_fork_proof(self, left: Dep, right: Dep) -> None:
         src = check_fork(left, right, self.session_id, self.members)

@@ -334,7 +334,7 @@ class RempClient:
         except MessageRejected as exc:
             mid = submitted_message_id(boc, parsed)
             self._events.append(MessageReceived(mid, len(boc), 0))
-            self._reject_locally(mid, exc.reason, 0, now)
+            self._reject_locally(mid, exc.text, 0, now)
             return mid
         if msg.id in self._tracked:
             return msg.id
@@ -346,7 +346,7 @@ class RempClient:
         try:
             self.states.state_for(msg.dst).precheck(msg, wall)
         except MessageRejected as exc:
-            self._reject_locally(msg.id, exc.reason, shard, now)
+            self._reject_locally(msg.id, exc.text, shard, now)
             return msg.id
         self._finished.pop(msg.id, None)
         self._tracked[msg.id] = _Tracked(msg, shard, now, now + self.lifetime if self.lifetime else float("inf"),

@@ -88,7 +88,8 @@ Block id (document for verifiers)
     file_hash = sha256(candidate bytes)
     block_id  = tonNode.blockIdExt(workchain, shard, seqno, root_hash, file_hash)
 
-Wire (every datagram is one boxed TL object; ids = tl_constructor_id of the TL_* lines below;
+Wire (codecs in remp_node/wire/consensus_tl.py; every datagram is one boxed TL object; ids =
+tl_constructor_id of the TL_* lines there;
     ed25519 signatures over the boxed *Data objects)
     remp.consensus.proposal  session_id:int256 round:int pol_round:int candidate:bytes
                              pol_signatures:(vector remp.consensus.signature) signature:int512
@@ -122,9 +123,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, NamedTuple
 
-from ..wire.keys import NodeKey, key_id as key_id_of, verify
-from ..wire.tl import (BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256,  # noqa: F401
-                       pack_int512, pack_long, tl_constructor_id)
+from ..wire.keys import NodeKey, key_id as key_id_of, verify  # noqa: F401  (verify: tests use it from here)
+from ..wire.tl import BlockIdExt
 from ..wire.consensus_tl import (  # noqa: F401  (the core's names stay importable from here)
     BLOCK_ROOT, Candidate, CANDIDATE, Commit, COMMIT, COMMIT_SIGS, CommitSignatures,
     ConsensusStateError, ConsensusUsageError, ConsensusWireError, decode_master_payload,
@@ -134,7 +134,7 @@ from ..wire.consensus_tl import (  # noqa: F401  (the core's names stay importab
     quorum, _read_sigs, _reader, SESSION, session_id_for, SignatureMemo, TL_BLOCK_ROOT,
     TL_CANDIDATE, TL_COMMIT, TL_COMMIT_SIGS, TL_GET_COMMITS, TL_MASTER_PAYLOAD, TL_PROPOSAL,
     TL_PROPOSAL_DATA, TL_SESSION, TL_SIGNATURE, TL_VOTE, TL_VOTE_DATA, verify_commit,
-    verify_signatures, Vote, VOTE, VOTE_DATA, vote_signed_data, ZERO256)
+    verify_signatures, Vote, VOTE, VOTE_DATA, vote_signed_data, ZERO256, Evidence, verify_evidence)
 
 INF = float("inf")
 
@@ -154,50 +154,7 @@ KEEP_COMMITS = 4096
 """Commits (and accepted block ids) kept for catch-up answers."""
 
 
-# --- evidence and events -----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Evidence:
-    """Double-signing proof: `member` (key id) signed `first` and `second` (both complete
-    signed datagrams: proposals or votes of one `kind`) for different blocks at (seqno, round).
-    kind: "proposal" | "prevote" | "precommit"."""
-
-    member: bytes
-    seqno: int
-    round: int
-    kind: str
-    first: bytes
-    second: bytes
-
-
-def verify_evidence(session_id: bytes, members: list[bytes], ev: Evidence) -> bool:
-    """True iff `ev` proves that ev.member double-signed (both signatures valid, same
-    session, seqno, round and kind, different blocks)."""
-    pubs = {key_id_of(m): m for m in members}
-    if ev.member not in pubs:
-        return False
-    try:
-        a, b = parse_message(ev.first), parse_message(ev.second)
-    except ConsensusWireError:
-        return False
-    if type(a) is not type(b) or a.session_id != session_id or b.session_id != session_id:
-        return False
-    if isinstance(a, Proposal):
-        ba, bb = a.candidate.block_id, b.candidate.block_id
-        n = len(members)
-        if ev.kind != "proposal" or a.round != b.round or members[(ba.seqno + a.round) % n] != pubs[ev.member]:
-            return False
-        ok = verify(pubs[ev.member], a.signed_data(ba), a.signature) and verify(pubs[ev.member], b.signed_data(bb), b.signature)
-    elif isinstance(a, Vote):
-        ba, bb = a.block, b.block
-        if (a.who != ev.member or b.who != ev.member or a.kind != b.kind or a.round != b.round
-                or KIND_NAMES[a.kind] != ev.kind):
-            return False
-        ok = verify(pubs[ev.member], a.signed_data(), a.signature) and verify(pubs[ev.member], b.signed_data(), b.signature)
-    else:
-        return False
-    return ok and ba.seqno == bb.seqno == ev.seqno and a.round == ev.round and ba != bb
-
+# --- events -----------------------------------------------------------------------
 
 class ConsensusEvent:
     """Base class of block consensus events."""

@@ -90,7 +90,8 @@ the TON convention for self-signed objects, as wire.py does for tonNode.rempMess
         seqnos:(vector long) = remp.ReceiptBatchAck;
 
 source_id: the validator's key id; dst: the full node's key id; stream: the sender's run
-(grows across restarts: microseconds since the Unix epoch at start unless given);
+(grows across restarts: the caller passes one per run, the daemon its run epoch, microseconds
+since the Unix epoch at start; the core reads no clock);
 seqno: 1, 2, ... per (dst, stream); base: every seqno below it is acknowledged or
 abandoned; receipts: boxed tonNode.rempSignedReceipt objects, in production order.
 An ack names the validator (source_id) and stream it acknowledges; `through`: every seqno
@@ -100,7 +101,8 @@ receiver here sends): packets beyond `through` it can hold, 1..MAX_WINDOW; a sen
 got the first form keeps the window it had. Acks are not signed: the transport
 authenticates their sender, and a forged ack could only make a validator stop resending.
 
-`classify(payload) -> kind` routes a transport payload without guessing (KINDS).
+`classify(payload) -> kind` (remp_node/wire/node_tl.py, re-exported here) routes a transport
+payload without guessing (KINDS).
 
 Errors: DeliveryError (a ValueError) with `reason` for remote input; DeliveryMisuse (not a
 ValueError) for local misuse.
@@ -108,36 +110,24 @@ ValueError) for local misuse.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from ..errors import RempLocalError
 from ..wire.keys import NodeKey, key_id as key_id_of, verify
-from ..wire.receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptError, SignedReceipt
-from ..wire.tl import REMP_MESSAGE, REMP_NEW, REMP_SIGNED_RECEIPT, TLError, TLReader, pack_id
+from ..wire.receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptError, SignedReceipt, new_status_message_id
 from ..wire.batches import (MAX_ACK_SEQNOS, MAX_BATCH_RECEIPTS, MAX_PACKET_BYTES, MAX_WINDOW,  # noqa: F401
                             RECEIPT_BATCH, RECEIPT_BATCH_ACK, RECEIPT_BATCH_ACK_WINDOW, TL_LINES, Ack, Batch,
                             DeliveryError, decode_ack, decode_batch, encode_ack, encode_batch)
-from .validator import CH_CLIENT, CHANNEL_NAMES
+# classify / unwrap route a transport payload by its first bytes: codecs in wire/node_tl.py,
+# re-exported here for existing importers
+from ..wire.node_tl import KINDS, classify, unwrap  # noqa: F401
 
 __all__ = ["ReceiptSender", "ReceiptReceiver", "OutboxChange", "ReceiptDelivered", "DeliveryEvent", "DeliveryError",
            "DeliveryMisuse", "classify", "KINDS", "TL_LINES", "RECEIPT_BATCH", "RECEIPT_BATCH_ACK",
            "encode_batch", "decode_batch", "encode_ack", "decode_ack", "Batch", "Ack"]
 
-
-#: Validator mux channel kinds (validator.CHANNEL_NAMES): byte 0 of a muxed datagram,
-#: followed by a 32-byte session id.
-_MUX = CHANNEL_NAMES
-_MUX_PREFIX = 33
-#: What classify() returns.
-KINDS = ("client_message", "receipt", "receipt_batch", "receipt_ack", "validator_mux", "unknown")
-_BY_ID = {REMP_MESSAGE: "client_message", REMP_SIGNED_RECEIPT: "receipt",
-          RECEIPT_BATCH: "receipt_batch", RECEIPT_BATCH_ACK: "receipt_ack", RECEIPT_BATCH_ACK_WINDOW: "receipt_ack"}
-# a boxed TL object and a muxed datagram can never be confused: no constructor id we route
-# starts with a mux channel byte
-assert all((cid & 0xFF) not in _MUX for cid in _BY_ID)
 
 #: packets a sender may have beyond the receiver's cumulative ack before it heard the
 #: receiver's window (TCP's initial window, RFC 5681, in packets); a receiver advertises at
@@ -150,34 +140,6 @@ DEFAULT_WINDOW = 32
 
 class DeliveryMisuse(RempLocalError):
     """Local misuse of ReceiptSender / ReceiptReceiver (not a ValueError)."""
-
-
-def classify(payload: bytes) -> str:
-    """Kind of one transport payload (KINDS): "client_message" (tonNode.rempMessage),
-    "receipt" (tonNode.rempSignedReceipt), "receipt_batch", "receipt_ack" (this module's
-    TL), bare or inside a validator CH_CLIENT mux; "validator_mux" (validator.mux of
-    RMQ / shard / master / announce traffic, or a CH_CLIENT mux of anything else); else
-    "unknown". Looks only at the first 37 bytes; never raises."""
-    data = bytes(payload[:_MUX_PREFIX + 4])
-    if len(data) >= 4:
-        kind = _BY_ID.get(int.from_bytes(data[:4], "little"))
-        if kind is not None:
-            return kind
-    if len(data) >= _MUX_PREFIX and data[0] in _MUX:
-        if data[0] == CH_CLIENT and len(data) >= _MUX_PREFIX + 4:
-            inner = _BY_ID.get(int.from_bytes(data[_MUX_PREFIX:_MUX_PREFIX + 4], "little"))
-            if inner is not None:
-                return inner
-        return "validator_mux"
-    return "unknown"
-
-
-def unwrap(payload: bytes) -> bytes:
-    """The TL object of a payload classify() named (strips a CH_CLIENT mux prefix)."""
-    if len(payload) >= _MUX_PREFIX + 4 and payload[0] == 1 and \
-            int.from_bytes(payload[:4], "little") not in _BY_ID:
-        return bytes(payload[_MUX_PREFIX:])
-    return bytes(payload)
 
 
 # --- validator side ----------------------------------------------------------------------------
@@ -232,23 +194,6 @@ class _Dst:
 RESEND_WINDOW = 4
 
 
-_NEW = pack_id(REMP_NEW)
-
-
-def _first_status_id(data: bytes) -> bytes | None:
-    """The message id (32 bytes) when `data` (a boxed tonNode.rempSignedReceipt) carries
-    tonNode.rempNew, else None: the receipt's status constructor follows its own constructor
-    and the 32-byte message id."""
-    try:
-        r = TLReader(data, MAX_RECEIPT_BYTES + 80)
-        if r.constructor() != REMP_SIGNED_RECEIPT:
-            return None
-        inner = r.bytes()
-        return inner[4:36] if inner[36:40] == _NEW else None
-    except TLError:
-        return None
-
-
 class ReceiptSender:
     """Validator side of receipt delivery (see module doc).
 
@@ -287,7 +232,7 @@ class ReceiptSender:
     def __init__(self, key: NodeKey, *, max_delay: float = 0.1, max_batch_bytes: int = 4452,
                  lossy_batch_bytes: int = 2144, loss_memory: float = 5.0,
                  resend_initial: float = 0.25, resend_max: float = 2.0, max_unacked_per_dst: int = 4096,
-                 stream: int | None = None, session: int = 0, journal: bool = False,
+                 stream: int, session: int = 0, journal: bool = False,
                  urgent_first: Callable[[bytes], bool] | None = None, initial_window: int = INITIAL_WINDOW):
         if max_delay < 0 or resend_initial <= 0 or resend_max < resend_initial or max_unacked_per_dst < 1 \
                 or not 1 <= initial_window <= max_unacked_per_dst:
@@ -300,7 +245,7 @@ class ReceiptSender:
         self.resend_initial = resend_initial
         self.resend_max = resend_max
         self.max_unacked = max_unacked_per_dst
-        self.stream = int(time.time_ns() // 1000 if stream is None else stream)
+        self.stream = int(stream)
         self.session = session
         self._dsts: dict[bytes, _Dst] = {}
         self._out: list[tuple[bytes, bytes]] = []
@@ -360,7 +305,7 @@ class ReceiptSender:
                 self._flush(dst, d, now)
 
     def _urgent(self, data: bytes) -> bool:
-        mid = _first_status_id(data)
+        mid = new_status_message_id(data)
         return mid is not None and (self.urgent_first is None or self.urgent_first(mid))
 
     def set_session(self, session: int, now: float) -> None:

@@ -10,7 +10,7 @@ by the start blocks it saw, as validators do) and their messages executed in ord
 `state` (state.ZeroState; wallet balances move); the master block's own masterchain
 messages are executed on `state.masterchain`.
 
-Datagrams are the validators' CH_MASTER channel (validator.mux prefix). No I/O, no clock.
+Datagrams are the validators' CH_MASTER channel (wire/node_tl.py mux prefix). No I/O, no clock.
 Events: ChainBlockApplied (one per master block). Errors: bad remote input never raises out
 of receive_datagram; it is counted in `dropped` and reported as a Dropped-like event.
 """
@@ -27,7 +27,7 @@ from .schedule import (GENESIS_MASTER_HASH, ZeroStateConfig, masterchain_members
 from ..wire.shards import MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN
 from .state import ZeroState
 from ..wire.tl import BlockIdExt
-from .validator import (CH_MASTER, PayloadError, decode_master_block, decode_shard_payload, demux, mux)
+from ..wire.node_tl import CH_MASTER, PayloadError, decode_master_block, decode_shard_payload, demux, mux
 
 __all__ = ["ChainFollower", "ChainBlockApplied", "FollowerDropped"]
 

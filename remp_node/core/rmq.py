@@ -10,7 +10,8 @@ Protocol core: no I/O, no clock (`now` passed in). Sources:
   members = current group + previous session's group; a message received in master
   session N is obsolete at N+2 and not forwarded.
 
-Wire (our TL lines, modelled on ever-tl `remp.*`; constructor ids are CRC32 as usual):
+Wire (our TL lines, modelled on ever-tl `remp.*`; constructor ids are CRC32 as usual; the
+codecs are in remp_node/wire/rmq_tl.py):
 - one catchain record (one `Catchain.submit` payload; the catchain packs the records of a
   block into its `catchain.block.data.vector`) = boxed `remp.catchainRecord.message` (id,
   uid, master_seqno, origin, BOC) or `remp.catchainRecord.digest` (id, uid, master_seqno,
@@ -25,16 +26,19 @@ traffic). Local misuse raises RmqError.
 """
 from __future__ import annotations
 
-import hashlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
 from .cache import AddResult, CacheStatus, MessageCache
-from ..errors import RempLocalError, RempRemoteError
+from ..errors import RempLocalError
 from ..wire.keys import NodeKey, key_id
-from ..wire.tl import (TLError, TLReader, pack_bytes, pack_id, pack_int, pack_int256, pack_long,
-                 tl_constructor_id)
+# the RMQ's wire objects (catchain records, body query / response, session id, channel bytes)
+# are codecs in wire/rmq_tl.py; re-exported here for existing importers
+from ..wire.rmq_tl import (CH_CATCHAIN, CH_QUERY, CH_RESPONSE, MAX_MESSAGE_BYTES, MAX_PAYLOAD_BYTES,  # noqa: F401
+                           MAX_QUERY_IDS, MESSAGE_QUERY, MESSAGE_RESPONSE, REC_DIGEST, REC_MESSAGE, SESSION_ID,
+                           Record, RmqWireError, decode_query, decode_record, decode_response, encode_query,
+                           encode_response, rmq_session_id)
 
 __all__ = [
     "ReliableMessageQueue", "RmqError", "RmqWireError", "RmqEvent", "MessageQueued",
@@ -43,127 +47,12 @@ __all__ = [
     "rmq_session_id", "CH_CATCHAIN", "CH_QUERY", "CH_RESPONSE",
 ]
 
-REC_MESSAGE = tl_constructor_id(
-    "remp.catchainRecord.message message_id:int256 uid:int256 masterchain_seqno:int origin:int256 "
-    "message:bytes = remp.CatchainRecord")
-REC_DIGEST = tl_constructor_id(
-    "remp.catchainRecord.digest message_id:int256 uid:int256 masterchain_seqno:int origin:int256 "
-    "finished:int = remp.CatchainRecord")
-MESSAGE_QUERY = tl_constructor_id("remp.messageQuery message_ids:(vector int256) = remp.MessageQuery")
-MESSAGE_RESPONSE = tl_constructor_id("remp.messageResponse messages:(vector bytes) = remp.MessageResponse")
-SESSION_ID = tl_constructor_id(
-    "remp.rmqSession workchain:int shard:long masterchain_seqno:int members:(vector int256) = remp.RmqSession")
-
-CH_CATCHAIN, CH_QUERY, CH_RESPONSE = 0, 1, 2
-
-#: limits (bytes / counts) for remote input
-MAX_MESSAGE_BYTES = 65535
-MAX_PAYLOAD_BYTES = 4 << 20
-MAX_QUERY_IDS = 256
 #: body-fetch retry period (s)
 FETCH_RETRY = 0.5
 
 
 class RmqError(RempLocalError):
     """Local misuse of the RMQ API."""
-
-
-class RmqWireError(RempRemoteError):
-    """Malformed RMQ bytes from a remote member (reason "malformed_rmq")."""
-
-    reason = "malformed_rmq"
-
-
-@dataclass(frozen=True)
-class Record:
-    """One RMQ catchain record. body is None for a digest; finished (digests only): the
-    forwarder saw the message finalized (replay protection only)."""
-
-    message_id: bytes
-    uid: bytes
-    master_seqno: int
-    origin: bytes
-    body: bytes | None = None
-    finished: bool = False
-
-    def pack(self) -> bytes:
-        head = pack_int256(self.message_id) + pack_int256(self.uid) + pack_int(self.master_seqno) + pack_int256(self.origin)
-        if self.body is not None:
-            return pack_id(REC_MESSAGE) + head + pack_bytes(self.body)
-        return pack_id(REC_DIGEST) + head + pack_int(1 if self.finished else 0)
-
-
-def decode_record(data: bytes) -> Record:
-    """Parse one record (one catchain `submit` payload). Raises RmqWireError when malformed
-    or over the limits (MAX_MESSAGE_BYTES per body)."""
-    try:
-        r = TLReader(data, MAX_MESSAGE_BYTES + 256)
-        cid = r.constructor()
-        mid, uid, seqno, origin = r.int256(), r.int256(), r.int(), r.int256()
-        if cid == REC_MESSAGE:
-            body = r.bytes()
-            if len(body) > MAX_MESSAGE_BYTES:
-                raise RmqWireError(f"message body of {len(body)} bytes > {MAX_MESSAGE_BYTES}")
-            rec = Record(mid, uid, seqno, origin, body)
-        elif cid == REC_DIGEST:
-            flag = r.int()
-            if flag not in (0, 1):
-                raise RmqWireError(f"digest finished flag {flag}")
-            rec = Record(mid, uid, seqno, origin, None, bool(flag))
-        else:
-            raise RmqWireError(f"unknown catchain record constructor 0x{cid:08x}")
-        r.finish()
-        return rec
-    except TLError as exc:
-        raise RmqWireError(f"catchain record: {exc}") from None
-
-
-def _encode_query(ids: list[bytes]) -> bytes:
-    return bytes([CH_QUERY]) + pack_id(MESSAGE_QUERY) + pack_int(len(ids)) + b"".join(ids)
-
-
-def _decode_query(data: bytes) -> list[bytes]:
-    try:
-        r = TLReader(data, 16 + 32 * MAX_QUERY_IDS)
-        if r.constructor() != MESSAGE_QUERY:
-            raise RmqWireError("not a remp.messageQuery")
-        n = r.uint()
-        if n > MAX_QUERY_IDS:
-            raise RmqWireError(f"{n} ids > {MAX_QUERY_IDS}")
-        ids = [r.int256() for _ in range(n)]
-        r.finish()
-        return ids
-    except TLError as exc:
-        raise RmqWireError(f"message query: {exc}") from None
-
-
-def _encode_response(bodies: list[bytes]) -> bytes:
-    return bytes([CH_RESPONSE]) + pack_id(MESSAGE_RESPONSE) + pack_int(len(bodies)) + b"".join(pack_bytes(b) for b in bodies)
-
-
-def _decode_response(data: bytes) -> list[bytes]:
-    try:
-        r = TLReader(data, MAX_PAYLOAD_BYTES)
-        if r.constructor() != MESSAGE_RESPONSE:
-            raise RmqWireError("not a remp.messageResponse")
-        n = r.uint()
-        if n > MAX_QUERY_IDS:
-            raise RmqWireError(f"{n} bodies > {MAX_QUERY_IDS}")
-        out = [r.bytes() for _ in range(n)]
-        r.finish()
-        if any(len(b) > MAX_MESSAGE_BYTES for b in out):
-            raise RmqWireError("message body too big")
-        return out
-    except TLError as exc:
-        raise RmqWireError(f"message response: {exc}") from None
-
-
-def rmq_session_id(workchain: int, shard: int, master_seqno: int, members: list[bytes]) -> bytes:
-    """32-byte catchain session id of the RMQ (sha256 of boxed remp.rmqSession with the
-    members' public keys in member order)."""
-    data = (pack_id(SESSION_ID) + pack_int(workchain) + pack_long(shard) + pack_int(master_seqno)
-            + pack_int(len(members)) + b"".join(pack_int256(m) for m in members))
-    return hashlib.sha256(data).digest()
 
 
 # --- events --------------------------------------------------------------------------------
@@ -415,9 +304,9 @@ class ReliableMessageQueue:
             if ch == CH_CATCHAIN:
                 self.catchain.receive_datagram(body, src, now)
             elif ch == CH_QUERY:
-                self._answer_query(_decode_query(body), src)
+                self._answer_query(decode_query(body), src)
             elif ch == CH_RESPONSE:
-                for boc in _decode_response(body):
+                for boc in decode_response(body):
                     self._on_fetched(boc, src)
             else:
                 raise RmqWireError(f"unknown RMQ channel {ch}")
@@ -600,12 +489,12 @@ class ReliableMessageQueue:
         dst = f.sources[f.tries % len(f.sources)]
         f.tries += 1
         f.next_at = now + FETCH_RETRY
-        self._direct.append((dst, _encode_query([f.message_id])))
+        self._direct.append((dst, encode_query([f.message_id])))
 
     def _answer_query(self, ids: list[bytes], src: bytes) -> None:
         bodies = [self.bodies[i] for i in ids if i in self.bodies]
         if bodies:
-            self._direct.append((src, _encode_response(bodies)))
+            self._direct.append((src, encode_response(bodies)))
 
     def _on_fetched(self, boc: bytes, src: bytes) -> None:
         try:

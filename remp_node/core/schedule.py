@@ -30,15 +30,12 @@ from ..errors import RempRemoteError
 from ..wire.keys import key_id
 from ..wire.shards import (FULL_SHARD, U64, ShardError, is_valid_shard, shard_contains,  # noqa: F401
                      shard_for_account, shard_hex, shard_range, split_shards)
-from ..wire.tl import pack_id, pack_int, pack_int256, pack_long, tl_constructor_id
+from ..wire.node_tl import GROUP_SEED, TL_GROUP_SEED, pack_group_seed  # noqa: F401
 
 MASTERCHAIN = -1
 GENESIS_MASTER_HASH = bytes(32)
 """`prev_master_block_hash` to use for session 0 (there is no previous master block)."""
 
-TL_GROUP_SEED = ("remp.schedule.groupSeed prev_mc_block_hash:int256 session_seqno:int "
-                 "workchain:int shard:long = remp.schedule.GroupSeed")
-GROUP_SEED = tl_constructor_id(TL_GROUP_SEED)
 
 
 class ScheduleError(RempRemoteError):
@@ -321,8 +318,7 @@ def group_seed(session_seqno: int, prev_master_block_hash: bytes, workchain: int
         raise ScheduleError(f"session seqno must be >= 0, got {session_seqno}")
     if len(prev_master_block_hash) != 32:
         raise ScheduleError("prev_master_block_hash must be 32 bytes")
-    return hashlib.sha256(pack_id(GROUP_SEED) + pack_int256(prev_master_block_hash)
-                          + pack_int(session_seqno) + pack_int(workchain) + pack_long(shard)).digest()
+    return hashlib.sha256(pack_group_seed(prev_master_block_hash, session_seqno, workchain, shard)).digest()
 
 
 def shard_groups(cfg: ZeroStateConfig, session_seqno: int, prev_master_block_hash: bytes) -> dict[int, list[bytes]]:

@@ -6,7 +6,7 @@ Accounts are keyed 'workchain:hex64'. An account has an ed25519 public key (a wa
 None (an "open" account: it accepts any well-formed external message and moves no value;
 the real mainnet messages in ../shared/data/ton/ext_messages.jsonl go to such accounts).
 
-Wallet message body (one cell, built and read with pytoniq-core):
+Wallet message body (one cell, built and read with pytoniq-core in remp_node/wire/wallet.py):
 
     signature:bits512  valid_until:uint32  nonce:uint32  dest:MsgAddressInt  amount:Coins
 
@@ -24,38 +24,17 @@ import copy as _copy
 import functools
 import hashlib
 from collections import OrderedDict
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Mapping
 
-from pytoniq_core import Address, Builder, Cell, MessageAny
-from pytoniq_core.tlb.transaction import ExternalMsgInfo
-
-from ..errors import RempRemoteError
-from ..wire.keys import NodeKey, verify
+from ..wire.keys import verify
 from ..wire.messages import ExternalMessage, MessageRejected, parse_account_id
 from ..wire.shards import (FULL_SHARD, MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN, shard_contains, shard_for_account,
                      shard_hex, shard_prefixes)
-
-#: Largest amount a Coins field holds (VarUInteger 16: 15 bytes).
-MAX_AMOUNT = (1 << 120) - 1
-
-
-def account_key(workchain: int, account: bytes) -> str:
-    """'workchain:hex64' for a 32-byte account id."""
-    if len(account) != 32:
-        raise ValueError("account id must be 32 bytes")
-    return f"{workchain}:{account.hex()}"
-
-
-def wallet_address(public_key: bytes, workchain: int = 0) -> str:
-    """The model's wallet address for an ed25519 public key: 'workchain:' + hex(sha256(key)).
-    (Our rule, standing in for TON's StateInit hash.)"""
-    if len(public_key) != 32:
-        raise ValueError("public key must be 32 bytes")
-    return account_key(workchain, hashlib.sha256(public_key).digest())
-
+# the wallet body and message codecs and the account keys are in wire/wallet.py; re-exported
+# here for existing importers
+from ..wire.wallet import (MAX_AMOUNT, WalletBodyError, WalletTransfer, account_key,  # noqa: F401
+                           build_wallet_body, decode_wallet_body, make_wallet_message, wallet_address)
 
 @dataclass
 class Account:
@@ -71,68 +50,6 @@ def _copy_account(a: Account, _new=object.__new__) -> Account:
     n = _new(Account)
     n.__dict__.update(a.__dict__)
     return n
-
-
-@dataclass(frozen=True)
-class WalletTransfer:
-    """The decoded signed part of a wallet body: valid_until (Unix s), nonce, dest
-    ('workchain:hex64'), amount (nano units), plus the signature and the signed hash."""
-
-    signature: bytes
-    signed_hash: bytes
-    valid_until: int
-    nonce: int
-    dest: str
-    amount: int
-
-
-class WalletBodyError(RempRemoteError):
-    """A wallet message body that does not have the wallet layout (see module doc)."""
-
-
-def build_wallet_body(key: NodeKey, dest: str, amount: int, valid_until: int, nonce: int) -> Cell:
-    """The signed wallet body cell for a transfer of `amount` to `dest` ('wc:hex64')."""
-    if not 0 <= amount <= MAX_AMOUNT:
-        raise ValueError(f"amount out of range: {amount}")
-    wc, acc = parse_account_id(dest)
-    signed = (Builder().store_uint(valid_until, 32).store_uint(nonce, 32)
-              .store_address(Address((wc, acc))).store_coins(amount).end_cell())
-    return Builder().store_bytes(key.sign(signed.hash)).store_cell(signed).end_cell()
-
-
-def decode_wallet_body(body: Cell) -> WalletTransfer:
-    """Read a wallet body (see module doc). Raises WalletBodyError with what is wrong."""
-    try:
-        s = body.begin_parse()
-        if s.remaining_bits < 512:
-            raise WalletBodyError(f"body has {s.remaining_bits} bits, a signature needs 512")
-        signature = s.load_bytes(64)
-        signed = s.to_cell()
-        p = signed.begin_parse()
-        valid_until = p.load_uint(32)
-        nonce = p.load_uint(32)
-        dest = p.load_address()
-        amount = p.load_coins()
-        if not isinstance(dest, Address):
-            raise WalletBodyError("destination is not a standard internal address")
-        if p.remaining_bits or p.remaining_refs:
-            raise WalletBodyError(f"{p.remaining_bits} bits and {p.remaining_refs} refs left after the transfer")
-    except WalletBodyError:
-        raise
-    except Exception as exc:  # pytoniq-core slice errors
-        raise WalletBodyError(f"{type(exc).__name__}: {exc}") from None
-    return WalletTransfer(signature, signed.hash, valid_until, nonce,
-                          account_key(int(dest.wc), bytes(dest.hash_part)), amount)
-
-
-def make_wallet_message(key: NodeKey, src: str, dest: str, amount: int, valid_until: int,
-                        nonce: int = 0) -> bytes:
-    """A real external-in message BOC (pytoniq-core) to wallet `src` ('wc:hex64') asking it
-    to move `amount` to `dest`, signed by `key`. Returns the BOC bytes (no CRC)."""
-    wc, acc = parse_account_id(src)
-    body = build_wallet_body(key, dest, amount, valid_until, nonce)
-    info = ExternalMsgInfo(src=None, dest=Address((wc, acc)), import_fee=0)
-    return MessageAny(info=info, init=None, body=body).serialize().to_boc()
 
 
 #: memo of the pure, per-message parts of an execution (the body decode and the ed25519 check
@@ -364,22 +281,13 @@ class ZeroState:
         return _copy.deepcopy(self)
 
 
-def real_message_destinations(path: str | Path) -> list[str]:
-    """Distinct 'wc:hex64' destinations of an ext_messages.jsonl file, in file order."""
-    seen: dict[str, None] = {}
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            seen.setdefault(json.loads(line)["dst"], None)
-    return list(seen)
-
-
 def build_zero_state(workchain: int = 0, shard_count: int = 2,
                      wallets: Iterable[tuple[bytes, int]] = (),
                      open_accounts: Iterable[str] = (), open_balance: int = 0,
                      masterchain_wallets: Iterable[tuple[bytes, int]] = ()) -> ZeroState:
     """Shard states for `shard_count` equal shards of `workchain`, with one wallet per
     (public_key, balance) at wallet_address(public_key) and one open account (key None,
-    `open_balance`) per 'wc:hex64' in `open_accounts` (e.g. real_message_destinations;
+    `open_balance`) per 'wc:hex64' in `open_accounts` (e.g. netfiles.real_message_destinations;
     '-1:hex64' ones go to the masterchain state); `masterchain_wallets` are wallets at
     wallet_address(public_key, -1)."""
     shards = shard_prefixes(shard_count)
@@ -393,21 +301,20 @@ def build_zero_state(workchain: int = 0, shard_count: int = 2,
     return zs
 
 
-def zero_state_from_config(config: Mapping) -> ZeroState:
-    """build_zero_state from a config mapping (e.g. the zerostate JSON):
+def zero_state_from_mapping(config: Mapping, ext_destinations: Iterable[str] = ()) -> ZeroState:
+    """build_zero_state from a config mapping (e.g. the zerostate JSON) and the destinations
+    of the real messages (daemon/netfiles.py real_message_destinations reads them from the
+    file named by "ext_messages"; this core reads no file):
 
     {"workchain": 0, "shard_count": 2,
      "wallets": [{"public_key": "<64 hex>", "balance": 1000000000}, ...],
      "open_accounts": ["0:<64 hex>", ...],            # optional
      "masterchain_wallets": [{"public_key": ..., "balance": ...}],  # optional, workchain -1
      "masterchain_accounts": ["-1:<64 hex>", ...],    # optional open accounts of workchain -1
-     "ext_messages": "../shared/data/ton/ext_messages.jsonl",  # optional: their destinations
      "open_balance": 0}                                # optional
-    Missing or absent ext_messages files are skipped (the real data is optional)."""
+    `ext_destinations` ('wc:hex64') become open accounts after "open_accounts"."""
     opens = list(config.get("open_accounts", []))
-    path = config.get("ext_messages")
-    if path and Path(path).is_file():
-        opens += [d for d in real_message_destinations(path) if d not in opens]
+    opens += [d for d in ext_destinations if d not in opens]
     opens += [d for d in config.get("masterchain_accounts", []) if d not in opens]
     wallets = [(bytes.fromhex(w["public_key"]), int(w.get("balance", 0))) for w in config.get("wallets", [])]
     mc_wallets = [(bytes.fromhex(w["public_key"]), int(w.get("balance", 0)))

@@ -51,7 +51,8 @@ flush timer in this core; it changes datagram counts only, no status. Not done.
 Multiplexing: every datagram between REMP nodes starts with a 33-byte prefix: one channel
 kind byte (CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE, CH_MASTER_REF,
 CH_COMMIT_NEED) and the 32-byte session id of the sub-protocol instance (zeros for
-CH_CLIENT, CH_ANNOUNCE and CH_COMMIT_NEED). `mux`/`demux` are the helpers; a full node wraps
+CH_CLIENT, CH_ANNOUNCE and CH_COMMIT_NEED). `mux`/`demux` are the helpers
+(remp_node/wire/node_tl.py, with the block payload codecs and the reference bodies); a full node wraps
 its wire.py datagrams with CH_CLIENT.
 
 Shard commits by reference: a master block commits shard blocks by carrying their commit
@@ -80,7 +81,7 @@ from typing import Callable
 
 from . import consensus as cons
 from .cache import AddResult, CacheStatus, MessageCache
-from ..errors import RempLocalError, RempRemoteError
+from ..errors import RempLocalError
 from ..wire.keys import NodeKey, key_id
 from ..wire.messages import MessageRejected, parse_external_message
 from ..wire.receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, Timeout,
@@ -91,23 +92,22 @@ from .schedule import (GENESIS_MASTER_HASH, ZeroStateConfig, masterchain_members
                        session_start, shard_groups)
 from ..wire.shards import FULL_SHARD, MASTERCHAIN_KEY, MASTERCHAIN_WORKCHAIN, shard_contains
 from .state import ShardState, ZeroState
-from ..wire.tl import (ZERO_BLOCK_ID, BlockIdExt, TLError, TLReader, pack_bytes, pack_id, pack_int,
-                 pack_int256, pack_long, tl_constructor_id)
+from ..wire.tl import ZERO_BLOCK_ID, BlockIdExt
 from ..wire.packets import RempMessageDatagram, WireError, decode_datagram, encode_receipt
+# the node's own wire objects (channel prefix, block payloads, shard commits by reference) are
+# codecs in wire/node_tl.py; re-exported here for existing importers
+from ..wire.node_tl import (CH_ANNOUNCE, CH_CLIENT, CH_COMMIT_NEED, CH_MASTER, CH_MASTER_REF,  # noqa: F401
+                            CH_RMQ, CH_SHARD, CHANNEL_NAMES, MASTER_BLOCK, MAX_REFS, MAX_SHARD_PAYLOAD, PREFIX,
+                            SHARD_BLOCK, ZERO32, BlockMessage, CommitRef, MasterPayload, PayloadError,
+                            ShardPayload, decode_commit_need, decode_master_block, decode_refs,
+                            decode_shard_payload, demux, encode_commit_need, encode_master_block, encode_refs,
+                            encode_shard_payload, mux)
 
 __all__ = ["ValidatorCore", "ValidatorError", "ValidatorJournal", "JournalEntry", "ValidatorEvent", "ReceiptSent", "ForkBlamed",
            "ShardBlockAccepted", "MasterBlockAccepted", "SessionStarted", "Dropped",
            "mux", "demux", "CH_CLIENT", "CH_RMQ", "CH_SHARD", "CH_MASTER", "CH_ANNOUNCE",
            "encode_shard_payload", "decode_shard_payload", "encode_master_block", "decode_master_block"]
 
-CH_CLIENT, CH_RMQ, CH_SHARD, CH_MASTER, CH_ANNOUNCE = 1, 2, 3, 4, 5
-#: a CH_MASTER datagram with its shard commits by reference, and the request for the commits a
-#: member lacks to rebuild one (module doc, "Shard commits by reference")
-CH_MASTER_REF, CH_COMMIT_NEED = 6, 7
-CHANNEL_NAMES = {CH_CLIENT: "client", CH_RMQ: "rmq", CH_SHARD: "shard", CH_MASTER: "master",
-                 CH_ANNOUNCE: "announce", CH_MASTER_REF: "master", CH_COMMIT_NEED: "commit_need"}
-ZERO32 = bytes(32)
-PREFIX = 33
 #: most messages a collator puts into one shard block
 MAX_BLOCK_MESSAGES = 64
 #: most message bytes (BOCs) a collator puts into one block: a candidate travels in every
@@ -142,178 +142,14 @@ MIN_REF_BYTES = 200
 MAX_PARKED = 64
 #: seconds before the same commit is asked from the same member again (CH_COMMIT_NEED)
 NEED_RETRY = 0.2
-#: most references in one CH_MASTER_REF datagram / hashes in one CH_COMMIT_NEED
-MAX_REFS = 1024
 #: verified shard commits kept (raw bytes -> _ShardCommit): a commit is checked on its
 #: announce, in each master proposal carrying it and again when that master block is
 #: accepted; its q ed25519 signatures are verified once
 KEEP_VERIFIED_COMMITS = 512
 
-SHARD_BLOCK = tl_constructor_id(
-    "remp.node.shardBlock session:int gen_utime_ms:long collator:int256 "
-    "messages:(vector remp.node.blockMessage) = remp.node.ShardBlock")
-MASTER_BLOCK = tl_constructor_id(
-    "remp.node.masterBlock session:int gen_utime_ms:long shard_commits:(vector bytes) "
-    "messages:(vector remp.node.blockMessage) = remp.node.MasterBlock")
-MAX_SHARD_PAYLOAD = 8 << 20
-
 
 class ValidatorError(RempLocalError):
     """Local misuse of the validator core."""
-
-
-class PayloadError(RempRemoteError):
-    """A malformed shard or master block payload (remote input; reason "bad_payload")."""
-
-    reason = "bad_payload"
-
-
-def mux(kind: int, session_id: bytes, payload: bytes) -> bytes:
-    """Prefix a sub-protocol datagram: kind byte + 32-byte session id + payload."""
-    if len(session_id) != 32:
-        raise ValidatorError("session id must be 32 bytes")
-    return bytes([kind]) + session_id + payload
-
-
-def demux(data: bytes) -> tuple[int, bytes, bytes]:
-    """(kind, session id, payload); PayloadError (a ValueError, reason "short_datagram")
-    when shorter than the prefix."""
-    if len(data) < PREFIX:
-        raise PayloadError(f"datagram of {len(data)} bytes is shorter than the {PREFIX}-byte prefix",
-                           "short_datagram")
-    return data[0], bytes(data[1:PREFIX]), bytes(data[PREFIX:])
-
-
-def encode_refs(segments: list) -> bytes:
-    """CH_MASTER_REF body: boxed-free TL `count:int` then per segment `0:int data:bytes`
-    (literal bytes) or `1:int hash:int256` (the shard commit whose sha256 is `hash`).
-    segments: bytes (literal) or _Ref."""
-    out = [pack_int(len(segments))]
-    for seg in segments:
-        if isinstance(seg, _Ref):
-            out.append(pack_int(1) + pack_int256(seg.hash))
-        else:
-            out.append(pack_int(0) + pack_bytes(seg))
-    return b"".join(out)
-
-
-def decode_refs(body: bytes) -> list:
-    """Inverse of encode_refs; raises PayloadError (remote input)."""
-    try:
-        r = TLReader(body, cons.MAX_DATAGRAM)
-        n = r.uint()
-        if n > 2 * MAX_REFS + 1:
-            raise PayloadError(f"{n} segments in a master reference datagram")
-        segs: list = []
-        for _ in range(n):
-            k = r.int()
-            if k == 0:
-                segs.append(r.bytes())
-            elif k == 1:
-                segs.append(_Ref(r.int256()))
-            else:
-                raise PayloadError(f"segment kind {k}")
-        r.finish()
-    except TLError as exc:
-        raise PayloadError(f"master reference datagram: {exc}") from None
-    return segs
-
-
-@dataclass(frozen=True)
-class _Ref:
-    hash: bytes
-
-
-# --- block payloads ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class BlockMessage:
-    message_id: bytes
-    uid: bytes
-    origin: bytes
-    boc: bytes
-
-
-@dataclass(frozen=True)
-class ShardPayload:
-    """A shard block's payload: session tag, generation time (ms, Unix), collator key id and
-    the messages in execution order."""
-
-    session: int
-    gen_utime_ms: int
-    collator: bytes
-    messages: tuple[BlockMessage, ...]
-
-
-def _pack_message(m: BlockMessage) -> bytes:
-    return pack_int256(m.message_id) + pack_int256(m.uid) + pack_int256(m.origin) + pack_bytes(m.boc)
-
-
-def _read_messages(r: TLReader, n: int) -> tuple[BlockMessage, ...]:
-    """n BlockMessages from r (message id, uid, origin: int256 each; the BOC: bytes)."""
-    return tuple(BlockMessage(r.int256(), r.int256(), r.int256(), r.bytes()) for _ in range(n))
-
-
-def encode_shard_payload(p: ShardPayload) -> bytes:
-    out = [pack_id(SHARD_BLOCK), pack_int(p.session), pack_long(p.gen_utime_ms), pack_int256(p.collator),
-           pack_int(len(p.messages))]
-    out.extend(_pack_message(m) for m in p.messages)
-    return b"".join(out)
-
-
-def decode_shard_payload(data: bytes) -> ShardPayload:
-    """Raises PayloadError."""
-    try:
-        r = TLReader(data, MAX_SHARD_PAYLOAD)
-        if r.constructor() != SHARD_BLOCK:
-            raise PayloadError("not a remp.node.shardBlock")
-        session, gen, collator, n = r.int(), r.long(), r.int256(), r.uint()
-        if n > 4096:
-            raise PayloadError(f"{n} messages in a shard block")
-        msgs = _read_messages(r, n)
-        r.finish()
-    except TLError as exc:
-        raise PayloadError(f"shard block: {exc}") from None
-    return ShardPayload(session, gen, collator, msgs)
-
-
-@dataclass(frozen=True)
-class MasterPayload:
-    """A master block's payload: session tag, generation time (ms, Unix), the shard block
-    commit certificates it commits, and the external messages to workchain -1 accounts it
-    executes itself (in execution order)."""
-
-    session: int
-    gen_utime_ms: int
-    shard_commits: tuple[bytes, ...]
-    messages: tuple[BlockMessage, ...] = ()
-
-
-def encode_master_block(p: MasterPayload) -> bytes:
-    out = [pack_id(MASTER_BLOCK), pack_int(p.session), pack_long(p.gen_utime_ms),
-           pack_int(len(p.shard_commits)), b"".join(pack_bytes(c) for c in p.shard_commits),
-           pack_int(len(p.messages))]
-    out.extend(_pack_message(m) for m in p.messages)
-    return b"".join(out)
-
-
-def decode_master_block(data: bytes) -> MasterPayload:
-    try:
-        r = TLReader(data, cons.MAX_PAYLOAD)
-        if r.constructor() != MASTER_BLOCK:
-            raise PayloadError("not a remp.node.masterBlock")
-        session, gen, n = r.int(), r.long(), r.uint()
-        if n > 1024:
-            raise PayloadError(f"{n} shard commits in a master block")
-        commits = tuple(r.bytes() for _ in range(n))
-        k = r.uint()
-        if k > 4096:
-            raise PayloadError(f"{k} messages in a master block")
-        msgs = _read_messages(r, k)
-        r.finish()
-    except TLError as exc:
-        raise PayloadError(f"master block: {exc}") from None
-    return MasterPayload(session, gen, commits, msgs)
 
 
 @dataclass(frozen=True)
@@ -980,7 +816,7 @@ class ValidatorCore:
         try:
             parsed = self._parse(dg.boc)
         except MessageRejected as exc:
-            self._drop("client", src, f"bad message: {exc.reason}")
+            self._drop("client", src, f"bad message: {exc.text}")
             return
         if parsed.id != dg.message_id:
             self._drop("client", src, "rempMessage id is not the BOC's root hash")
@@ -1171,7 +1007,7 @@ class ValidatorCore:
             try:
                 parsed = self._parsed_of(m)
             except MessageRejected as exc:
-                return f"message {m.message_id.hex()}: {exc.reason}"
+                return f"message {m.message_id.hex()}: {exc.text}"
             if parsed.id != m.message_id or parsed.uid != m.uid or not self._in_shard(parsed, s.shard):
                 return f"message {m.message_id.hex()} does not match its BOC or shard"
             res = state.execute(parsed, p.gen_utime_ms / 1000.0)
@@ -1302,7 +1138,7 @@ class ValidatorCore:
                     continue
                 if i > pos:
                     segs.append(d[pos:i])
-                segs.append(_Ref(self._keep_raw(raw)))
+                segs.append(CommitRef(self._keep_raw(raw)))
                 pos = i + len(raw)
             if segs:
                 segs.append(d[pos:])
@@ -1315,10 +1151,10 @@ class ValidatorCore:
 
     def _resolve(self, segs: list) -> tuple[bytes | None, list[bytes]]:
         """(the rebuilt datagram, []) or (None, hashes of the shard commits we lack)."""
-        missing = [seg.hash for seg in segs if isinstance(seg, _Ref) and seg.hash not in self._raws]
+        missing = [seg.hash for seg in segs if isinstance(seg, CommitRef) and seg.hash not in self._raws]
         if missing:
             return None, missing
-        return b"".join(self._raws[seg.hash] if isinstance(seg, _Ref) else seg for seg in segs), []
+        return b"".join(self._raws[seg.hash] if isinstance(seg, CommitRef) else seg for seg in segs), []
 
     def _on_master_ref(self, sid: bytes, body: bytes, src: bytes, now: float) -> None:
         """A master consensus datagram with its shard commits by reference: rebuilt and fed to
@@ -1348,7 +1184,7 @@ class ValidatorCore:
             for h in ask:
                 self._need_at[(src, h)] = now
             self.stats["commit_needs"] += 1
-            self._out.append((src, mux(CH_COMMIT_NEED, ZERO32, pack_int(len(ask)) + b"".join(ask[:MAX_REFS]))))
+            self._out.append((src, mux(CH_COMMIT_NEED, ZERO32, encode_commit_need(ask))))
 
     def _retry_parked(self, now: float) -> None:
         """Feed the parked CH_MASTER_REF datagrams whose shard commits all arrived."""
@@ -1369,13 +1205,8 @@ class ValidatorCore:
             self._drop("commit_need", src, "not a validator")
             return
         try:
-            r = TLReader(body, 4 + 32 * MAX_REFS)
-            n = r.uint()
-            if n > MAX_REFS:
-                raise PayloadError(f"{n} hashes")
-            hashes = [r.int256() for _ in range(n)]
-            r.finish()
-        except (TLError, PayloadError) as exc:
+            hashes = decode_commit_need(body)
+        except PayloadError as exc:
             self._drop("commit_need", src, f"commit need: {exc}")
             return
         for h in hashes:
@@ -1448,7 +1279,7 @@ class ValidatorCore:
             try:
                 parsed = self._parsed_of(m)
             except MessageRejected as exc:
-                return f"message {m.message_id.hex()}: {exc.reason}"
+                return f"message {m.message_id.hex()}: {exc.text}"
             if parsed.id != m.message_id or parsed.uid != m.uid or parsed.workchain != MASTERCHAIN_WORKCHAIN:
                 return f"message {m.message_id.hex()} does not match its BOC or the masterchain"
             res = state.execute(parsed, p.gen_utime_ms / 1000.0)

@@ -4,9 +4,9 @@ Layout of the network directory D (all JSON, UTF-8):
 
 - ``D/network.json``: ``{"zerostate": ZeroStateConfig.to_dict(), "state": {...},
   "nodes": [...], "timing": {...}}``. ``state`` is the input of
-  state.zero_state_from_config (workchain, shard_count, wallets [{public_key, balance}],
+  zero_state_from_config (workchain, shard_count, wallets [{public_key, balance}],
   open_accounts ['wc:hex64'], masterchain_accounts ['-1:hex64'] (accounts of workchain -1,
-  processed by the masterchain validators: issue item 4)); ``nodes`` lists every node:
+  processed by the masterchain validators)); ``nodes`` lists every node:
   ``{"label": "v1" | "fullnode1", "role": "validator" | "fullnode", "public_key": hex,
   "key_id": hex, "address": "127.0.0.1:port" (UDP), "http": "127.0.0.1:port" (metrics,
   health, and the full node's API), "key_file": "keys/v1.key"}``; ``timing``: the core
@@ -43,10 +43,29 @@ from ..errors import RempRemoteError
 from ..wire.keys import NodeKey
 from ..core.schedule import ScheduleError, ValidatorInfo, ZeroStateConfig
 from ..wire.shards import shard_prefixes
-from ..core.state import ZeroState, real_message_destinations, wallet_address, zero_state_from_config
+from ..core.state import ZeroState, wallet_address, zero_state_from_mapping
 
 __all__ = ["NetFilesError", "NodeEntry", "Network", "init_network", "load_network", "load_key",
-           "write_private_json", "DEFAULT_TIMING"]
+           "write_private_json", "DEFAULT_TIMING", "real_message_destinations", "zero_state_from_config"]
+
+
+def real_message_destinations(path: str | Path) -> list[str]:
+    """Distinct 'wc:hex64' destinations of an ext_messages.jsonl file, in file order."""
+    seen: dict[str, None] = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            seen.setdefault(json.loads(line)["dst"], None)
+    return list(seen)
+
+
+def zero_state_from_config(config: dict) -> ZeroState:
+    """state.zero_state_from_mapping of a network's "state" config, with the destinations
+    of the real messages in the file its optional "ext_messages" key names (e.g.
+    "../shared/data/ton/ext_messages.jsonl") as open accounts. A missing or absent file is
+    skipped (the real data is optional)."""
+    path = config.get("ext_messages")
+    dsts = real_message_destinations(path) if path and Path(path).is_file() else []
+    return zero_state_from_mapping(config, dsts)
 
 NETWORK_FILE = "network.json"
 WALLETS_FILE = "wallets.json"

@@ -52,7 +52,7 @@ from daemon_runtime.runner import CoreRunner
 
 from ..api.server import DEFAULT_MAX_PENDING, DEFAULT_PENDING_FLOOR, DEFAULT_PENDING_SECONDS
 from ..core.client import LATE_MEMORY
-from ..core.delivery import DEFAULT_WINDOW, INITIAL_WINDOW, MAX_WINDOW, DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender, classify, unwrap
+from ..core.delivery import DEFAULT_WINDOW, INITIAL_WINDOW, MAX_WINDOW, DeliveryError, ReceiptDelivered, ReceiptReceiver, ReceiptSender
 from ..transport.endpoint import open_endpoint, parse_faults
 from ..core.eventmap import (SERVICE_FULLNODE, SERVICE_MASTERCHAIN, SERVICE_VALIDATOR, client_records, emit_records,
                        fullnode_dropped_record, peer_label, validator_records)
@@ -61,8 +61,8 @@ from .netfiles import NetFilesError, load_key, load_network
 from ..wire.receipts import ReceiptError
 from ..core.schedule import master_session_at
 from .store import StoreError
-from ..core.validator import (CH_CLIENT, CH_MASTER, CHANNEL_NAMES, Dropped, MasterBlockAccepted, ReceiptSent,
-                        ShardBlockAccepted, ValidatorCore, ZERO32, mux)
+from ..core.validator import Dropped, MasterBlockAccepted, ReceiptSent, ShardBlockAccepted, ValidatorCore
+from ..wire.node_tl import CH_CLIENT, CH_MASTER, CHANNEL_NAMES, ZERO32, classify, mux, unwrap
 from ..wire.packets import WireError
 
 #: seconds between a received datagram and the step that flushes its consequences (module
@@ -165,7 +165,7 @@ def build_fullnode_parser() -> argparse.ArgumentParser:
 
 def _kind(payload: bytes) -> str:
     """Metric label of a payload: client_message, receipt, receipt_batch, receipt_ack
-    (delivery.classify) or the validator mux channel (rmq, shard, master, announce)."""
+    (node_tl.classify) or the validator mux channel (rmq, shard, master, announce)."""
     k = classify(payload)
     if k == "validator_mux":
         return CHANNEL_NAMES.get(payload[0], "other")

@@ -33,8 +33,8 @@ from .network import SimNetwork
 from ..wire.receipts import ReceiptError, SignedReceipt, to_json
 from ..core.schedule import ValidatorInfo, ZeroStateConfig
 from ..core.state import ZeroState, build_zero_state
-from ..core.validator import (CH_CLIENT, CHANNEL_NAMES, ForkBlamed, MasterBlockAccepted, ReceiptSent,
-                        ValidatorCore, ValidatorJournal, ZERO32, demux, mux)
+from ..core.validator import ForkBlamed, MasterBlockAccepted, ReceiptSent, ValidatorCore, ValidatorJournal
+from ..wire.node_tl import CH_CLIENT, CHANNEL_NAMES, ZERO32, demux, mux
 from ..wire.packets import WireError, decode_datagram
 
 __all__ = ["Simulation", "SimConfig", "classify_datagram"]

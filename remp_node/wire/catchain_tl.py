@@ -1,6 +1,7 @@
 """Catchain's TL objects and their pure checks: constructor ids (CRC32 of the ton_api.tl
 lines with `(vector x)` parentheses dropped, as TON's TL compiler does), `Dep` and
-`WireBlock`, block hashes and signatures, the datagram parser, fork proofs. No state: the
+`WireBlock`, block hashes and signatures, the datagrams the core sends, the datagram parser,
+fork proofs. No state: the
 catchain state machine that sends, pulls, delivers and blames is
 remp_node/core/catchain.py, whose module docstring gives the block model, the wire and the
 drop reasons (DESIGN.md section 4; ton-blockchain/ton `catchain/`, read, not copied).
@@ -174,6 +175,60 @@ def sign_block(key: NodeKey, session_id: bytes, src: int, height: int, prev: Dep
 def pack_fork_proof(left: Dep, right: Dep) -> bytes:
     """Fork proof = boxed catchain.block.data.fork (boxed deps), TON's fork_proof format."""
     return pack_id(DATA_FORK) + left.pack_boxed() + right.pack_boxed()
+
+
+def read_fork_proof(proof: bytes) -> tuple[Dep, Dep]:
+    """The (left, right) deps of a fork proof made by pack_fork_proof (our own or one that
+    verify_fork_proof accepted; <= 1024 bytes). TLError on bytes of another shape."""
+    r = TLReader(proof, max_bytes=1024)
+    r.constructor()
+    r.constructor()
+    left = _read_dep(r)
+    r.constructor()
+    return left, _read_dep(r)
+
+
+def record_size(record: bytes) -> int:
+    """Bytes one record takes in a block's catchain.block.data.vector (TL `bytes`: length
+    prefix, data, padding to 4)."""
+    return len(pack_bytes(record))
+
+
+# --- catchain datagrams (boxed; what the core sends) ------------------------------------------
+
+def pack_block_update(block_body: bytes) -> bytes:
+    """catchain.blockUpdate: a bare catchain.block + payload (a block's stored body)."""
+    return pack_id(BLOCK_UPDATE) + block_body
+
+
+def pack_block_result(block_body: bytes) -> bytes:
+    """catchain.blockResult: the answer to catchain.getBlock for a block we hold."""
+    return pack_id(BLOCK_RESULT) + block_body
+
+
+def pack_block_not_found() -> bytes:
+    """catchain.blockNotFound: the answer to catchain.getBlock for a block we lack."""
+    return pack_id(BLOCK_NOT_FOUND)
+
+
+def pack_get_block(block_hash_: bytes) -> bytes:
+    """catchain.getBlock block:int256."""
+    return pack_id(GET_BLOCK) + pack_int256(block_hash_)
+
+
+def pack_get_difference(rt: list[int]) -> bytes:
+    """catchain.getDifference rt:(vector int): our delivered height per source (-1: blamed)."""
+    return pack_id(GET_DIFFERENCE) + pack_int(len(rt)) + b"".join(pack_int(x) for x in rt)
+
+
+def pack_difference(sent_upto: list[int]) -> bytes:
+    """catchain.difference sent_upto:(vector int): the heights an answer brought each source to."""
+    return pack_id(DIFFERENCE) + pack_int(len(sent_upto)) + b"".join(pack_int(x) for x in sent_upto)
+
+
+def pack_difference_fork(left: Dep, right: Dep) -> bytes:
+    """catchain.differenceFork left:catchain.block.dep right:catchain.block.dep (bare deps)."""
+    return pack_id(DIFFERENCE_FORK) + left.pack() + right.pack()
 
 
 # --- parsers (pure; raise CatchainRemoteError) ------------------------------------------

@@ -411,3 +411,48 @@ def decode_master_payload(payload: bytes) -> list[BlockIdExt]:
         return out
     except TLError as exc:
         raise ConsensusWireError(f"master payload: {exc}") from None
+
+
+# --- double-signing evidence ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Evidence:
+    """Double-signing proof: `member` (key id) signed `first` and `second` (both complete
+    signed datagrams: proposals or votes of one `kind`) for different blocks at (seqno, round).
+    kind: "proposal" | "prevote" | "precommit"."""
+
+    member: bytes
+    seqno: int
+    round: int
+    kind: str
+    first: bytes
+    second: bytes
+
+
+def verify_evidence(session_id: bytes, members: list[bytes], ev: Evidence) -> bool:
+    """True iff `ev` proves that ev.member double-signed (both signatures valid, same
+    session, seqno, round and kind, different blocks)."""
+    pubs = {key_id_of(m): m for m in members}
+    if ev.member not in pubs:
+        return False
+    try:
+        a, b = parse_message(ev.first), parse_message(ev.second)
+    except ConsensusWireError:
+        return False
+    if type(a) is not type(b) or a.session_id != session_id or b.session_id != session_id:
+        return False
+    if isinstance(a, Proposal):
+        ba, bb = a.candidate.block_id, b.candidate.block_id
+        n = len(members)
+        if ev.kind != "proposal" or a.round != b.round or members[(ba.seqno + a.round) % n] != pubs[ev.member]:
+            return False
+        ok = verify(pubs[ev.member], a.signed_data(ba), a.signature) and verify(pubs[ev.member], b.signed_data(bb), b.signature)
+    elif isinstance(a, Vote):
+        ba, bb = a.block, b.block
+        if (a.who != ev.member or b.who != ev.member or a.kind != b.kind or a.round != b.round
+                or KIND_NAMES[a.kind] != ev.kind):
+            return False
+        ok = verify(pubs[ev.member], a.signed_data(), a.signature) and verify(pubs[ev.member], b.signed_data(), b.signature)
+    else:
+        return False
+    return ok and ba.seqno == bb.seqno == ev.seqno and a.round == ev.round and ba != bb

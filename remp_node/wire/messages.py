@@ -22,6 +22,8 @@ from typing import Iterable
 from pytoniq_core import Address, Cell, MessageAny
 from pytoniq_core.tlb.transaction import ExternalMsgInfo, ExternalOutMsgInfo, InternalMsgInfo
 
+from ..errors import RempRemoteError
+
 # the shard helpers live in shards.py; re-exported here for existing importers
 from .shards import (FULL_SHARD, shard_contains, shard_depth, shard_for_account,  # noqa: F401
                      shard_hex, shard_prefixes)
@@ -34,18 +36,25 @@ MAX_MESSAGE_DEPTH = 512
 SHARD_FULL = FULL_SHARD
 
 
-class MessageRejected(ValueError):
-    """The full node refuses a message (becomes a RejectedByFullnode receipt).
+class MessageRejected(RempRemoteError):
+    """The full node refuses a message (becomes a RejectedByFullnode receipt); a remote
+    error (the message came from a client or a peer).
 
-    `reason` is the exact error text for the receipt, e.g. "Can't deserialize message:
-    BocError: Crc32c hashsum mismatch"; `code` is a short machine tag: "deserialize",
-    "not_external_in", "too_big", "too_deep", "bad_workchain", "unknown_account",
-    "pre_execution". str(exc) == reason."""
+    `reason` (== `code`) is the short tag, a metric label: "deserialize", "not_external_in",
+    "too_big", "too_deep", "bad_workchain", "unknown_account", "pre_execution". `text` is
+    the exact error text for the receipt, e.g. "Can't deserialize message: BocError: Crc32c
+    hashsum mismatch" (DESIGN.md section 4). str(exc) == text."""
 
-    def __init__(self, code: str, reason: str):
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
+    reason = "rejected_by_fullnode"
+
+    def __init__(self, code: str, text: str):
+        super().__init__(text, code)
+        self.text = text
+
+    @property
+    def code(self) -> str:
+        """The short tag (the same as `reason`)."""
+        return self.reason
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,7 @@ def parse_external_message(boc: bytes, workchains: Iterable[int] = (0,)) -> Exte
     4. root depth >= MAX_MESSAGE_DEPTH -> "too_deep";
     5. destination workchain not in `workchains` -> "bad_workchain".
 
-    Returns an ExternalMessage; raises MessageRejected (a ValueError) and nothing else."""
+    Returns an ExternalMessage; raises MessageRejected (a RempRemoteError, a ValueError) and nothing else."""
     if not isinstance(boc, (bytes, bytearray, memoryview)):
         raise TypeError("boc must be bytes")
     boc = bytes(boc)

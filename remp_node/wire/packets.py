@@ -17,7 +17,7 @@ validator -> full node: `tonNode.rempSignedReceipt receipt:bytes signature:int51
 
 Carriage: between processes every one of these objects is the payload of one
 transport.TransportCore message (authenticated, split into <= 1,232-byte datagrams);
-delivery.classify(payload) tells the kinds apart (also inside a validator CH_CLIENT mux).
+node_tl.classify(payload) tells the kinds apart (also inside a validator CH_CLIENT mux).
 
 Parsing is pure and size-limited; malformed input raises WireError (a RempRemoteError,
 so a ValueError) and nothing else; misuse of an encoder raises WireUsageError (a

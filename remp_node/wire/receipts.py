@@ -715,3 +715,20 @@ def verify_receipt_json(obj: Mapping[str, Any], validator_public_keys: Iterable[
     receipt, signature = from_json(obj)
     _verify_with(receipt.source_id, receipt.serialize(), signature, validator_public_keys)
     return receipt
+
+
+_NEW = pack_id(REMP_NEW)
+
+
+def new_status_message_id(data: bytes) -> bytes | None:
+    """The message id (32 bytes) when `data` (a boxed tonNode.rempSignedReceipt) carries
+    tonNode.rempNew, else None: the receipt's status constructor follows its own constructor
+    and the 32-byte message id. Never raises."""
+    try:
+        r = TLReader(data, MAX_RECEIPT_BYTES + 80)
+        if r.constructor() != REMP_SIGNED_RECEIPT:
+            return None
+        inner = r.bytes()
+        return inner[4:36] if inner[36:40] == _NEW else None
+    except TLError:
+        return None

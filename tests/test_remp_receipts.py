@@ -217,3 +217,26 @@ def test_accepted_receipt_parses_in_one_unpack_to_the_same_object():
     bad[40:44] = b"\x01\x02\x03\x04"                  # the level constructor
     with pytest.raises(R.ReceiptError, match="malformed"):
         R.Receipt.parse(bytes(bad))
+
+
+def test_signed_accepted_receipt_takes_the_slice_path_to_the_same_object():
+    """A signed receipt of the fixed Accepted size is read by slicing: the same SignedReceipt
+    as the TL reader gives (bytes, signature, verification), for every level; a bad
+    constructor, length byte or padding in that size is still refused as malformed."""
+    import os as _os
+    from remp_node.wire import receipts as R
+    blk = BlockIdExt(0, 0x8000000000000000, 7, _os.urandom(32), _os.urandom(32))
+    for st in [Accepted(lv, blk) for lv in Level] + [Accepted(Level.MASTERCHAIN, blk, MC_BLOCK)]:
+        sr = make_signed_receipt(KEY, MSG_ID, st, 1_700_000_000_123)
+        data = sr.serialize()
+        assert len(data) == R._SIGNED_ACCEPTED_SIZE
+        got = SignedReceipt.parse(data)
+        assert got == sr and got.serialize() == data
+        assert got.verify([KEY.public]) == sr.open()
+    good = make_signed_receipt(KEY, MSG_ID, Accepted(Level.QUEUE, blk), 1).serialize()
+    for at, value in ((0, 0), (4, 243), (4 + 1 + 244, 1), (4 + 1 + 246, 7)):
+        bad = bytearray(good)
+        bad[at] = value
+        with pytest.raises(ReceiptError) as e:
+            SignedReceipt.parse(bytes(bad))
+        assert e.value.reason == "malformed"

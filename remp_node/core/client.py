@@ -367,7 +367,7 @@ class RempClient:
         self._receipt(dg, dg.open(), now, False)
 
     def receive_authenticated(self, signed: SignedReceipt, receipt: Receipt, source: bytes, now: float,
-                              digest: bytes = b"") -> None:
+                              digest: bytes = b"", tick: bool = True) -> None:
         """Feed one receipt whose bytes the caller already authenticated as validator
         `source`'s (32-byte key id): delivery.ReceiptReceiver checked the packet's ed25519
         signature against that validator's key and that receipt.source_id is the packet's
@@ -376,13 +376,16 @@ class RempClient:
         subscriber can still verify each status alone. receipt: signed.open(). Raises
         ClientError when receipt.source_id is not `source` (not a remote error: the caller
         vouched for it). digest: sha256(signed.receipt + signed.signature) when the caller has
-        it (delivery.ReceiptDelivered.digest; computed here otherwise)."""
+        it (delivery.ReceiptDelivered.digest; computed here otherwise). tick=False: the due
+        waves and expiries are left to the caller's next datagrams_to_send / handle_timer at
+        the same `now` (a caller feeding a packet's receipts one by one runs them once for the
+        packet, not once per receipt)."""
         if receipt.source_id != source:
             raise ClientError("receive_authenticated: receipt source_id is not the authenticated source")
-        self._receipt(signed, receipt, now, True, digest)
+        self._receipt(signed, receipt, now, True, digest, tick)
 
     def _receipt(self, dg: SignedReceipt, receipt: Receipt, now: float, authenticated: bool,
-                 digest: bytes = b"") -> None:
+                 digest: bytes = b"", tick: bool = True) -> None:
         t = self._tracked.get(receipt.message_id)
         if t is None:
             self._late_receipt(dg, receipt, now, authenticated, digest)
@@ -438,7 +441,8 @@ class RempClient:
                             else next(k for k in kinds if k != "Timeout"))
                 reasons = "; ".join(sorted({e for e in t.errors.values() if e}))
                 self._finish(t, "rejected", decisive, reasons, now)
-        self._tick(now, scan=False)
+        if tick:
+            self._tick(now, scan=False)
 
     def _late_receipt(self, dg: SignedReceipt, receipt: Receipt, now: float, authenticated: bool = False,
                       digest: bytes = b"") -> None:

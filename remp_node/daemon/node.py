@@ -601,6 +601,7 @@ class FullnodeDaemon(_Daemon):
             buckets=FINALIZED_BUCKETS, registry=r)
         self._first_wait: dict[bytes, float] = {}    # message id -> received (monotonic s), until answered
         self._client_handler_table: dict[type, Callable] | None = None
+        self._status_counts: dict[tuple[str, str], int] = {}    # remp_statuses of the drain
 
     def log_error(self, text: str) -> None:
         self.log.emit("remp.node.error", None, "error", reason=text[:2000])
@@ -644,7 +645,9 @@ class FullnodeDaemon(_Daemon):
                 try:
                     # the packet signature (checked by the receiver against this validator's
                     # key) covers the receipt: no second ed25519 verify per receipt
-                    self.client.receive_authenticated(ev.signed, ev.receipt, ev.source, now, ev.digest)
+                    # tick=False: the step that follows (pump_soon) runs the client's due
+                    # timers once for everything this datagram brought
+                    self.client.receive_authenticated(ev.signed, ev.receipt, ev.source, now, ev.digest, tick=False)
                 except (WireError, ReceiptError, ValueError) as exc:
                     self._drop(ev.source, f"{type(exc).__name__}: {exc}", 0)
 
@@ -795,7 +798,8 @@ class FullnodeDaemon(_Daemon):
             t0 = self._first_wait.pop(ev.message_id, None)
             if t0 is not None:
                 self.m_first_receipt.observe(time.monotonic() - t0)
-        self._child(self.m_statuses, ev.kind, ev.origin).inc()
+        key = (ev.kind, ev.origin)
+        self._status_counts[key] = self._status_counts.get(key, 0) + 1
         d = ev.to_json()
         text = _compact_json(d)         # once: for the store and the Redis stream
         rows.append((ev.message_id, text))
@@ -834,6 +838,12 @@ class FullnodeDaemon(_Daemon):
             self.core_runner.bug(exc, "event")
         if rows:
             self.store.add_statuses(rows)
+        if self._status_counts:
+            # remp_statuses once per (kind, origin) of the drain, not per status (a locked
+            # prometheus inc() is ~1.5 us)
+            for (kind, origin), n in self._status_counts.items():
+                self._child(self.m_statuses, kind, origin).inc(n)
+            self._status_counts.clear()
 
     def close_logs(self) -> None:
         self.log.close()

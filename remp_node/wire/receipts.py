@@ -422,6 +422,15 @@ _ACCEPTED_RECEIPT = struct.Struct("<I32sII" + "iQi32s32s" * 2 + "q32s")
 _set = object.__setattr__
 
 
+#: a boxed tonNode.rempSignedReceipt whose receipt is _ACCEPTED_RECEIPT: constructor, the TL
+#: bytes (one length byte, the receipt, 3 zero bytes of padding), the 64-byte signature
+_SIGNED_ACCEPTED_SIZE = 4 + (1 + _ACCEPTED_RECEIPT.size + 3) + 64
+_SIGNED_PAD = slice(5 + _ACCEPTED_RECEIPT.size, 8 + _ACCEPTED_RECEIPT.size)
+_PAD3 = b"\x00" * 3
+_SIGNED_RECEIPT_ID = pack_id(REMP_SIGNED_RECEIPT)
+assert (1 + _ACCEPTED_RECEIPT.size) % 4 == 1 and _ACCEPTED_RECEIPT.size < 254
+
+
 def _parse_accepted(data: bytes) -> Receipt | None:
     """The Receipt of `data` when it is exactly a receipt with an Accepted status, in one
     struct unpack (the general TLReader path costs ~20 us per receipt, ~0.7 ms of the full
@@ -470,6 +479,15 @@ class SignedReceipt:
     @classmethod
     def parse(cls, data: bytes) -> "SignedReceipt":
         """Parse boxed TL bytes (<= MAX_RECEIPT_BYTES + 80). ReceiptError("malformed")."""
+        if len(data) == _SIGNED_ACCEPTED_SIZE and data[4] == _ACCEPTED_RECEIPT.size and \
+                data[:4] == _SIGNED_RECEIPT_ID and data[_SIGNED_PAD] == _PAD3:
+            # the fixed-size form of a receipt holding an Accepted status (4 of the 5 a
+            # validator sends per message): the same fields the general path reads, by slicing
+            # (the TLReader path was ~5 us of the full node's ~90 us per status)
+            sr = object.__new__(cls)
+            _set(sr, "receipt", data[5:5 + _ACCEPTED_RECEIPT.size])
+            _set(sr, "signature", data[-64:])
+            return sr
         try:
             r = TLReader(data, MAX_RECEIPT_BYTES + 80)
             cid = r.constructor()

@@ -1,13 +1,16 @@
 """The relay core's outputs: commands the adapter executes (no I/O here).
 
 Drained with RelayCore.next_event(); each is a dataclass under `RelayCommand`, its fields
-documented, and each names the input that answers it (DESIGN.md section 2).
+documented, and each names the input that answers it (DESIGN.md section 2), except
+`LookupTwin` (twin: int, refresh: bool; answer with twin_resolved(twin, record | error)),
+the one shape the relay and the peer cores share (rmb_peer.freshness).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from rmb_peer.freshness import LookupTwin
 from rmb_relay.core.routing import Session
 
 __all__ = [
@@ -94,12 +97,6 @@ class AckQueue(RelayCommand):
 @dataclass
 class ProbeQueue(RelayCommand):
     """Check that Redis answers (PING, bounded); answer with queue_probed(ok, now)."""
-
-
-@dataclass
-class LookupTwin(RelayCommand):
-    """Ask the registry for twin `twin`; answer with twin_resolved(twin, record | error)."""
-    twin: int
 
 
 @dataclass

@@ -65,8 +65,9 @@ Structure (DESIGN.md section 2): the decisions live in the sans-I/O RelayCore
 federation-in checks). This module is its asyncio adapter: it feeds the core's inputs
 (peer_connected, receive_frame, twin_resolved, enqueued, queue_read, replay_written,
 queue_acked, queue_failed, queue_probed, federation_result, receive_federation) through
-daemon_runtime's CoreRunner (one pass per input, one timer, one guard) and executes its
-commands in order
+daemon_runtime's CoreRunner in ordered mode (one pass per input, one timer, one guard;
+the task that fed an input executes its commands in order through the runner's executor
+table, awaiting the ones that do I/O, so unrelated connections never wait for them)
 (WriteFrame / ReplayFrames on aiohttp WebSockets: rmb_relay/peer_io.py; Enqueue,
 ReadQueue, AckQueue, ProbeQueue on Redis streams: rmb_relay/offline_queue.py; LookupTwin on
 the registry client, PostFederation with aiohttp, CloseConnection, Log to the event log

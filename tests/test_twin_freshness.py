@@ -13,7 +13,7 @@ from rmb_peer.core import PeerCore, PushQueue
 from rmb_peer.freshness import LookupTwin, TwinFreshness
 from rmb_peer.identity import E2EKey, Identity
 from rmb_peer.twins import DirectoryError, Twin, TwinDirectory
-from rmb_relay.core import Log, RelayCore
+from rmb_relay.core import Log, RelayCommand, RelayCore
 from rmb_relay.core import LookupTwin as RelayLookupTwin
 
 T0 = 1_700_000_000.0
@@ -84,6 +84,7 @@ def test_every_twin_table_serves_a_failed_lookups_record_at_the_same_ages(age):
 
 def test_one_lookup_command_shape_for_both_cores():
     assert RelayLookupTwin is LookupTwin
+    assert isinstance(LookupTwin(7), RelayCommand)       # a relay command (the fuzz rule)
     core = RelayCore(["r1"])
     assert LookupTwin(7) == LookupTwin(7, refresh=False)
     assert core.freshness == TwinFreshness(core.twin_ttl, core.freshness.max_stale)

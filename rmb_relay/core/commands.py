@@ -7,6 +7,7 @@ the one shape the relay and the peer cores share (rmb_peer.freshness).
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +29,9 @@ __all__ = [
     "FederationAnswer",
 ]
 
-class RelayCommand:
-    """Base class of everything RelayCore.next_event() returns."""
+class RelayCommand(abc.ABC):
+    """Base class of everything RelayCore.next_event() returns (`LookupTwin`, shared with
+    the peer core, is registered as one)."""
 
 
 @dataclass
@@ -144,3 +146,4 @@ class FederationAnswer(RelayCommand):
     origin: str = ""
 
 
+RelayCommand.register(LookupTwin)

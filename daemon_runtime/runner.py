@@ -32,6 +32,20 @@ timer on the loop's monotonic clock with the delay `deadline - now` (never negat
 wall-clock step moves at most the timer that is armed when it happens. Rate limiting of the
 bug log uses the loop's monotonic clock.
 
+Ordered mode (`ordered=True`, for adapters whose commands do I/O that must finish before
+the next command of the same input, e.g. the RMB relay: an offline-queue XADD before the
+next one keeps per-sender order): a pass only collects the core's items into `pending`;
+the caller that fed the input executes them with `await runner.execute(current)`, in
+order, awaiting each executor's awaitable before the next item, and the items the core
+produced meanwhile (an executor's own feed, a write that failed) run next, ahead of the
+rest (as a nested pass would). Each caller executes only what it took, in its own task
+(the relay: one read loop per connection, one task per twin lookup), so an awaited
+executor holds that caller's later items, not unrelated traffic. `current` (what the
+caller serves, e.g. its connection) is `runner.current` while an executor is called.
+Items of a pass nobody executes (the timer's, `execute_soon()`) get a tracked task.
+`feed_now(fn, *args)` dispatches that input's own items at once instead (awaitables become
+tasks), leaving items other inputs left pending in place.
+
 The guard (one for every daemon): `bug(exc, where, src)` counts the exception
 (`bug_metric(where, exc)`) and writes one log line per (where, exception type) per
 `bug_window` seconds through `daemon_runtime.ratelimit.LogLimiter`; the daemon continues.
@@ -82,7 +96,8 @@ def _default_log(name: str) -> Callable[[str, BaseException, str | None], None]:
 class CoreRunner:
     """CoreRunner(core, *, executors={Type: fn(item)}, on_event=fn(event) | None,
     log=fn(where, exc, src) | None, bug_metric=fn(where, exc) | None, name="daemon",
-    drain=(fn(now), ...), wall=time.time, bug_window=BUG_WINDOW): see the module doc.
+    drain=(fn(now), ...), wall=time.time, bug_window=BUG_WINDOW, ordered=False): see the
+    module doc.
 
     The loop is the one running when the runner first needs it (a pass, a timer, a task),
     so a runner may be built before the loop runs. `log` writes the one bug line (default:
@@ -94,7 +109,8 @@ class CoreRunner:
                  log: Callable[[str, BaseException, str | None], None] | None = None,
                  bug_metric: Callable[[str, BaseException], None] | None = None, name: str = "daemon",
                  drain: Iterable[Callable[[float], None]] = (),
-                 wall: Callable[[], float] = time.time, bug_window: float = BUG_WINDOW):
+                 wall: Callable[[], float] = time.time, bug_window: float = BUG_WINDOW,
+                 ordered: bool = False):
         self.core = core
         self.name = name
         self.executors = dict(executors or {})
@@ -111,6 +127,13 @@ class CoreRunner:
         self._soon = False
         self._closed = False
         self._limit = LogLimiter(burst=1, window=bug_window)
+        #: ordered mode (module doc): items collected by passes, executed by execute()
+        self.ordered = ordered
+        self.pending: list[Any] = []
+        #: what the caller of execute() serves (its `current`), while an executor is called
+        self.current: Any = None
+        self._feeding = False
+        self._background = False
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -125,11 +148,69 @@ class CoreRunner:
 
     def feed(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args, now=now) (an input method of the core), then a pass. Returns what fn
-        returns; fn's exception propagates, after the pass."""
+        returns; fn's exception propagates, after the pass. Ordered mode: the pass collects
+        the items into `pending` for the caller's execute()."""
+        feeding, self._feeding = self._feeding, True
         try:
             return fn(*args, now=self.wall())
         finally:
             self.pump()
+            self._feeding = feeding
+
+    def feed_now(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Ordered mode: fn(*args, now=now), then its own items are dispatched at once (an
+        awaitable an executor returns runs as a tracked task); items other inputs left in
+        `pending` stay there. Returns what fn returns; fn's exception propagates."""
+        mark = len(self.pending)
+        try:
+            return self.feed(fn, *args)
+        finally:
+            items = self.pending[mark:]
+            del self.pending[mark:]
+            for item in items:
+                try:
+                    result = self._handler(type(item))(item)
+                    if result is not None and inspect.isawaitable(result):
+                        self.spawn(result)
+                except Exception as exc:
+                    self.bug(exc, type(item).__name__)
+
+    async def execute(self, current: Any = None) -> None:
+        """Ordered mode: executes every item in `pending` (taken at once, so concurrent
+        callers never interleave one input's items), in order; an executor's awaitable is
+        awaited before the next item; items the core produced meanwhile run next, ahead of
+        the rest. An executor's exception goes to the guard and the next item runs."""
+        items = self.pending
+        if not items:
+            return
+        self.pending = []
+        handlers = self._handlers
+        i = 0
+        while i < len(items):
+            item = items[i]
+            i += 1
+            t = type(item)
+            self.current = current
+            try:
+                result = (handlers.get(t) or self._resolve(t))(item)
+                if result is not None:
+                    await result
+            except Exception as exc:
+                self.bug(exc, t.__name__)
+            if self.pending:
+                items[i:i] = self.pending
+                self.pending = []
+
+    def execute_soon(self) -> None:
+        """Ordered mode: a tracked task executes `pending` once the running callback or
+        task yields (one task for several calls before it starts)."""
+        if not self._background:
+            self._background = True
+            self.spawn(self._execute_background(), "core timer")
+
+    async def _execute_background(self) -> None:
+        self._background = False
+        await self.execute()
 
     # ------------------------------------------------------------------ the pass
     def pump(self) -> None:
@@ -141,6 +222,12 @@ class CoreRunner:
                 for hook in self.drain:
                     hook(now)
             next_event = core.next_event
+            if self.ordered:
+                pending = self.pending
+                while (item := next_event()) is not None:
+                    pending.append(item)
+                if pending and not self._feeding:
+                    self.execute_soon()
             handlers = self._handlers
             while (item := next_event()) is not None:
                 handler = handlers.get(type(item)) or self._resolve(type(item))
@@ -177,6 +264,9 @@ class CoreRunner:
         self._soon = False
         self.pump()
 
+    def _handler(self, t: type) -> Callable[[Any], Any]:
+        return self._handlers.get(t) or self._resolve(t)
+
     def _resolve(self, t: type) -> Callable[[Any], Any]:
         for base in t.__mro__:
             fn = self.executors.get(base)
@@ -205,20 +295,23 @@ class CoreRunner:
         return self._deadline
 
     # ------------------------------------------------------------------ tasks
-    def spawn(self, aw: Awaitable[Any]) -> asyncio.Task:
+    def spawn(self, aw: Awaitable[Any], where: str | None = None) -> asyncio.Task:
         """Run `aw` as a task the runner keeps until it ends; its exception goes to the
-        guard and is followed by a pass (what the core emitted before it is dispatched)."""
+        guard (as `where`, default "task <coroutine name>") and is followed by a pass (what
+        the core emitted before it is dispatched)."""
         task = self.loop.create_task(aw) if inspect.iscoroutine(aw) else asyncio.ensure_future(aw)
         self.tasks.add(task)
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(lambda t: self._task_done(t, where))
         return task
 
-    def _task_done(self, task: asyncio.Task) -> None:
+    def _task_done(self, task: asyncio.Task, where: str | None = None) -> None:
         self.tasks.discard(task)
         if task.cancelled() or task.exception() is None:
             return
-        coro = getattr(task, "get_coro", lambda: None)()
-        self.bug(task.exception(), f"task {getattr(coro, '__name__', '?')}")
+        if where is None:
+            coro = getattr(task, "get_coro", lambda: None)()
+            where = f"task {getattr(coro, '__name__', '?')}"
+        self.bug(task.exception(), where)
         if not self._closed:
             self.pump()
 
@@ -236,15 +329,18 @@ class CoreRunner:
             pass
 
     # ------------------------------------------------------------------ shutdown
-    def close(self) -> None:
-        """Cancel the timer and every task; no timer is armed afterwards."""
+    def close(self, tasks: bool = True) -> None:
+        """Cancel the timer and (tasks=True) every task; no timer is armed afterwards.
+        close(tasks=False) lets the tasks run on (an adapter's drain), to be cancelled by a
+        later close()."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._deadline = None
-        for t in list(self.tasks):
-            t.cancel()
+        if tasks:
+            for t in list(self.tasks):
+                t.cancel()
 
     async def aclose(self) -> None:
         """close(), then wait for the cancelled tasks to end."""

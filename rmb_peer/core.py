@@ -49,7 +49,7 @@ from collections import Counter, OrderedDict, deque
 
 import orjson
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from rmb_peer.challenge import sign_envelope, verify_envelope
@@ -59,6 +59,7 @@ from rmb_peer.envelope import (
     is_expired, is_uuid, message_kind, new_uid, parse_envelope,
 )
 from rmb_peer.errors import RmbLocalError, RmbRemoteError
+from rmb_peer.freshness import LookupTwin, TwinFreshness
 from rmb_peer.identity import E2EKey, Identity, SignatureError
 
 __all__ = [
@@ -229,16 +230,6 @@ class Disconnect(PeerEvent):
     relay: str
     attempt: int
     reason: str
-
-
-@dataclass
-class LookupTwin(PeerEvent):
-    """Ask the twin registry for twin `twin` (at most one lookup per twin is in flight).
-    Answer with twin_resolved(twin, record, now) (record None: the registry does not know
-    it, HTTP 404) or twin_lookup_failed(twin, reason, now) (unreachable, 5xx, timeout).
-    `refresh`: True when nothing waits for it (refresh-ahead or a retry)."""
-    twin: int
-    refresh: bool
 
 
 # ---------------------------------------------------------------------------- records
@@ -505,8 +496,9 @@ class PeerCore:
         #: = now + wall_offset: 0 unless a caller runs the core on another clock.
         self.wall_offset = 0.0
         # the twin table (see "twins" below)
-        self.twin_ttl = TWIN_TTL
-        self.twin_max_stale = TWIN_MAX_STALE
+        #: the table's rule (rmb_peer.freshness, shared with the relay): refreshed ahead
+        #: once half the TTL passed
+        self.freshness = TwinFreshness(TWIN_TTL, TWIN_MAX_STALE, refresh_ahead=0.5)
         self.twin_negative_ttl = TWIN_NEGATIVE_TTL
         self._twins: OrderedDict[int, _TwinEntry] = OrderedDict()
         self._unknown: OrderedDict[int, float] = OrderedDict()  # twin -> unknown until
@@ -1139,6 +1131,24 @@ class PeerCore:
         self._send(env, kind, rep.dst_twin, now, encrypted)
 
     # ------------------------------------------------------------------ twins
+    @property
+    def twin_ttl(self) -> float:
+        """Seconds a record is fresh (the table's TwinFreshness.ttl)."""
+        return self.freshness.ttl
+
+    @twin_ttl.setter
+    def twin_ttl(self, value: float) -> None:
+        self.freshness = replace(self.freshness, ttl=value)
+
+    @property
+    def twin_max_stale(self) -> float:
+        """Seconds past its TTL a record is served while lookups of it fail."""
+        return self.freshness.max_stale
+
+    @twin_max_stale.setter
+    def twin_max_stale(self, value: float) -> None:
+        self.freshness = replace(self.freshness, max_stale=value)
+
     # The twin table: the core decides when a record is fresh, needs a refresh, may be
     # served stale, or must be looked up; the adapter only executes LookupTwin. Work that
     # needs a twin without a usable record is parked per twin: a slow or hung lookup
@@ -1181,12 +1191,11 @@ class PeerCore:
                 self._need((rep.dst_twin,), _Job("response", rep, set()), now)
 
     def _fresh(self, twin_id: int, now: float) -> Any:
-        """The twin's record when the table holds it younger than half its TTL (usable
-        as it is, no refresh due), else None: the caller takes the general path (_need,
-        _usable). The hot path of every message: no _Job, no
-        parking bookkeeping for a twin that needs none."""
+        """The twin's record when the table holds it fresh with no refresh due (usable
+        as it is), else None: the caller takes the general path (_need, _usable). The hot
+        path of every message: no _Job, no parking bookkeeping for a twin that needs none."""
         entry = self._twins.get(twin_id)
-        if entry is not None and now - entry.fetched < self.twin_ttl / 2:
+        if entry is not None and not self.freshness.refresh_due(now - entry.fetched):
             return entry.record
         return None
 
@@ -1228,24 +1237,24 @@ class PeerCore:
             return "ok", record
         entry = self._twins.get(twin_id)
         if entry is not None:
+            rule = self.freshness
             age = now - entry.fetched
-            if age < self.twin_ttl:
-                if now >= entry.retry_at:       # past half the TTL (else _fresh answered)
+            if rule.fresh(age):
+                if now >= entry.retry_at:       # refresh due (else _fresh answered)
                     self._ask(twin_id, now, True)
                 return "ok", entry.record
-            if twin_id in self._lookups and age < self.twin_ttl + min(self.twin_max_stale,
-                                                                      LOOKUP_TIMEOUT):
+            if twin_id in self._lookups and rule.servable(age, within=LOOKUP_TIMEOUT):
                 # refresh-ahead in flight past the TTL: use the record until it answers
                 self.stats["twin_refresh_grace"] += 1
                 return "ok", entry.record
-            if entry.failed_since is not None and age < self.twin_ttl + self.twin_max_stale:
+            if entry.failed_since is not None and rule.servable(age):
                 if now >= entry.retry_at:
                     self._ask(twin_id, now, True)
                 if not entry.stale_logged:
                     entry.stale_logged = True
                     self.stats["twin_stale"] += 1
                     self._emit("rmb.peer.twin_stale", None, "warning", twin=twin_id,
-                               stale_s=round(age - self.twin_ttl, 3))
+                               stale_s=round(age - rule.ttl, 3))
                 return "ok", entry.record
         until = self._unknown.get(twin_id)
         if until is not None:
@@ -1332,13 +1341,14 @@ class PeerCore:
                 self._emit("rmb.peer.twin_lookup_failed", None, "warning", twin=twin_id,
                            reason=str(reason)[:200])
             entry.retry_at = now + TWIN_RETRY
-            if now - entry.fetched < self.twin_ttl + self.twin_max_stale:
+            age = now - entry.fetched
+            if self.freshness.servable(age):
                 usable = entry.record
-                if now - entry.fetched >= self.twin_ttl and not entry.stale_logged:
+                if not self.freshness.fresh(age) and not entry.stale_logged:
                     entry.stale_logged = True
                     self.stats["twin_stale"] += 1
                     self._emit("rmb.peer.twin_stale", None, "warning", twin=twin_id,
-                               stale_s=round(now - entry.fetched - self.twin_ttl, 3))
+                               stale_s=round(age - self.twin_ttl, 3))
         elif twin_id in self._parked:
             self._emit("rmb.peer.twin_lookup_failed", None, "warning", twin=twin_id,
                        reason=str(reason)[:200])

@@ -65,8 +65,9 @@ Structure (DESIGN.md section 2): the decisions live in the sans-I/O RelayCore
 federation-in checks). This module is its asyncio adapter: it feeds the core's inputs
 (peer_connected, receive_frame, twin_resolved, enqueued, queue_read, replay_written,
 queue_acked, queue_failed, queue_probed, federation_result, receive_federation) through
-daemon_runtime's CoreRunner (one pass per input, one timer, one guard) and executes its
-commands in order
+daemon_runtime's CoreRunner in ordered mode (one pass per input, one timer, one guard;
+the task that fed an input executes its commands in order through the runner's executor
+table, awaiting the ones that do I/O, so unrelated connections never wait for them)
 (WriteFrame / ReplayFrames on aiohttp WebSockets: rmb_relay/peer_io.py; Enqueue,
 ReadQueue, AckQueue, ProbeQueue on Redis streams: rmb_relay/offline_queue.py; LookupTwin on
 the registry client, PostFederation with aiohttp, CloseConnection, Log to the event log
@@ -98,7 +99,7 @@ from rmb_peer.twins import DirectoryError, TwinDirectory, UnknownTwin
 from rmb_relay.core import (
     AckQueue, CloseConnection, Enqueue,
     FederationAnswer, FederationScheduler, FixedWindowLimiter, Log, LookupTwin, NoLimit,
-    PostFederation, ProbeQueue, Ranker, ReadQueue, RelayCore, RelayCommand, ReplayFrames, Session,
+    PostFederation, ProbeQueue, Ranker, ReadQueue, RelayCore, ReplayFrames, Session,
     WriteFrame,
 )
 from rmb_relay.core.eventmap import effects_of, reason_label, refusal_of
@@ -231,12 +232,10 @@ class RelayServer:
         self._site: web.TCPSite | None = None
         self._fed_tasks: set[asyncio.Task] = set()
         self._tasks: set[asyncio.Task] = set()
-        #: the shared core runner (built in start(), on the running loop): one pass per
-        #: input (next_event drained into _cmds), one timer, one guard, the clock rule
+        #: the shared core runner (built in start(), on the running loop), ordered mode:
+        #: one pass per input, its commands executed in order by the input's own task
+        #: (execute), one timer, one guard, the clock rule
         self.runner: CoreRunner | None = None
-        self._cmds: list = []
-        self._feeding = False
-        self._background = False
         self._closing = False
         self._prev_handler = None
         #: GET /?<jwt> (peer auth and upgrade) and federation HTTP (POST out and in)
@@ -266,7 +265,7 @@ class RelayServer:
                                      logger=HttpServerLog(self))
         await self._runner.setup()
         self.core.twin_ttl = self.directory.cache_ttl
-        self.runner = CoreRunner(self.core, executors={RelayCommand: self._collect},
+        self.runner = CoreRunner(self.core, executors=self._executors(), ordered=True,
                                  log=lambda where, exc, src: self._bug(where, exc),
                                  name="rmb-relay", wall=lambda: self.clock())
         await self._listen()
@@ -359,7 +358,7 @@ class RelayServer:
         if self._fed_tasks:
             await asyncio.wait(set(self._fed_tasks), timeout=max(0.0, deadline - loop.time()))
         if self.runner is not None:
-            self.runner.close()
+            self.runner.close(tasks=False)      # its tasks are cancelled below, with ours
         if self._watchdog is not None:
             self._watchdog.cancel()
         left = [peer for _session, peer in self.table.items()]
@@ -370,10 +369,10 @@ class RelayServer:
                                                       message=b"relay shutting down"))
                        for peer in left]
             await asyncio.wait(closers, timeout=0.5)
-        for task in list(self._fed_tasks) + list(self._tasks):
+        for task in list(self._fed_tasks) + self._routing():
             task.cancel()
         saved = await self.queues.save_federation()
-        busy = sum(1 for t in self._tasks if not t.done())
+        busy = sum(1 for t in self._routing() if not t.done())
         self.events.emit(
             "rmb.relay.drained", None, level="info" if drained else "warning",
             count=sessions, duration_ms=(loop.time() - started) * 1000.0,
@@ -399,11 +398,15 @@ class RelayServer:
         deadline."""
         loop = asyncio.get_running_loop()
         while True:
-            if len(self.table) == 0 and all(t.done() for t in self._tasks):
+            if len(self.table) == 0 and all(t.done() for t in self._routing()):
                 return True
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.01)
+
+    def _routing(self) -> list[asyncio.Task]:
+        """Routing tasks: ours and the runner's (commands of passes nobody executed)."""
+        return list(self._tasks) + (list(self.runner.tasks) if self.runner is not None else [])
 
     def _spawn(self, coro, where: str = "task") -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -424,91 +427,63 @@ class RelayServer:
         """Handles one frame through the core; returns a close reason when the core closed
         this connection (bytes that are not an envelope)."""
         self.metrics.rx_peer.inc()
-        self._feed(self.core.receive_frame, peer, data)
-        return await self._run(peer)
+        self.runner.feed(self.core.receive_frame, peer, data)
+        await self.runner.execute(peer)
+        return peer.closed
 
     # ------------------------------------------------------------------ executors
-    def _feed(self, fn, *args):
-        """One input to the core through the runner (fn(*args, now=...), then a pass that
-        collects its commands); returns what fn returns. The caller runs them: _run."""
-        self._feeding = True
-        try:
-            return self.runner.feed(fn, *args)
-        finally:
-            self._feeding = False
+    def _executors(self) -> dict:
+        """The runner's executor table (ordered mode: an executor's awaitable is awaited
+        before the next command of the same input; see daemon_runtime.runner)."""
+        return {WriteFrame: self._write, Log: self._emit, Enqueue: self._enqueue,
+                LookupTwin: self._lookup_twin,
+                PostFederation: self._post, ReadQueue: self._read, ReplayFrames: self.writer.replay_frames,
+                AckQueue: self.queues.ack, ProbeQueue: self._probe,
+                FederationAnswer: self._answer, CloseConnection: self._close}
 
-    def _collect(self, cmd: RelayCommand) -> None:
-        """The runner's executor for every command: kept, in order, for _run, which
-        executes one input's commands in order and awaits the ones that do I/O (an
-        Enqueue's XADD before the next one: per-sender order into the offline stream).
-        Commands of a pass the runner started itself (its timer) get a _run task."""
-        self._cmds.append(cmd)
-        if not self._feeding and not self._background:
-            self._background = True
-            self._spawn(self._run_background(), "core timer")
+    def _write(self, cmd: WriteFrame):
+        out = cmd.conn.out
+        if out is not None and cmd.conn.out_bytes <= COALESCE_MAX:
+            out.append(cmd)      # PeerWriter.write's held-back case, without a coroutine
+            cmd.conn.out_bytes += len(cmd.data)
+            return None
+        return self.writer.write(cmd)
 
-    async def _run_background(self) -> None:
-        self._background = False
-        await self._run()
+    async def _enqueue(self, cmd: Enqueue) -> None:
+        self.runner.feed(self.core.enqueued, cmd.token, await self.queues.enqueue(cmd))
 
-    async def _run(self, current: Peer | None = None) -> str | None:
-        """Executes the commands the core produced for the input just applied, in order
-        (taken at once, so concurrent callers never interleave one input's commands).
-        Returns the close reason when `current` was closed by a command."""
-        closed = None
-        core = self.core
-        cmds, self._cmds = self._cmds, []
-        for cmd in cmds:
-            t = type(cmd)
-            if t is WriteFrame:
-                out = cmd.conn.out
-                if out is not None and cmd.conn.out_bytes <= COALESCE_MAX:
-                    out.append(cmd)      # _write's held-back case, without a coroutine
-                    cmd.conn.out_bytes += len(cmd.data)
-                elif await self.writer.write(cmd):
-                    closed = await self._run(current) or closed
-            elif t is Log:
-                self._emit(cmd)
-            elif t is Enqueue:
-                self._feed(core.enqueued, cmd.token, await self.queues.enqueue(cmd))
-                closed = await self._run(current) or closed
-            elif t is LookupTwin:
-                self._spawn(self._lookup(cmd.twin), "twin lookup")
-            elif t is PostFederation:
-                if not self._closing:
-                    task = asyncio.get_running_loop().create_task(self.fed_http.post(cmd))
-                    self._fed_tasks.add(task)
-                    task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
-            elif t is ReadQueue:
-                cmd.conn.replay_task = self._spawn(self.queues.read(cmd), "offline replay")
-            elif t is ReplayFrames:
-                await self.writer.replay_frames(cmd)
-                closed = await self._run(current) or closed
-            elif t is AckQueue:
-                await self.queues.ack(cmd)
-                closed = await self._run(current) or closed
-            elif t is ProbeQueue:
-                task = asyncio.get_running_loop().create_task(self.queues.probe())
-                task.add_done_callback(lambda t: self._task_done(t, "offline replay retry"))
-            elif t is FederationAnswer:
-                fx = refusal_of(cmd.status, cmd.text)
-                if fx is not None:
-                    self.metrics.fed_refused.labels(fx.label).inc()
-                    self._warn(fx.limit_key, "rmb.relay.rejected", cmd.uid,
-                               reason=cmd.text[:200],
-                               src=f"federation {cmd.origin} {cmd.src}".strip(), dst=cmd.dst)
-                if not cmd.request.done():
-                    cmd.request.set_result((cmd.status, cmd.text))
-            elif t is CloseConnection:
-                self.writer.flush(cmd.conn)      # frames held back leave before the Close
-                if cmd.conn is current:
-                    await current.ws.close(code=cmd.code, message=cmd.reason.encode()[:120])
-                    closed = cmd.reason
-                else:
-                    self._spawn(cmd.conn.ws.close(code=cmd.code,
-                                                  message=cmd.reason.encode()[:120]),
-                                "close replaced connection")
-        return closed
+    def _post(self, cmd: PostFederation) -> None:
+        if not self._closing:
+            task = asyncio.get_running_loop().create_task(self.fed_http.post(cmd))
+            self._fed_tasks.add(task)
+            task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
+
+    def _read(self, cmd: ReadQueue) -> None:
+        cmd.conn.replay_task = self._spawn(self.queues.read(cmd), "offline replay")
+
+    def _probe(self, cmd: ProbeQueue) -> None:
+        task = asyncio.get_running_loop().create_task(self.queues.probe())
+        task.add_done_callback(lambda t: self._task_done(t, "offline replay retry"))
+
+    def _answer(self, cmd: FederationAnswer) -> None:
+        fx = refusal_of(cmd.status, cmd.text)
+        if fx is not None:
+            self.metrics.fed_refused.labels(fx.label).inc()
+            self._warn(fx.limit_key, "rmb.relay.rejected", cmd.uid, reason=cmd.text[:200],
+                       src=f"federation {cmd.origin} {cmd.src}".strip(), dst=cmd.dst)
+        if not cmd.request.done():
+            cmd.request.set_result((cmd.status, cmd.text))
+
+    def _close(self, cmd: CloseConnection):
+        """The connection whose read loop executes this (runner.current) is closed in line
+        and its loop ends (Peer.closed); another one (replaced) by a task."""
+        self.writer.flush(cmd.conn)      # frames held back leave before the Close
+        message = cmd.reason.encode()[:120]
+        if cmd.conn is self.runner.current:
+            cmd.conn.closed = cmd.reason
+            return cmd.conn.ws.close(code=cmd.code, message=message)
+        self._spawn(cmd.conn.ws.close(code=cmd.code, message=message), "close replaced connection")
+        return None
 
     def _emit(self, cmd: Log) -> None:
         """A core Log command -> its counter and one event line, rate-limited as
@@ -523,22 +498,20 @@ class RelayServer:
         else:
             self.events.emit(cmd.event, cmd.uid, level=cmd.level, **a)
 
+    def _lookup_twin(self, cmd: LookupTwin) -> None:
+        self._spawn(self._lookup(cmd.twin), "twin lookup")
+
     async def _lookup(self, twin: int) -> None:
-        """LookupTwin executor (a task: only envelopes for this twin wait for it)."""
+        """LookupTwin's task (only envelopes for this twin wait for it)."""
         try:
             record: object = await self.directory.get(twin)
         except (UnknownTwin, DirectoryError) as exc:
             record = exc
-        self._feed(self.core.twin_resolved, twin, record)
+        self.runner.feed(self.core.twin_resolved, twin, record)
         done = False
         while not done:
-            try:
-                await self._run()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the chain must close whatever happens
-                self._bug(f"routing after the lookup of twin {twin}", exc)
-            done = self._feed(self.core.chain_done, twin)        # arrivals while queueing
+            await self.runner.execute()
+            done = self.runner.feed(self.core.chain_done, twin)        # arrivals while queueing
 
     # ------------------------------------------------------------------ federation out
 # ---------------------------------------------------------------------- CLI

@@ -3,7 +3,7 @@ section 3): the PostFederation executor (POST http://<domain>/ with the raw enve
 202 accepted, 4xx refused, anything else failed) and POST / from other relays, which
 RelayCore.receive_federation decides (authenticated and bounded) and answers with a
 FederationAnswer. `FederationHttp(relay)` uses relay._http (the client session),
-relay._feed / relay._run (the core), relay.metrics and relay._warn.
+relay.runner (feed / execute: the core), relay.metrics and relay._warn.
 """
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ class FederationHttp:
         outcome = "accepted" if status == 202 else "refused" if 400 <= status < 500 else "failed"
         if status and status != 202 and not reason:
             reason = f"HTTP {status}"
-        self.relay._feed(lambda now: self.relay.core.federation_result(att.job, outcome, now, status=status,
+        self.relay.runner.feed(lambda now: self.relay.core.federation_result(att.job, outcome, now, status=status,
                                                            reason=reason))
-        await self.relay._run()
+        await self.relay.runner.execute()
 
     async def handle_post(self, request: web.Request) -> web.Response:
         """Federation in: the guard of this entry point (anything unexpected is a logged
@@ -84,8 +84,8 @@ class FederationHttp:
                                     origin)
         self.relay.metrics.rx_fed.inc()
         answer = asyncio.get_running_loop().create_future()
-        self.relay._feed(self.relay.core.receive_federation, answer, data, origin)
-        await self.relay._run()
+        self.relay.runner.feed(self.relay.core.receive_federation, answer, data, origin)
+        await self.relay.runner.execute()
         try:
             status, text = await asyncio.wait_for(answer, FEDERATION_ANSWER_TIMEOUT)
         except asyncio.TimeoutError:

@@ -7,7 +7,7 @@ d (deadline, unix s), t (queued at), s (sender twin); `<key>:src` counts entries
 sender (--queue-per-source). Every command waits at most --redis-timeout s (`call`):
 past it Redis is marked down (/health, rmb_relay_redis_down_seconds) and queue commands
 fail at once until a PING is answered again (rmb.relay.redis_recovered).
-`OfflineQueue(relay)` uses relay.redis, relay.core (through relay._feed / relay._run),
+`OfflineQueue(relay)` uses relay.redis, relay.core (through relay.runner: feed / execute),
 relay.events, relay.metrics and relay._warn.
 """
 from __future__ import annotations
@@ -175,8 +175,8 @@ class OfflineQueue:
         await self.relay.redis.delete(self.fedkey)
         self.relay.events.emit("rmb.relay.federation_outbox", None, count=resumed,
                          reason="resumed at start")
-        self.relay._feed(self.relay.core.handle_timer)        # dispatch the attempts due
-        await self.relay._run()
+        self.relay.runner.feed(self.relay.core.handle_timer)        # dispatch the attempts due
+        await self.relay.runner.execute()
         return resumed
 
     def key(self, session: Session) -> str:
@@ -228,10 +228,10 @@ class OfflineQueue:
             del cmd, peer
             raise
         except (TimeoutError, aioredis.RedisError, OSError) as exc:
-            self.relay._feed(self.relay.core.queue_failed, peer, repr(exc))
+            self.relay.runner.feed(self.relay.core.queue_failed, peer, repr(exc))
         else:
-            self.relay._feed(self.relay.core.queue_read, peer, entries)
-        await self.relay._run()
+            self.relay.runner.feed(self.relay.core.queue_read, peer, entries)
+        await self.relay.runner.execute()
 
     async def ack(self, cmd: AckQueue) -> None:
         """AckQueue executor: XDEL and the per-sender counts in one transaction."""
@@ -247,9 +247,9 @@ class OfflineQueue:
             del cmd                        # as in read(): this frame is in the traceback
             raise
         except (TimeoutError, aioredis.RedisError, OSError) as exc:
-            self.relay._feed(self.relay.core.queue_failed, cmd.conn, repr(exc))
+            self.relay.runner.feed(self.relay.core.queue_failed, cmd.conn, repr(exc))
         else:
-            self.relay._feed(self.relay.core.queue_acked, cmd.conn, cmd.more)
+            self.relay.runner.feed(self.relay.core.queue_acked, cmd.conn, cmd.more)
 
     async def probe(self) -> None:
         """ProbeQueue executor: PING Redis (bounded by --redis-timeout); not a routing task
@@ -262,5 +262,5 @@ class OfflineQueue:
                 ok = True
             except (TimeoutError, aioredis.RedisError, OSError):
                 pass
-        self.relay._feed(self.relay.core.queue_probed, ok)
-        await self.relay._run()
+        self.relay.runner.feed(self.relay.core.queue_probed, ok)
+        await self.relay.runner.execute()

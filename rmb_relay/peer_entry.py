@@ -14,7 +14,7 @@ from aiohttp import WSMsgType, web
 from daemon_runtime.linkmodel import delay_transport
 from rmb_peer.token import TokenError, token_claims_unverified, verify_token
 from rmb_peer.twins import DirectoryError, UnknownTwin
-from rmb_relay.core import CLOSE_REPLACED, CLOSE_UNSUPPORTED, Log, Session
+from rmb_relay.core import CLOSE_REPLACED, CLOSE_UNSUPPORTED, Session
 from rmb_relay.peer_io import Peer
 from rmb_relay.serving import fd_limit, release_connection_cycles
 
@@ -99,9 +99,9 @@ class PeerEntry:
     async def serve(self, ws: web.WebSocketResponse, session: Session,
                           transport: asyncio.BaseTransport | None = None) -> None:
         peer = Peer(ws, session, transport)
-        self.relay._feed(self.relay.core.peer_connected, peer, session)
+        self.relay.runner.feed(self.relay.core.peer_connected, peer, session)
         self.relay.metrics.connections.set(len(self.relay.table))
-        await self.relay._run(peer)
+        await self.relay.runner.execute(peer)
         reason = "closed by peer"
         try:
             async for msg in ws:
@@ -133,16 +133,11 @@ class PeerEntry:
             # the core's table is identity-checked: a replaced connection's cleanup leaves
             # the new one registered
             relay = self.relay
-            mark = len(relay._cmds)            # commands of other inputs stay for their _run
-            relay._feed(lambda now: relay.core.peer_disconnected(peer, now, reason))
+            # its log lines at once; commands of other inputs stay for their callers
+            relay.runner.feed_now(lambda now: relay.core.peer_disconnected(peer, now, reason))
             self.relay.metrics.connections.set(len(self.relay.table))
             if peer.replay_task is not None and not peer.replay_task.done():
                 peer.replay_task.cancel()
             # a cancelled task keeps its CancelledError, whose traceback holds OfflineQueue.read's
             # frame and so this peer: peer -> task -> error -> frame -> peer is a cycle
             peer.replay_task = None
-            cmds = relay._cmds[mark:]
-            del relay._cmds[mark:]
-            for cmd in cmds:                   # only log lines follow a disconnect
-                if type(cmd) is Log:
-                    relay._emit(cmd)

@@ -1,8 +1,8 @@
 """The relay's writes to peer WebSockets: one frame at once, bursts coalesced into one
 transport write per loop pass, backpressure on slow readers, the half close of a
 graceful shutdown, and offline replay writes (RelayCore's WriteFrame and ReplayFrames
-commands). `PeerWriter(relay)` uses relay._feed (a write that fails goes back to the core:
-write_failed), relay._run, relay._spawn, relay._emit, relay.metrics and relay.events.
+commands). `PeerWriter(relay)` uses relay.runner (a write that fails goes back to the
+core: write_failed), relay._spawn, relay._emit, relay.metrics and relay.events.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ __all__ = ["Peer", "PeerWriter", "COALESCE_MAX"]
 class Peer:
     """One authenticated WebSocket connection."""
 
-    __slots__ = ("ws", "session", "name", "replay_task", "transport", "out", "out_bytes")
+    __slots__ = ("ws", "session", "name", "replay_task", "transport", "out", "out_bytes",
+                 "closed")
 
     def __init__(self, ws: web.WebSocketResponse, session: Session, transport=None):
         self.ws = ws
@@ -31,6 +32,8 @@ class Peer:
         #: end of the pass (PeerWriter.flush), in order
         self.out: list[WriteFrame] | None = None
         self.out_bytes = 0             # their size
+        #: the reason when the core closed it from its own read loop (CloseConnection)
+        self.closed: str | None = None
 
 
 #: Write coalescing: at most this many bytes of frames are held back for one peer within a
@@ -85,7 +88,7 @@ class PeerWriter:
             if await self.send(peer, cmd.data):
                 self.written(cmd)
             elif cmd.session is not None:
-                self.relay._feed(self.relay.core.write_failed, cmd)     # closed meanwhile: queue it
+                self.relay.runner.feed(self.relay.core.write_failed, cmd)     # closed meanwhile: queue it
                 return True
             return False
         out.append(cmd)
@@ -112,10 +115,10 @@ class PeerWriter:
             requeue = False
             for cmd in out:
                 if cmd.session is not None:
-                    self.relay._feed(self.relay.core.write_failed, cmd)
+                    self.relay.runner.feed(self.relay.core.write_failed, cmd)
                     requeue = True
             if requeue:
-                self.relay._spawn(self.relay._run(), "requeue after a failed write")
+                self.relay.runner.execute_soon()
             return
         transport.write(b"".join([_binary_frame(cmd.data) for cmd in out]))
         logs = [(log.event, log.uid, log.level, log.attrs) for log in
@@ -169,4 +172,4 @@ class PeerWriter:
             if log is not None:
                 self.relay._emit(log)
             done += 1
-        self.relay._feed(self.relay.core.replay_written, cmd.conn, done)
+        self.relay.runner.feed(self.relay.core.replay_written, cmd.conn, done)

@@ -251,3 +251,77 @@ def test_a_runner_can_be_built_before_the_loop_runs_and_pump_soon_can_wait():
         await asyncio.sleep(0.05)
         assert done == [Happened("later")]
     asyncio.run(main())
+
+
+# ------------------------------------------------------------------ ordered mode
+class StoreCore(EchoCore):
+    """EchoCore whose `stored(data)` input (the answer to an awaited Send) emits
+    Happened("stored ...")."""
+
+    def stored(self, data: bytes, *, now: float) -> None:
+        self.out.append(Happened(f"stored {data!r}"))
+
+
+def test_ordered_mode_awaits_each_input_in_order_follow_ups_first_others_unblocked():
+    """An awaited executor holds the rest of ITS caller's items (and its follow-ups run
+    before them), while another caller's input is executed meanwhile."""
+    async def main():
+        core = StoreCore()
+        trace: list[str] = []
+        gates: dict[bytes, asyncio.Event] = {}
+
+        async def store(item: Send) -> None:
+            trace.append(f"send {item.data!r} by {runner.current}")
+            if item.data.startswith(b"slow"):
+                gates[item.data] = asyncio.Event()
+                await gates[item.data].wait()
+            runner.feed(core.stored, item.data)          # the follow-up
+
+        runner = CoreRunner(core, executors={Send: store}, ordered=True,
+                            on_event=lambda ev: trace.append(ev.what))
+        runner.feed(core.receive, b"slow1")
+        runner.feed(core.receive, b"x")                  # same caller: behind slow1
+        assert trace == [] and len(runner.pending) == 4  # a pass only collects
+        first = asyncio.ensure_future(runner.execute("conn-1"))
+        await asyncio.sleep(0)
+        assert trace == ["send b'slow1' by conn-1"]
+        runner.feed(core.receive, b"y")                  # another caller, not blocked
+        await runner.execute("conn-2")
+        assert trace[1:] == ["send b'y' by conn-2", "stored b'y'", "got b'y'"]
+        gates[b"slow1"].set()
+        await first
+        assert trace[4:] == ["stored b'slow1'", "got b'slow1'", "send b'x' by conn-1",
+                             "stored b'x'", "got b'x'"]
+        assert runner.pending == [] and not runner.tasks
+    asyncio.run(main())
+
+
+def test_ordered_mode_timer_pass_gets_a_task_and_feed_now_leaves_others_pending():
+    async def main():
+        core = StoreCore()
+        trace: list[str] = []
+        bugs: list[str] = []
+
+        def send(item: Send):
+            if item.data == b"boom":
+                raise RuntimeError("executor bug")
+            trace.append(f"send {item.data!r}")
+
+        runner = CoreRunner(core, executors={Send: send}, ordered=True,
+                            on_event=lambda ev: trace.append(ev.what),
+                            log=lambda where, exc, src: bugs.append(where))
+        runner.feed(core.receive, b"a")                  # left for its caller
+        runner.feed_now(core.receive, b"b")              # dispatched at once
+        assert trace == ["send b'b'", "got b'b'"] and len(runner.pending) == 2
+        core.out.append(Send(b"boom"))
+        core.out.append(Happened("after boom"))
+        runner.pump()                                    # not fed by a caller: a task runs it
+        assert len(runner.tasks) == 1
+        await asyncio.gather(*runner.tasks)
+        assert trace[2:] == ["send b'a'", "got b'a'", "after boom"] and bugs == ["Send"]
+        runner.feed(core.wake_at, 0.0)
+        await asyncio.sleep(0.01)                        # the timer's pass, executed by a task
+        await asyncio.gather(*runner.tasks)
+        assert trace[-1] == "timer" and runner.pending == []
+        runner.close()
+    asyncio.run(main())

@@ -4,8 +4,10 @@ driven against each other on the shared in-memory network with a fake clock
 Redis: `World` executes the cores' commands itself (WebSocket frames and federation POSTs
 travel over the MemNetwork, the offline queue is a list per session standing in for the
 Redis stream). Covers: a request and its reply through one relay, offline replay in order
-(with traffic arriving while the replay runs), connection replacement, federation retry
-across a relay outage, expiry in the offline queue, and Ping -> Pong."""
+(with traffic arriving while the replay runs), connection replacement (also with a
+delivery in flight to the replaced connection), federation retry across a relay outage
+and its end when the envelope expires first, expiry in the offline queue, and
+Ping -> Pong."""
 from __future__ import annotations
 
 import base64
@@ -367,3 +369,54 @@ def test_ping_envelope_is_answered_with_pong_and_keepalives_keep_the_peer_up():
     assert pong.WhichOneof("message") == "pong" and pong.destination.twin == 1
     (ans,) = w.events(A, "rmb.relay.answered")
     assert ans.attrs == {"kind": "pong", "dst": "1"}
+
+
+def test_a_delivery_in_flight_to_a_replaced_connection_reaches_the_new_one_once():
+    """The relay core routed a request to twin 2's connection; before the write happens
+    twin 2 reconnects (the old connection is replaced). The write to the old connection
+    fails, the core takes it back (write_failed -> offline queue -> replay) and the new
+    connection gets it exactly once."""
+    w = World()
+    w.add(1)
+    w.add(2)
+    w.step()
+    old = w.conns[2]
+    relay, taken_back = w.relays[A], []
+    real = relay.write_failed
+    relay.write_failed = lambda cmd, now: (taken_back.append(cmd.conn), real(cmd, now))[1]
+    app_request(w, 1, 2, "ref-m", b"moving")
+    w._peer_events()                      # peer 1's frame is on the network
+    w.clock.advance(0.01)
+    w._deliver()                          # the relay core received it: WriteFrame(old) pending
+    new = w.open_conn(2)                  # replaced before the relay executed the write
+    w.step(2.0)
+    assert [c.conn for c in w.closed] == [old] and taken_back == [old]
+    assert serve(w, 2) == [b"moving"]
+    w.step(2.0)
+    assert serve(w, 2) == []              # not twice
+    (reply,) = w.queues[1]["app.ret"]
+    assert reply["ref"] == "ref-m" and base64.b64decode(reply["dat"]) == b"gnivom"
+    assert w.conns[2] == new and w.relays[A].state_of((2, None)) == "live"
+    assert w.streams.get((A, (2, None)), []) == []
+
+
+def test_federation_gives_up_when_the_envelope_expires_and_the_sender_hears_of_it():
+    """Relay B stays unreachable past the envelope's TTL: relay A retries, then drops the
+    job (rmb.relay.expired), B never gets it, even once it is back; the app on twin 1
+    gets one error reply, no data."""
+    w = World(relays=(A, B))
+    w.add(1, relay=A)
+    w.add(2, relay=B)
+    w.step()
+    w.net.crashed.add(B)
+    app_request(w, 1, 2, "ref-e", b"gone", exp=5)
+    w.step(12.0)
+    failed = w.events(A, "rmb.relay.federation_failed")
+    assert len(failed) >= 2 and all(f.attrs["domain"] == B for f in failed)
+    (exp,) = w.events(A, "rmb.relay.expired")
+    assert exp.attrs["reason"].startswith("federation failed after")
+    w.net.crashed.discard(B)
+    w.step(10.0)
+    assert serve(w, 2) == [] and not w.events(A, "rmb.relay.federated")
+    (reply,) = w.queues[1]["app.ret"]
+    assert reply["ref"] == "ref-e" and reply["err"]["code"] and not reply.get("dat")

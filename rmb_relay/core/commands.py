@@ -1,13 +1,17 @@
 """The relay core's outputs: commands the adapter executes (no I/O here).
 
 Drained with RelayCore.next_event(); each is a dataclass under `RelayCommand`, its fields
-documented, and each names the input that answers it (DESIGN.md section 2).
+documented, and each names the input that answers it (DESIGN.md section 2), except
+`LookupTwin` (twin: int, refresh: bool; answer with twin_resolved(twin, record | error)),
+the one shape the relay and the peer cores share (rmb_peer.freshness).
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Any
 
+from rmb_peer.freshness import LookupTwin
 from rmb_relay.core.routing import Session
 
 __all__ = [
@@ -25,8 +29,9 @@ __all__ = [
     "FederationAnswer",
 ]
 
-class RelayCommand:
-    """Base class of everything RelayCore.next_event() returns."""
+class RelayCommand(abc.ABC):
+    """Base class of everything RelayCore.next_event() returns (`LookupTwin`, shared with
+    the peer core, is registered as one)."""
 
 
 @dataclass
@@ -97,12 +102,6 @@ class ProbeQueue(RelayCommand):
 
 
 @dataclass
-class LookupTwin(RelayCommand):
-    """Ask the registry for twin `twin`; answer with twin_resolved(twin, record | error)."""
-    twin: int
-
-
-@dataclass
 class PostFederation(RelayCommand):
     """One federation attempt (FederationScheduler.attempts_due): POST `data` (the raw
     envelope) to http://`domain`/ within `timeout` s; answer with
@@ -147,3 +146,4 @@ class FederationAnswer(RelayCommand):
     origin: str = ""
 
 
+RelayCommand.register(LookupTwin)

@@ -1,0 +1,32 @@
+"""The shape figures of docs/layers.md (scripts/layers_counts.py) for the RMB daemons:
+every RMB adapter class within 400 lines, no RMB loop around a core beside the shared
+runner's, one rate-limited logger, one in-memory test network; the section renders."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("layers_counts", REPO / "scripts" / "layers_counts.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_rmb_adapters_are_small_and_run_on_the_shared_runner():
+    lc = _script()
+    rows = {(m, c): n for m, c, n in lc.adapter_classes()}
+    assert rows[("rmb_relay/daemon.py", "RelayServer")] <= 400
+    assert rows[("rmb_peer/daemon.py", "PeerDaemon")] <= 400
+    over = [(m, c, n) for (m, c), n in rows.items() if m.startswith("rmb_") and n > 400]
+    assert over == []
+    loops = lc.loops()
+    assert "daemon_runtime/runner.py:pump" in loops
+    assert not [f for f in loops if f.startswith("rmb_")]
+    assert lc.log_limiters() == ["daemon_runtime/ratelimit.py:LogLimiter"]
+    assert lc.test_networks() == ["daemon_runtime/memnet.py:MemNetwork"]
+    text = lc.section()
+    assert text.startswith(lc.BEGIN) and text.endswith(lc.END) and "| `RelayServer` |" in text

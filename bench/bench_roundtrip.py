@@ -574,24 +574,34 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per phase and round (<= 20)")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="rounds of each phase after the warm-up; best and median (default 3)")
+                    help="rounds of each phase after the warm-up; best and median (default 3, at most 30)")
+    ap.add_argument("--throughput-rounds", type=int, default=None, metavar="N",
+                    help="closed-loop (and echo) rounds, when fewer than --rounds are wanted: a long "
+                         "latency run at a fixed rate (e.g. 15 rounds of 20 s) needs only one")
     ap.add_argument("--rate", type=float, default=1000.0, help="offered load for latency, req/s")
     ap.add_argument("--inflight", type=int, default=256, help="concurrent calls for throughput")
     ap.add_argument("--app-logs", action="store_true",
                     help="the client and the service also log rmb.app.* events (as real apps do; "
                          "off by default to compare with earlier runs) and per-hop latencies "
                          "are printed")
+    ap.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                    help="rmb-relay's and the rmb-peers' --event-loop (default auto = uvloop when installed); "
+                         "asyncio under a test-only link model (RELAY_SUITE_LINKS), whose WebSocket delays "
+                         "need the standard loop's transports")
     opts = ap.parse_args()
     duration = min(opts.duration, 20.0)
-    rounds = max(1, min(opts.rounds, 10))
+    rounds = max(1, min(opts.rounds, 30))
+    tp_rounds = rounds if opts.throughput_rounds is None else max(1, min(opts.throughput_rounds, rounds))
     tmp = Path(tempfile.mkdtemp(prefix="bench-rmb-"))
     with EmbeddedRedis() as srv:
         async with RmbCluster(srv.url, tmp, log_to_files=True) as c:
-            relay = await c.start_relay(subprocess_mode=True)
+            loop_args = ["--event-loop", opts.event_loop]
+            relay = await c.start_relay(subprocess_mode=True, extra=loop_args)
             a = await c.new_twin([relay])
             b = await c.new_twin([relay])
-            pa = await c.start_peer(a, [relay], subprocess_mode=True)
-            pb = await c.start_peer(b, [relay], subprocess_mode=True)
+            pa = await c.start_peer(a, [relay], subprocess_mode=True, extra=loop_args)
+            pb = await c.start_peer(b, [relay], subprocess_mode=True, extra=loop_args)
+            print(f"rmb-relay and rmb-peer: --event-loop {opts.event_loop}", flush=True)
             from tests.rmb_harness import _spawn_ready
             svc_proc, _ = await _spawn_ready(
                 [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); "
@@ -641,7 +651,7 @@ async def main() -> None:
                 rates, costs = [], []
                 echo_rates, echo_cpus, echo_proc_cpus = [], [], []
                 loadavg_start = Path("/proc/loadavg").read_text().strip()
-                for r in range(rounds):
+                for r in range(tp_rounds):
                     before = {k: cpu_seconds(p) for k, p in procs.items()}
                     rps, ok, err = await closed_loop(rmb_call, opts.inflight, duration)
                     cost = {k: (cpu_seconds(p) - before[k]) / max(ok, 1) * 1e6 for k, p in procs.items()}
@@ -669,6 +679,7 @@ async def main() -> None:
                       + f"; total {total:.0f} us -> CPU-bound ceiling on {os.cpu_count()} idle cores ~ "
                       + f"{os.cpu_count() * 1e6 / max(total, 1):,.0f}/s")
                 p99s, quiet_p99s, pooled = [], [], []
+                p50s, errors_at_rate, cpu_rates = [], 0, []
                 pause_log = tmp / "pauses.txt"
                 sampler, sampler_mode = start_pause_sampler(pause_log)
                 print(f"  machine pause sampler: {sampler_mode}")
@@ -690,6 +701,9 @@ async def main() -> None:
                     busy1, steal1 = machine_busy()
                     elapsed = time.perf_counter() - perf0
                     cpu_at_rate = {k: v / max(len(lat), 1) * 1e6 for k, v in cpu_used.items()}
+                    cpu_rates.append(cpu_at_rate)
+                    p50s.append(pct(lat, .50))
+                    errors_at_rate += err
                     p99s.append(pct(lat, .99))
                     pooled.extend(lat)
                     pauses = machine_pauses(pause_log, wall0, wall0 + elapsed)
@@ -754,7 +768,7 @@ async def main() -> None:
               f"p99 {pct(lat, .99):.2f} ms, max {max(lat):.2f} ms ({len(lat)} ok, {err} errors)")
         print(f"  max sustained (rounds interleaved with RMB's): best {max(echo_rates):,.0f} "
               f"requests/s, median {statistics.median(echo_rates):,.0f}/s ({opts.inflight} in "
-              f"flight, {rounds} rounds)")
+              f"flight, {tp_rounds} rounds)")
         await echo.close()
         med_ratio = statistics.median(rates) / statistics.median(echo_rates)
         best_ratio = max(rates) / max(echo_rates)
@@ -819,6 +833,10 @@ async def main() -> None:
             "cpu_per_round_trip_us": total_rt,
             **{f"cpu_{k.replace(' ', '_').lower()}_us": v for k, v in med.items()},
             f"p99_ms{at}_best": min(p99s), f"p99_ms{at}_median": statistics.median(p99s),
+            f"p50_ms{at}_median": statistics.median(p50s), f"p99_ms{at}_pooled": pct(pooled, .99),
+            f"ok{at}": len(pooled), f"errors{at}": errors_at_rate,
+            **{f"cpu_{k.replace(' ', '_').lower()}_us{at}": statistics.median(c[k] for c in cpu_rates)
+               for k in procs},
             "mandatory_work_us": total, "ratio_bound_idle_cores": idle_bound},
             {"redis_echo_per_s_best": max(echo_rates), "redis_echo_per_s_median": echo_rate,
              "echo_cpu_per_round_trip_us": echo_cpu},
@@ -826,5 +844,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    print(f"event loop: {use_event_loop('auto')} (peers: rmb-peer --event-loop auto)")
+    print(f"event loop: {use_event_loop('auto')} (this process and the echo service)")
     asyncio.run(main())

@@ -61,14 +61,30 @@ if str(REPO) not in sys.path:          # also runnable as `python qa/saturation.
 from qa.compare import compare, format_verdicts, regressed  # noqa: E402
 PY = sys.executable
 LINKS = {"lan": "* delay_ms=0.2; seed=1", "wan": "* delay_ms=40 jitter_ms=4 loss=0.01; seed=1"}
-START = {"rmb": 100.0, "remp": 25.0, "marlin": 2.0}
+START = {"rmb": 100.0, "remp": 25.0, "marlin": 4.0}
 PROTOCOLS = ("rmb", "remp", "marlin")
+#: the latency objectives a step's p99 must meet, per protocol (names of spark/sla.toml and
+#: deploy/objectives.py)
+OBJECTIVES = {"rmb": ["rmb-round-trip-p99"], "remp": ["remp-first-receipt-p99", "remp-finalized-p99"],
+              "marlin": ["marlin-rebuild-p99"]}
 
 
-def objectives(path: Path = REPO / "spark" / "sla.toml") -> dict[str, float]:
-    """{objective name: max_ms} of the quantile objectives in spark/sla.toml."""
-    data = tomllib.loads(path.read_text())
-    return {o["name"]: float(o["max_ms"]) for o in data.get("objective", []) if "max_ms" in o}
+def objectives(topology: str) -> dict[str, float]:
+    """{objective name: max_ms} of the topology's latency objectives as deploy/objectives.py
+    derives them from its links (the testnet job's placement), over spark/sla.toml's
+    loopback ones. Raises deploy.testnet.TestnetError for an unknown topology."""
+    from deploy.objectives import DEFAULT_SLA, job_regions, objectives as derive
+    from deploy.testnet import load_topology
+    data = tomllib.loads(DEFAULT_SLA.read_text())
+    out = {o["name"]: float(o["max_ms"]) for o in data.get("objective", []) if "max_ms" in o}
+    topo = load_topology(topology)
+    out.update({o["name"]: float(o["max_ms"]) for o in derive(topo, job_regions(topo))})
+    return out
+
+
+#: event loop of the benches' daemons: the link model delays TCP and WebSocket writes only on
+#: the standard loop's transports (daemon_runtime/linkmodel.py), so every run uses it
+EVENT_LOOP = "asyncio"
 
 
 def _bench(args: list[str], topology: str, timeout: float) -> tuple[dict, str]:
@@ -89,21 +105,31 @@ def _tail(out: str, n: int = 6) -> str:
     return "\n".join("    " + line for line in out.strip().splitlines()[-n:])
 
 
+def rmb_figures(rate: float, f: dict, obj: dict) -> dict:
+    """One RMB step's or soak's figures from bench_roundtrip's result `f` at `rate`: round
+    trip p50 (median of the latency rounds) and p99 (all rounds' calls pooled), calls that
+    failed (`lost`: an error or timeout answer, out of every call made at the rate) and CPU
+    per round trip of each process at the rate (ms)."""
+    at = f"@{rate:g}/s"
+    p99 = f.get(f"p99_ms{at}_pooled", f.get(f"p99_ms{at}_median"))
+    ok_n, err = f.get(f"ok{at}"), f.get(f"errors{at}")
+    res = {"rate_per_s": rate, "round_trip_p50_ms": f.get(f"p50_ms{at}_median"), "round_trip_p99_ms": p99,
+           "lost": err, "loss_ratio": None if ok_n is None or err is None or not ok_n + err
+           else round(err / (ok_n + err), 6)}
+    res["ok"] = p99 is not None and err == 0 and p99 <= obj["rmb-round-trip-p99"]
+    for k, v in f.items():
+        if k.startswith("cpu_") and k.endswith("_us" + at):
+            res[f"cpu_ms_per_message.{k[4:-len('_us' + at)]}"] = round(v / 1000.0, 4)
+    return res
+
+
 def run_rmb(rate: float, seconds: float, topology: str, obj: dict) -> dict:
     rounds = max(1, math.ceil(seconds / 20))
     dur = min(20.0, seconds)
-    f, out = _bench(["bench/bench_roundtrip.py", "--rounds", str(rounds), "--duration", f"{dur:g}",
-                     "--rate", f"{rate:g}", "--inflight", "64"], topology, 4 * rounds * dur + 300)
-    at = f"@{rate:g}/s"
-    p99 = f.get(f"p99_ms{at}_median")
-    res = {"rate_per_s": rate, "round_trip_p99_ms": p99, "ok": p99 is not None and p99 <= obj["rmb-round-trip-p99"]}
-    m = re.findall(r"p50 ([0-9.]+) ms", out)
-    res["round_trip_p50_ms"] = float(m[-1]) if m else None
-    for k, v in f.items():
-        if k.startswith("cpu_") and k.endswith("_us") and k != "cpu_per_round_trip_us":
-            res[f"cpu_ms_per_message.{k[4:-3]}"] = round(v / 1000.0, 4)
-    res["lost"] = 0 if p99 is not None else None
-    res["loss_ratio"] = 0.0 if p99 is not None else None
+    f, out = _bench(["bench/bench_roundtrip.py", "--rounds", str(rounds), "--throughput-rounds", "1",
+                     "--duration", f"{dur:g}", "--rate", f"{rate:g}", "--inflight", "64",
+                     "--event-loop", EVENT_LOOP], topology, 2 * rounds * dur + 300)
+    res = rmb_figures(rate, f, obj)
     res["_out"] = out
     return res
 
@@ -130,19 +156,41 @@ def run_remp(rate: float, seconds: float, topology: str, obj: dict) -> dict:
     return res
 
 
-def run_marlin(rate: float, seconds: float, topology: str, obj: dict) -> dict:
-    f, out = _bench(["bench/bench_marlin_relay.py", "--blocks", "20", "--rates", f"{rate:g}",
-                     "--rate-seconds", f"{seconds:g}"], topology, seconds + 300)
-    m = re.search(r"rate [0-9.]+ blocks/s \([^)]*\) for [0-9.]+ s: (\d+)/(\d+) rebuilt, p99 ([0-9.]+) ms", out)
-    res = {"rate_per_s": rate, "rebuild_p50_ms": f.get("p50_ms"), "rebuild_p99_ms": None, "lost": None,
-           "loss_ratio": None}
+MARLIN_BLOCKS = 20
+_MARLIN_RATE = re.compile(r"rate [0-9.]+ blocks/s \([^)]*\) for [0-9.]+ s: (\d+)/(\d+) rebuilt, "
+                          r"(?:p50 ([0-9.]+|inf) ms, )?p99 ([0-9.]+|inf) ms")
+
+
+def marlin_figures(rate: float, figures: dict, out: str, obj: dict) -> dict:
+    """One Marlin step's or soak's figures from bench_marlin_relay's result `figures` and its
+    printed output `out`: the rate run's p50/p99 (release -> rebuilt, ms) and its blocks not
+    rebuilt; `lost` also counts the one-at-a-time blocks the consumer disputed or did not
+    rebuild (`not_rebuilt_one_at_a_time`), out of every block offered. Without a rate-run line
+    (the bench failed) the latency and loss figures are None and the step fails."""
+    m = _MARLIN_RATE.search(out)
+    res = {"rate_per_s": rate, "rebuild_p50_ms": None, "rebuild_p99_ms": None, "lost": None, "loss_ratio": None}
     if m:
-        ok_n, n, p99 = int(m.group(1)), int(m.group(2)), float(m.group(3))
-        res.update(rebuild_p99_ms=p99, lost=n - ok_n, loss_ratio=round((n - ok_n) / n, 6) if n else None)
-    res["ok"] = m is not None and res["lost"] == 0 and res["rebuild_p99_ms"] <= obj["marlin-rebuild-p99"]
-    for k, v in f.items():
+        ok_n, n = int(m.group(1)), int(m.group(2))
+        p50 = None if m.group(3) is None else float(m.group(3))
+        p99 = float(m.group(4))
+        early = int(figures.get("not_rebuilt_one_at_a_time") or 0)
+        offered = n + int(figures.get("blocks") or 0) + early
+        lost = n - ok_n + early
+        res.update(rebuild_p50_ms=p50 if p50 is not None else figures.get("p50_ms"),
+                   rebuild_p99_ms=None if p99 == float("inf") else p99, lost=lost,
+                   loss_ratio=round(lost / offered, 6) if offered else None)
+    res["ok"] = (m is not None and res["lost"] == 0 and res["rebuild_p99_ms"] is not None
+                 and res["rebuild_p99_ms"] <= obj["marlin-rebuild-p99"])
+    for k, v in figures.items():
         if k.startswith("cpu_ms_per_block."):
             res[f"cpu_ms_per_message.{k.split('.', 1)[1]}"] = v
+    return res
+
+
+def run_marlin(rate: float, seconds: float, topology: str, obj: dict) -> dict:
+    f, out = _bench(["bench/bench_marlin_relay.py", "--blocks", str(MARLIN_BLOCKS), "--rates", f"{rate:g}",
+                     "--rate-seconds", f"{seconds:g}", "--event-loop", EVENT_LOOP], topology, seconds + 300)
+    res = marlin_figures(rate, f, out, obj)
     res["_out"] = out
     return res
 
@@ -211,11 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.saturation:
         key, _, val = item.partition("=")
         given[key] = float(val)
-    obj = objectives()
-    figures: dict = {"link_model": "loopback+RELAY_SUITE_LINKS", "step_seconds": args.step_seconds,
-                     "soak_s": args.duration}
+    figures: dict = {"link_model": "loopback+RELAY_SUITE_LINKS", "event_loop": EVENT_LOOP,
+                     "step_seconds": args.step_seconds, "soak_s": args.duration}
     for topo in topologies:
+        obj = objectives(topo)
         figures[f"links.{topo}"] = LINKS[topo]
+
         for proto in protos:
             if f"{proto}/{topo}" in given:
                 sat, steps = given[f"{proto}/{topo}"], []
@@ -223,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                 sat, steps = search(proto, topo, args, obj)
             print(f"{proto}/{topo}: saturation {sat:g}/s after {len(steps)} steps", flush=True)
             pre = f"{proto}.{topo}."
+            for name in OBJECTIVES[proto]:      # the p99 bound each step was held to
+                figures[pre + "objective." + name + "_ms"] = obj[name]
             figures[pre + "saturation_per_s"] = sat
             figures[pre + "search_steps"] = len(steps)
             # False: no step failed within the budget, so the saturation rate is a lower bound

@@ -128,10 +128,11 @@ class RmbCluster:
 
     # ------------------------------------------------------------------ relays
     async def start_relay(self, subprocess_mode: bool = False, capture: bool = True,
-                          redis_url: str | None = None, **kw) -> RelayHandle:
+                          redis_url: str | None = None, extra: list[str] = (), **kw) -> RelayHandle:
         """A relay on a free port whose domain is 127.0.0.1:<port>. In-process relays
         record every frame they receive from peers in `seen` (capture=True). redis_url:
-        another Redis server for the relay (default: the cluster's)."""
+        another Redis server for the relay (default: the cluster's). extra: more
+        rmb_relay.daemon arguments (subprocess_mode only)."""
         redis_url = redis_url or self.redis_url
         port = free_port()
         domain = f"127.0.0.1:{port}"
@@ -140,7 +141,7 @@ class RmbCluster:
         if subprocess_mode:
             args = [sys.executable, "-m", "rmb_relay.daemon", "--domain", domain, "--listen", domain,
                     "--redis", redis_url, "--registry", self.registry_url,
-                    "--log", str(sink) if isinstance(sink, Path) else os.devnull]
+                    "--log", str(sink) if isinstance(sink, Path) else os.devnull, *extra]
             handle.proc, _ = await _spawn_ready(args)
         else:
             from rmb_relay.daemon import RelayServer

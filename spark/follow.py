@@ -367,7 +367,7 @@ class Follower:
         clock = align({(r["from_node"], r["to_node"]): r["d_ms"] for r in pairs},
                       CLOCK_TOLERANCE_MS, plan.hosts)
         st = _with_corr(spark, sg, clock.corrections, {"to_node": "c_to", "from_node": "c_from"})
-        st = st.select("protocol", "stage", F.timestamp_micros(F.col("from_ts") + (
+        st = st.select("trace_id", "protocol", "branch", "stage", F.timestamp_micros(F.col("from_ts") + (
             F.col("c_from") * 1000).cast("long")).alias("from_ts"),
             ((F.col("to_ts") - F.col("from_ts")) / 1000.0 + F.col("c_to") - F.col("c_from"))
             .alias("duration_ms"))
@@ -382,17 +382,25 @@ class Follower:
             F.count(F.lit(1)).alias("sent"), F.count_if("delivered").alias("delivered"),
             *[F.count_if(F.col("outcome") == o).alias(o) for o in OUTCOME_COLUMNS],
             F.count_if("late").alias("late"))
+        st = st.join(br.select("trace_id", "protocol", "branch", "planned"),
+                     ["trace_id", "protocol", "branch"], "left")
+        latency_idx = self._latency_index(st)
         lat_rows = sorted((r.asDict() for r in lat.collect()),
                           key=lambda r: (r["minute"], r["protocol"], r["stage"]))
         dl_rows = sorted((r.asDict() for r in dw.collect()),
                          key=lambda r: (r["minute"], r["protocol"], r["outcome"]))
         delivery: dict[str, dict] = {}
+        keys = ("branches", "sent", "delivered", *OUTCOME_COLUMNS, "late")
         for r in tot.collect():
-            d = delivery.setdefault(r["protocol"], {})
-            scope = d.setdefault("planned" if r["planned"] else "unplanned", {})
-            for k in ("sent", "delivered", *OUTCOME_COLUMNS, "late"):
-                d[k] = d.get(k, 0) + r[k]
-                scope[k] = scope.get(k, 0) + r[k]
+            d = delivery.setdefault(r["protocol"], {
+                **dict.fromkeys(keys, 0), "planned": dict.fromkeys(keys, 0),
+                "unplanned": dict.fromkeys(keys, 0)})
+            part = d["planned" if r["planned"] else "unplanned"]
+            for k in keys:
+                v = r["sent" if k == "branches" else k]
+                d[k] += v
+                part[k] += v
+        sla = self._objectives(latency_idx, delivery)
         info = {b: v for b, v in self._batch_info().items() if b <= batch_id}
         status = {"batch_id": batch_id, "batches": len(info),
                   "segments": sum(len(v["sources"]) for v in info.values()),
@@ -400,10 +408,56 @@ class Follower:
                   "watermark": _iso_us(wm),
                   "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "updated_unix": time.time(), "mode": "incremental",
-                  "totals": {"delivery": dict(sorted(delivery.items())), "sla": []}}
+                  "totals": {"delivery": dict(sorted(delivery.items())), "sla": sla}}
         self._write_live(status, lat_rows, dl_rows)
         self.seen_batch = batch_id
         return status
+
+    def _latency_index(self, st) -> dict:
+        """The report's latency index (spark/report.py evaluate_sla: scope -> (protocol,
+        stage) -> count, quantiles, over, within) of the stage rows `st` (duration_ms,
+        planned), for the live objectives."""
+        from pyspark.sql import functions as F
+        from spark.report import _nearest
+        quant = [o for o in self.objectives if "quantile" in o]
+        limits = sorted({float(o["max_ms"]) for o in quant})
+        within = [(i, o) for i, o in enumerate(self.objectives) if "within_ms" in o]
+        qs = sorted({0.5, 0.9, 0.99} | {float(o["quantile"]) for o in quant})
+        aggs = []
+        for pre, val in (("", "duration_ms"),
+                         ("u_", "CASE WHEN NOT coalesce(planned, false) THEN duration_ms END")):
+            aggs += [F.expr(f"count({val})").alias(pre + "count"),
+                     F.expr(f"percentile_approx({val}, array({', '.join(map(str, qs))}), 10000)")
+                     .alias(pre + "pq")]
+            aggs += [F.expr(f"count_if({val} > {lim})").alias(f"{pre}over_{j}")
+                     for j, lim in enumerate(limits)]
+            aggs += [F.expr(f"count_if({val} <= {float(o['within_ms'])})").alias(f"{pre}within_{i}")
+                     for i, o in within]
+        idx: dict[str, dict] = {"all": {}, "unplanned": {}}
+        for r in st.groupBy("protocol", "stage").agg(*aggs).collect():
+            for scope, pre in (("all", ""), ("unplanned", "u_")):
+                idx[scope][(r["protocol"], r["stage"])] = {
+                    "count": r[pre + "count"],
+                    "quantiles": dict(zip(qs, (_nearest(v) for v in (r[pre + "pq"] or [None] * len(qs))))),
+                    "over": {lim: r[f"{pre}over_{j}"] for j, lim in enumerate(limits)},
+                    "within": {i: r[f"{pre}within_{i}"] for i, _ in within}}
+        return idx
+
+    def _objectives(self, latency_idx: dict, delivery: dict) -> list[dict]:
+        """Every objective's status now (spark/report.py evaluate_sla over the live figures)."""
+        from spark.report import evaluate_sla
+        within = {"all": {}, "unplanned": {}}
+        for scope in within:
+            for i, o in enumerate(self.objectives):
+                if "within_ms" not in o:
+                    continue
+                ok = latency_idx[scope].get((o["protocol"], o["stage"]), {}).get("within", {}).get(i, 0)
+                d = delivery.get(o["protocol"])
+                if d and scope == "unplanned":
+                    d = d["unplanned"]
+                within[scope][i] = (ok, (d["branches"] - d["in_flight"]) if d else 0)
+        return evaluate_sla(self.objectives, latency_idx, {
+            "all": delivery, "unplanned": {p: d["unplanned"] for p, d in delivery.items()}}, within)
 
     def _write_live(self, status: dict, lat_rows: list, dl_rows: list | None) -> None:
         live = os.path.join(self.out, "live")

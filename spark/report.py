@@ -457,6 +457,52 @@ def _with_corr(spark, df, corrections: dict[str, float], cols: dict[str, str]):
     return df
 
 
+BRANCH_COLUMNS = ("sa", "sent", "delivered", "outcome", "late", "start_us", "deadline_us",
+                  "end_us", "ttl_s", "error_code")
+
+
+def branch_records(spark, ok_events, ttl_default: dict, log_end, planned_sql: str,
+                   peers: bool = True, peer_inputs: list[str] | None = None,
+                   keep_nodes: bool = False):
+    """Per (trace, branch) of the step table's protocol rows `ok_events`: trace_id, protocol,
+    branch, first (the trace's first branch), the stage array `sa`, the outcome columns
+    (spark/stages.py outcome_sql; `log_end`: us, or SQL of it, against which an undecided
+    row's deadline is judged) and `planned` (SQL `planned_sql` over trace_id, branch,
+    nodes, start_us, end_us). peer_inputs: the event inputs to compute the traces' peers
+    from when the step table has none. keep_nodes: keep the `nodes` column (every node of
+    the row's steps and the peers they named). Returns (DataFrame, BRANCH_COLUMNS)."""
+    from pyspark.sql import functions as F
+    target = F.expr(
+        "CASE WHEN branch = '' THEN (CASE WHEN size(branches) = 0 THEN array('') ELSE branches END) "
+        "WHEN branch = '?' THEN (CASE WHEN size(branches) = 0 THEN array('') "
+        "WHEN size(branches) = 1 THEN branches ELSE CAST(array() AS array<string>) END) "
+        "ELSE array(branch) END")
+    tb = (ok_events.withColumn("tbranch", F.explode(target))
+          .groupBy("trace_id", "protocol", "tbranch").agg(
+              F.map_from_entries(F.collect_list(F.struct(
+                  "step", F.struct("ts", "node", "n", "detail")))).alias("mb"),
+              F.first("branches").alias("branches"), F.min("ts").alias("t0"),
+              (F.array_union(F.collect_set("node"), F.first("peers")) if peers
+               else F.collect_set("node")).alias("nodes"))
+          .withColumnRenamed("tbranch", "branch"))
+    if not peers and peer_inputs:
+        # the step table has no peers (input not small): only a plan with faults reads them
+        tb = (tb.join(_trace_peers(spark, peer_inputs), "trace_id", "left")
+              .withColumn("nodes", F.array_union("nodes", F.coalesce(
+                  "peers", F.expr("CAST(array() AS array<string>)")))).drop("peers"))
+    cols = {"sa": _by_protocol({n: _stages_array(p) for n, p in PROTOCOLS.items()})}
+    for key in BRANCH_COLUMNS[1:]:
+        cols[key] = _by_protocol({n: _outcome_cols(p, ttl_default[n], log_end)[key]
+                                  for n, p in PROTOCOLS.items()})
+    tb = tb.select("trace_id", "protocol", "branch", "branches", "t0", "nodes", *_step_columns())
+    tb = tb.select("trace_id", "protocol", "branch", "nodes",
+                   F.expr("branch = coalesce(try_element_at(branches, 1), '')").alias("first"),
+                   *[F.expr(v).alias(k) for k, v in cols.items()])
+    tb = tb.withColumn("planned", F.expr(planned_sql))
+    return (tb if keep_nodes else tb.drop("nodes")), BRANCH_COLUMNS
+
+
+
 def _stage_rows(tb):
     from pyspark.sql import functions as F
     arr = _by_protocol({name: _stages_array(p) for name, p in PROTOCOLS.items()})
@@ -704,34 +750,8 @@ def _report(spark, tr, cached, inputs, out, objectives, ttl_over, strict, timing
     # per (trace, branch): a map step -> record of the root steps, the branch's own steps and
     # unattributed `?` steps of single-branch traces; then stage edges (raw ts) and outcome
     # flags, computed once and cached
-    target = F.expr(
-        "CASE WHEN branch = '' THEN (CASE WHEN size(branches) = 0 THEN array('') ELSE branches END) "
-        "WHEN branch = '?' THEN (CASE WHEN size(branches) = 0 THEN array('') "
-        "WHEN size(branches) = 1 THEN branches ELSE CAST(array() AS array<string>) END) "
-        "ELSE array(branch) END")
-    tb = (ok_events.withColumn("tbranch", F.explode(target))
-          .groupBy("trace_id", "protocol", "tbranch").agg(
-              F.map_from_entries(F.collect_list(F.struct(
-                  "step", F.struct("ts", "node", "n", "detail")))).alias("mb"),
-              F.first("branches").alias("branches"), F.min("ts").alias("t0"),
-              (F.array_union(F.collect_set("node"), F.first("peers")) if peers
-               else F.collect_set("node")).alias("nodes"))
-          .withColumnRenamed("tbranch", "branch"))
-    if not peers and plan.faults:
-        # the step table has no peers (input not small): only a plan with faults reads them
-        tb = (tb.join(_trace_peers(spark, inputs), "trace_id", "left")
-              .withColumn("nodes", F.array_union("nodes", F.coalesce(
-                  "peers", F.expr("CAST(array() AS array<string>)")))).drop("peers"))
-    cols = {"sa": _by_protocol({n: _stages_array(p) for n, p in PROTOCOLS.items()})}
-    for key in ("sent", "delivered", "outcome", "late", "start_us", "deadline_us", "end_us", "ttl_s",
-                "error_code"):
-        cols[key] = _by_protocol({n: _outcome_cols(p, ttl_default[n], log_end)[key]
-                                  for n, p in PROTOCOLS.items()})
-    tb = tb.select("trace_id", "protocol", "branch", "branches", "t0", "nodes", *_step_columns())
-    tb = tb.select("trace_id", "protocol", "branch", "nodes",
-                   F.expr("branch = coalesce(try_element_at(branches, 1), '')").alias("first"),
-                   *[F.expr(v).alias(k) for k, v in cols.items()])
-    tb = tb.withColumn("planned", F.expr(plan.planned_sql())).drop("nodes")
+    tb, cols = branch_records(spark, ok_events, ttl_default, log_end, plan.planned_sql(),
+                              peers, inputs if (not peers and plan.faults) else None)
     tb = tb.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(tb)
 

@@ -133,6 +133,13 @@ class Outcomes:
                 + self.deadline_from + ((self.ttl_step,) if self.ttl_step else ()))
 
 
+def timed_out_sql(log_end_us, start: str, ttl: str) -> str:
+    """SQL boolean: a row undecided at `log_end_us` (us, or SQL of it: the latest event
+    time read, the watermark) whose life began at `start` (us) is past its ttl (`ttl`,
+    seconds): it is `lost_or_stuck`, not `in_flight`. NULL when log_end_us is NULL."""
+    return f"({log_end_us} - {start} > ({ttl}) * 1000000)"
+
+
 def outcome_sql(o: Outcomes, ts, detail, ttl_default: float, log_end_us: int,
                 t0: str = "t0") -> dict[str, str]:
     """SQL (Spark and DuckDB alike) of the outcome columns of one (trace, branch) row.
@@ -174,7 +181,7 @@ def outcome_sql(o: Outcomes, ts, detail, ttl_default: float, log_end_us: int,
         decided +
         f"WHEN {has(o.fallback_errored)} THEN 'errored' "
         f"WHEN {has(o.fallback_expired)} THEN 'expired' "
-        f"WHEN {log_end_us} - {start} > ({ttl}) * 1000000 THEN 'lost_or_stuck' "
+        f"WHEN {timed_out_sql(log_end_us, start, ttl)} THEN 'lost_or_stuck' "
         f"ELSE 'in_flight' END")
     codes = [detail(s) for s in o.errored]
     fb = [detail(s) for s in o.fallback_errored]

@@ -367,3 +367,66 @@ def test_topology_that_does_not_load_exits_2(capsys):
         pytest.skip(f"namespace testnet unavailable: {tn.unavailable()}")
     assert main(["--topology", "no-such-topology", "--no-report"]) == 2
     assert "no-such-topology" in capsys.readouterr().err
+
+
+def test_peer_log_marks_and_late_replies_span_closed_segments(tmp_path):
+    """With --follow the event logs run in segment mode: a peer's log is its closed segments
+    (renamed away by the writer, daemon_runtime/eventlog.py) plus its current file. The
+    launcher's byte marks, its reconnect scan and its late-reply count read them as one
+    stream: nothing before a mark is seen again, nothing after it or in a segment is lost."""
+    from daemon_runtime.eventlog import seal_file
+    from deploy.launcher import ERR_EXPIRED, LATE_REASON, log_lines, log_size
+    from rmb_peer.events import RMB_EVENTS
+
+    from daemon_runtime.eventlog import EventLog
+    path = tmp_path / "rmb-peer-alice.jsonl"
+
+    def write(lines: list[tuple[str, str, dict]]) -> None:
+        log = EventLog("rmb-peer", "alice", [RMB_EVENTS], sink=str(path))
+        for event, tid, attrs in lines:
+            log.emit_attrs(event, tid, "info", attrs)
+        log.close()
+
+    late = {"code": ERR_EXPIRED, "reason": LATE_REASON, "src": "bob"}
+    write([("rmb.peer.connected", None, {"relay": "ws://r1"}), ("rmb.peer.rejected", "t1", late)])
+    assert seal_file(str(path))                       # the writer's rename into segments/
+    write([("rmb.peer.rejected", "t2", late)])
+    mark = log_size(tmp_path, "rmb-peer-alice")
+    assert mark == sum(p.stat().st_size for p in tmp_path.rglob("*.jsonl"))
+    assert seal_file(str(path))
+    write([("rmb.peer.connected", None, {"relay": "ws://r2"})])
+
+    assert {e["trace_id"] for e in late_events(path)} == {"t1", "t2"}
+    after = [json.loads(line) for line in log_lines(tmp_path, "rmb-peer-alice", mark)]
+    assert [e["attrs"]["relay"] for e in after] == ["ws://r2"]
+    assert len(list(log_lines(tmp_path, "rmb-peer-alice"))) == 4
+    # a log with the same prefix is another twin's, not this one's
+    (tmp_path / "segments" / "rmb-peer-alice2.0000000000000001.jsonl").write_text("{}\n")
+    assert len(list(log_lines(tmp_path, "rmb-peer-alice"))) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.skipif(not shutil.which("java"), reason="Java is not installed: the report needs a JDK 17/21")
+def test_demo_follow_streaming_totals_equal_the_batch_report(tmp_path, shared_data):
+    """relay-suite-demo --follow: the event logs run in segment mode (the planned faults'
+    reconnect waits and the late-reply count read the segments), the streaming report runs
+    during the demo, and at the end each of its totals equals the batch report's; a
+    mismatch is a failed row of the run."""
+    run = tmp_path / "run"
+    proc = demo("--workdir", str(run), "--only", "rmb", "--no-prometheus", "--requests", "20",
+                "--follow", timeout=1500)
+    out = proc.stdout
+    assert "streaming report (relay-trace-report --follow) vs batch report:" in out, \
+        out[-3000:] + proc.stderr[-3000:]
+    result = json.loads((run / "launcher.json").read_text())
+    follow = [r for r in result["rows"] if r["name"].startswith("follow ")]
+    assert {r["name"] for r in follow} >= {"follow delivery", "follow latency", "follow sla",
+                                            "follow traces", "follow ingest"}
+    assert all(r["ok"] for r in follow), follow
+    # logs were written as segments only, all sealed; the live page was written
+    assert not list((run / "logs").glob("rmb-*.jsonl"))
+    assert list((run / "logs" / "segments").glob("rmb-peer-*.jsonl"))
+    assert (run / "live" / "live" / "index.html").exists()
+    # the launcher's own counts still equal the report's (late replies read from segments)
+    assert all(r["ok"] for r in result["rows"] if r["name"].startswith("rmb ")), result["rows"]

@@ -46,9 +46,10 @@ Items of a pass nobody executes (the timer's, `execute_soon()`) get a tracked ta
 `feed_now(fn, *args)` dispatches that input's own items at once instead (awaitables become
 tasks), leaving items other inputs left pending in place.
 
-The guard (one for every daemon): `bug(exc, where, src)` counts the exception
-(`bug_metric(where, exc)`) and writes one log line per (where, exception type) per
-`bug_window` seconds through `daemon_runtime.ratelimit.LogLimiter`; the daemon continues.
+The guard (one for every daemon, `daemon_runtime.guard.Guard`): `bug(exc, where, src)`
+counts the exception (`bug_metric(where, exc)`) and writes one log line per (where,
+exception type) per `bug_window` seconds through `daemon_runtime.ratelimit.LogLimiter`; the
+daemon continues.
 Exceptions of an executor, an `on_event` hook, a drain hook, `next_event`/`get_timer`,
 `handle_timer` and of a spawned task go to it. `feed` lets the input's own exception
 propagate (after the pass): the adapter's input boundary decides whether it is a remote
@@ -63,12 +64,9 @@ import time
 import traceback
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
-from .ratelimit import LogLimiter
+from .guard import BUG_WINDOW, Guard
 
 __all__ = ["Core", "CoreRunner", "BUG_WINDOW"]
-
-#: seconds: at most one bug line per (where, exception type) per window (the rest counted)
-BUG_WINDOW = 5.0
 
 
 @runtime_checkable
@@ -115,8 +113,10 @@ class CoreRunner:
         self.name = name
         self.executors = dict(executors or {})
         self.on_event = on_event
-        self.log = log or _default_log(name)
-        self.bug_metric = bug_metric
+        #: the guard (module doc): `bug(exc, where="loop", src=None)` counts, logs one line
+        #: per (where, exception type) per bug_window and never raises
+        self.guard = Guard(log or _default_log(name), bug_metric, bug_window)
+        self.bug = self.guard.bug
         self.drain = list(drain)
         self.wall = wall
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -126,7 +126,6 @@ class CoreRunner:
         self._deadline: float | None = None
         self._soon = False
         self._closed = False
-        self._limit = LogLimiter(burst=1, window=bug_window)
         #: ordered mode (module doc): items collected by passes, executed by execute()
         self.ordered = ordered
         self.pending: list[Any] = []
@@ -314,19 +313,6 @@ class CoreRunner:
         self.bug(task.exception(), where)
         if not self._closed:
             self.pump()
-
-    # ------------------------------------------------------------------ the guard
-    def bug(self, exc: BaseException, where: str = "loop", src: str | None = None) -> None:
-        """The guard: count, one rate-limited log line, the daemon continues. Never raises.
-        `where`: the entry point (rate-limit key with the exception type); `src`: where
-        the input came from (a peer, a queue), passed to `log` only."""
-        try:
-            if self.bug_metric is not None:
-                self.bug_metric(where, exc)
-            if self._limit.allow((where, type(exc).__name__), time.monotonic())[0]:
-                self.log(where, exc, src)
-        except Exception:   # a broken log sink must not take the daemon down
-            pass
 
     # ------------------------------------------------------------------ shutdown
     def close(self, tasks: bool = True) -> None:

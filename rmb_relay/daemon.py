@@ -500,9 +500,9 @@ class RelayServer:
             counter = getattr(self.metrics, metric)
             (counter.labels(label) if label is not None else counter).inc()
         if key is not None:
-            self._warn(key, cmd.event, cmd.uid, level=cmd.level, **a)
+            self._warn(key, cmd.event, cmd.trace_id, level=cmd.level, **a)
         else:
-            self.events.emit(cmd.event, cmd.uid, level=cmd.level, **a)
+            self.events.emit(cmd.event, cmd.trace_id, level=cmd.level, **a)
 
     def _lookup_twin(self, cmd: LookupTwin) -> None:
         self._spawn(self._lookup(cmd.twin), "twin lookup")

@@ -17,7 +17,8 @@ happened: logged and counted). One `get_timer()` deadline says when it next want
 
 A pass (`pump()`): the `drain` hooks run first, each called as `hook(now)` (for cores that
 hand out some output another way, e.g. Marlin's `frames_to_send(now)` and `next_job()`);
-then every item of `next_event()` is dispatched by its exact type (the MRO is walked once
+then every item of `next_event()` is dispatched (`dispatch()`, the one drain loop, which
+an adapter also uses for the sub-cores its core is made of, e.g. REMP's) by its exact type (the MRO is walked once
 per type, the answer cached): to the executor registered for it (commands) or, when none
 is, to `on_event` (events: the protocol's catalogue turns one into log lines and metrics);
 an item nobody takes is a bug. An executor that returns an awaitable gets it run as a
@@ -67,6 +68,8 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, runtim
 from .guard import BUG_WINDOW, Guard
 
 __all__ = ["Core", "CoreRunner", "BUG_WINDOW"]
+
+_UNSEEN = object()      # dispatch(): a type not yet in the handler table
 
 
 @runtime_checkable
@@ -220,22 +223,13 @@ class CoreRunner:
                 now = self.wall()
                 for hook in self.drain:
                     hook(now)
-            next_event = core.next_event
             if self.ordered:
                 pending = self.pending
-                while (item := next_event()) is not None:
-                    pending.append(item)
+                pending.extend(iter(core.next_event, None))    # collected, for execute()
                 if pending and not self._feeding:
                     self.execute_soon()
-            handlers = self._handlers
-            while (item := next_event()) is not None:
-                handler = handlers.get(type(item)) or self._resolve(type(item))
-                try:
-                    result = handler(item)
-                    if result is not None and inspect.isawaitable(result):
-                        self.spawn(result)
-                except Exception as exc:
-                    self.bug(exc, type(item).__name__)
+            else:
+                self.dispatch(core.next_event, self._handlers, self._resolve)
             deadline = core.get_timer()
         except Exception as exc:
             self.bug(exc, "pump")
@@ -247,6 +241,35 @@ class CoreRunner:
             self._deadline = deadline
             if deadline is not None:
                 self._timer = self.loop.call_later(max(0.0, deadline - self.wall()), self._fire)
+
+    def dispatch(self, next_event: Callable[[], Any], handlers: dict[type, Callable[[Any], Any] | None],
+                 resolve: Callable[[type], Callable[[Any], Any] | None] | None = None, *,
+                 where: str | None = None, guard: bool = True) -> None:
+        """Every item of `next_event()` (until None), in order, to its handler by exact
+        type: `handlers[type]`, else `resolve(type)` (stored in `handlers`; a None handler
+        skips the items of that type; no `resolve`: None). An awaitable a handler returns
+        runs as a tracked task. guard=True: a handler's exception goes to the guard (as
+        `where`, default the item's type name) and the next item goes on; guard=False: it
+        propagates. `next_event`'s own exception propagates. The pass runs the core's items
+        through it; an adapter whose core is made of sub-cores drains each one with it."""
+        while (item := next_event()) is not None:
+            t = type(item)
+            handler = handlers.get(t, _UNSEEN)
+            if handler is _UNSEEN:
+                handler = handlers[t] = resolve(t) if resolve is not None else None
+            if handler is None:
+                continue
+            if not guard:
+                result = handler(item)
+                if result is not None and inspect.isawaitable(result):
+                    self.spawn(result)
+                continue
+            try:
+                result = handler(item)
+                if result is not None and inspect.isawaitable(result):
+                    self.spawn(result)
+            except Exception as exc:
+                self.bug(exc, where or t.__name__)
 
     def pump_soon(self, delay: float = 0.0) -> None:
         """One pass once the running callback or task yields, or `delay` seconds later

@@ -8,7 +8,7 @@ datagram endpoint of remp_node/transport/endpoint.py with the test-only --faults
 
 The loop is daemon_runtime.runner.CoreRunner with the daemon as its core: a pass runs the
 role's step (every sub-core's due timers and output, the journal or status write, the
-events through the role's tables) and sends the step's datagrams; one timer at the
+events through the role's tables, each sub-core drained by the runner's dispatch) and sends the step's datagrams; one timer at the
 earliest sub-core deadline (at least every second); datagrams read within STEP_COALESCE s
 share one pass. Clock (the runner's rule): the cores' `now` is time.time(), the Unix time
 base the zerostate's genesis_time and the wallets' valid_until use, so every process
@@ -287,8 +287,8 @@ class _Daemon:
 
     # -- the runner's core ---------------------------------------------------------------
     def next_event(self):
-        """None: each step drains its sub-cores' events itself (they feed each other and
-        are written in one batch)."""
+        """None: each step drains its sub-cores' events (they feed each other and are
+        written in one batch), each through the runner's dispatch."""
         return None
 
     def get_timer(self) -> float | None:

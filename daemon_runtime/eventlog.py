@@ -106,12 +106,15 @@ _EXACT = {"string": {str, type(None)}, "long": {int, type(None)},
           "double": {int, float, type(None)}, "boolean": {bool, type(None)}}
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LogRecord:
-    """One event log line a protocol's event map produced from a core event, before it is
-    written: catalogue event name, trace_id (the message's identity, or None), level
-    ("debug" | "info" | "warning" | "error") and attrs (flat, types per the catalogue).
-    `EventLog.emit_attrs(r.event, r.trace_id, r.level, r.attrs)` writes one."""
+    """One event log line a protocol's event map (or a core, as a command: the RMB relay's
+    `Log`) produced, before it is written: catalogue event name, trace_id (the message's
+    identity, or None), level ("debug" | "info" | "warning" | "error") and attrs (flat,
+    types per the catalogue). `EventLog.emit_attrs(r.event, r.trace_id, r.level, r.attrs)`
+    writes one. Slots, not frozen: built once per delivered envelope on the relay's hot
+    path, where a frozen dataclass's __init__ (object.__setattr__ per field) costs more
+    than plain stores; its fields are fixed (no other attribute can be set)."""
 
     event: str
     trace_id: str | None

@@ -17,7 +17,8 @@ happened: logged and counted). One `get_timer()` deadline says when it next want
 
 A pass (`pump()`): the `drain` hooks run first, each called as `hook(now)` (for cores that
 hand out some output another way, e.g. Marlin's `frames_to_send(now)` and `next_job()`);
-then every item of `next_event()` is dispatched by its exact type (the MRO is walked once
+then every item of `next_event()` is dispatched (`dispatch()`, the one drain loop, which
+an adapter also uses for the sub-cores its core is made of, e.g. REMP's) by its exact type (the MRO is walked once
 per type, the answer cached): to the executor registered for it (commands) or, when none
 is, to `on_event` (events: the protocol's catalogue turns one into log lines and metrics);
 an item nobody takes is a bug. An executor that returns an awaitable gets it run as a
@@ -46,9 +47,10 @@ Items of a pass nobody executes (the timer's, `execute_soon()`) get a tracked ta
 `feed_now(fn, *args)` dispatches that input's own items at once instead (awaitables become
 tasks), leaving items other inputs left pending in place.
 
-The guard (one for every daemon): `bug(exc, where, src)` counts the exception
-(`bug_metric(where, exc)`) and writes one log line per (where, exception type) per
-`bug_window` seconds through `daemon_runtime.ratelimit.LogLimiter`; the daemon continues.
+The guard (one for every daemon, `daemon_runtime.guard.Guard`): `bug(exc, where, src)`
+counts the exception (`bug_metric(where, exc)`) and writes one log line per (where,
+exception type) per `bug_window` seconds through `daemon_runtime.ratelimit.LogLimiter`; the
+daemon continues.
 Exceptions of an executor, an `on_event` hook, a drain hook, `next_event`/`get_timer`,
 `handle_timer` and of a spawned task go to it. `feed` lets the input's own exception
 propagate (after the pass): the adapter's input boundary decides whether it is a remote
@@ -63,12 +65,11 @@ import time
 import traceback
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
-from .ratelimit import LogLimiter
+from .guard import BUG_WINDOW, Guard
 
 __all__ = ["Core", "CoreRunner", "BUG_WINDOW"]
 
-#: seconds: at most one bug line per (where, exception type) per window (the rest counted)
-BUG_WINDOW = 5.0
+_UNSEEN = object()      # dispatch(): a type not yet in the handler table
 
 
 @runtime_checkable
@@ -115,8 +116,10 @@ class CoreRunner:
         self.name = name
         self.executors = dict(executors or {})
         self.on_event = on_event
-        self.log = log or _default_log(name)
-        self.bug_metric = bug_metric
+        #: the guard (module doc): `bug(exc, where="loop", src=None)` counts, logs one line
+        #: per (where, exception type) per bug_window and never raises
+        self.guard = Guard(log or _default_log(name), bug_metric, bug_window)
+        self.bug = self.guard.bug
         self.drain = list(drain)
         self.wall = wall
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -126,7 +129,6 @@ class CoreRunner:
         self._deadline: float | None = None
         self._soon = False
         self._closed = False
-        self._limit = LogLimiter(burst=1, window=bug_window)
         #: ordered mode (module doc): items collected by passes, executed by execute()
         self.ordered = ordered
         self.pending: list[Any] = []
@@ -221,22 +223,13 @@ class CoreRunner:
                 now = self.wall()
                 for hook in self.drain:
                     hook(now)
-            next_event = core.next_event
             if self.ordered:
                 pending = self.pending
-                while (item := next_event()) is not None:
-                    pending.append(item)
+                pending.extend(iter(core.next_event, None))    # collected, for execute()
                 if pending and not self._feeding:
                     self.execute_soon()
-            handlers = self._handlers
-            while (item := next_event()) is not None:
-                handler = handlers.get(type(item)) or self._resolve(type(item))
-                try:
-                    result = handler(item)
-                    if result is not None and inspect.isawaitable(result):
-                        self.spawn(result)
-                except Exception as exc:
-                    self.bug(exc, type(item).__name__)
+            else:
+                self.dispatch(core.next_event, self._handlers, self._resolve)
             deadline = core.get_timer()
         except Exception as exc:
             self.bug(exc, "pump")
@@ -248,6 +241,35 @@ class CoreRunner:
             self._deadline = deadline
             if deadline is not None:
                 self._timer = self.loop.call_later(max(0.0, deadline - self.wall()), self._fire)
+
+    def dispatch(self, next_event: Callable[[], Any], handlers: dict[type, Callable[[Any], Any] | None],
+                 resolve: Callable[[type], Callable[[Any], Any] | None] | None = None, *,
+                 where: str | None = None, guard: bool = True) -> None:
+        """Every item of `next_event()` (until None), in order, to its handler by exact
+        type: `handlers[type]`, else `resolve(type)` (stored in `handlers`; a None handler
+        skips the items of that type; no `resolve`: None). An awaitable a handler returns
+        runs as a tracked task. guard=True: a handler's exception goes to the guard (as
+        `where`, default the item's type name) and the next item goes on; guard=False: it
+        propagates. `next_event`'s own exception propagates. The pass runs the core's items
+        through it; an adapter whose core is made of sub-cores drains each one with it."""
+        while (item := next_event()) is not None:
+            t = type(item)
+            handler = handlers.get(t, _UNSEEN)
+            if handler is _UNSEEN:
+                handler = handlers[t] = resolve(t) if resolve is not None else None
+            if handler is None:
+                continue
+            if not guard:
+                result = handler(item)
+                if result is not None and inspect.isawaitable(result):
+                    self.spawn(result)
+                continue
+            try:
+                result = handler(item)
+                if result is not None and inspect.isawaitable(result):
+                    self.spawn(result)
+            except Exception as exc:
+                self.bug(exc, where or t.__name__)
 
     def pump_soon(self, delay: float = 0.0) -> None:
         """One pass once the running callback or task yields, or `delay` seconds later
@@ -314,19 +336,6 @@ class CoreRunner:
         self.bug(task.exception(), where)
         if not self._closed:
             self.pump()
-
-    # ------------------------------------------------------------------ the guard
-    def bug(self, exc: BaseException, where: str = "loop", src: str | None = None) -> None:
-        """The guard: count, one rate-limited log line, the daemon continues. Never raises.
-        `where`: the entry point (rate-limit key with the exception type); `src`: where
-        the input came from (a peer, a queue), passed to `log` only."""
-        try:
-            if self.bug_metric is not None:
-                self.bug_metric(where, exc)
-            if self._limit.allow((where, type(exc).__name__), time.monotonic())[0]:
-                self.log(where, exc, src)
-        except Exception:   # a broken log sink must not take the daemon down
-            pass
 
     # ------------------------------------------------------------------ shutdown
     def close(self, tasks: bool = True) -> None:

@@ -47,8 +47,8 @@ Errors and the one boundary per connection: a decoder or hello error (a MarlinWi
 is counted under `counters[("rejected", reason)]`, reported to `on_reject(peer, reason,
 detail)` and closes THAT connection only; a MarlinWireError raised by `on_frame` (a chunk
 the core refused) is counted and reported but the connection stays; anything else raised
-by `on_frame` is a bug: reported to `on_bug`, counted as ("rejected", "bug"), the
-connection stays.
+by `on_frame` is a bug: reported to `on_bug` through the shared guard
+(daemon_runtime.guard.Guard), counted as ("rejected", "bug"), the connection stays.
 """
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ import struct
 import time
 from typing import Callable, Iterable, Mapping
 
+from daemon_runtime.guard import Guard
 from daemon_runtime.linkmodel import delay_transport
 
 from .crypto import BadSignature, NodeKey, recover_signer
@@ -230,6 +231,9 @@ class Transport:
         self.on_reject = on_reject
         self.on_drop = on_drop
         self.on_bug = on_bug
+        #: the shared guard (daemon_runtime.guard): counted as ("rejected", "bug"), every
+        #: one handed to on_bug (whose own guard rate-limits the log line)
+        self.guard = Guard(self._report_bug, self._count_bug, window=None)
         self.max_frame = max_frame
         self.queue_frames = queue_frames
         self.queue_bytes = queue_bytes
@@ -265,10 +269,12 @@ class Transport:
             try:
                 self.on_reject(peer, reason, detail)
             except Exception as exc:  # a broken reporter must not kill the connection loop
-                self._bug(exc)
+                self.guard.bug(exc, "on_reject")
 
-    def _bug(self, exc: BaseException) -> None:
+    def _count_bug(self, where: str, exc: BaseException) -> None:
         self.counters[("rejected", "bug")] += 1
+
+    def _report_bug(self, where: str, exc: BaseException, src: str | None) -> None:
         if self.on_bug is not None:
             self.on_bug(exc)
 
@@ -330,7 +336,7 @@ class Transport:
                     except MarlinWireError as exc:       # the core refused this frame: keep going
                         self._reject(peer, exc.reason, str(exc))
                     except Exception as exc:             # a bug: logged, connection kept
-                        self._bug(exc)
+                        self.guard.bug(exc, "on_frame")
         except MarlinWireError as exc:                   # framing / hello: close this connection
             self._reject(peer, exc.reason, str(exc))
         except (ConnectionError, OSError):
@@ -381,7 +387,7 @@ class Transport:
             try:
                 self.on_drop(peer, reason, n)
             except Exception as exc:
-                self._bug(exc)
+                self.guard.bug(exc, "on_drop")
 
     def _open(self, peer: bytes) -> _Outbox:
         box = _Outbox(peer)

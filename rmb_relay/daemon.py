@@ -90,6 +90,7 @@ from aiohttp import WSCloseCode, web
 from prometheus_client import Gauge
 
 from daemon_runtime.eventlog import EventLog
+from daemon_runtime.guard import Guard
 from daemon_runtime.ratelimit import LogLimiter
 from daemon_runtime.redis_server import reconnecting_redis
 from daemon_runtime.runner import CoreRunner
@@ -176,6 +177,9 @@ class RelayServer:
         self.domains = list(domains)
         self.host, self.port = host, port
         self.events = events
+        #: the shared guard (daemon_runtime.guard): every bug an entry point catches is one
+        #: rmb.relay.bug line, in full (window=None: lines are not rate-limited here)
+        self.guard = Guard(self._bug_line, window=None)
         self.clock = clock
         self.max_size = max_size
         self.queue_ttl = queue_ttl
@@ -209,7 +213,8 @@ class RelayServer:
         #: stale-while-revalidate twin records (rmb_relay.lookups); lookups that must go to
         #: the registry run per destination twin (_chains) so they never block a connection
         self.lookups = TwinLookups(self.directory, max_stale=twin_max_stale,
-                                   on_stale=self._on_stale, on_bug=self._bug)
+                                   on_stale=self._on_stale,
+                                   on_bug=lambda where, exc: self.guard.bug(exc, where))
         #: the sans-I/O relay core: per-session state, routing, lookups, federation plan;
         #: this class executes its commands (aiohttp, Redis, HTTP federation)
         self.core = RelayCore(self.domains, limiter=limiter, ranker=self.ranker,
@@ -266,7 +271,7 @@ class RelayServer:
         await self._runner.setup()
         self.core.twin_ttl = self.directory.cache_ttl
         self.runner = CoreRunner(self.core, executors=self._executors(), ordered=True,
-                                 log=lambda where, exc, src: self._bug(where, exc),
+                                 log=self._bug_line,
                                  name="rmb-relay", wall=lambda: self.clock())
         await self._listen()
         loop = asyncio.get_running_loop()
@@ -290,9 +295,10 @@ class RelayServer:
         self._warn(f"stale twin {twin.id}", "rmb.relay.twin_stale", None, twin=twin.id,
                    stale_s=float(age), reason=str(exc)[:200])
 
-    def _bug(self, where: str, exc: BaseException) -> None:
-        """One guard per entry point ends here for anything that is not a remote error: a
-        logged bug; the daemon keeps running."""
+    def _bug_line(self, where: str, exc: BaseException, src: str | None = None) -> None:
+        """The log line of the relay's guard (`self.guard`, daemon_runtime.guard.Guard): one
+        rmb.relay.bug line per bug, in full (window=None); the runner's guard rate-limits
+        its own before they get here."""
         self.events.emit("rmb.relay.bug", None, level="error", src=where,
                          reason=f"{type(exc).__name__}: {exc}"[:300])
 
@@ -420,7 +426,7 @@ class RelayServer:
         self._tasks.discard(task)
         self._fed_tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            self._bug(where, task.exception())
+            self.guard.bug(task.exception(), where)
 
     # ------------------------------------------------------------------ HTTP entry
     async def _on_binary(self, peer: Peer, data: bytes) -> str | None:
@@ -494,9 +500,9 @@ class RelayServer:
             counter = getattr(self.metrics, metric)
             (counter.labels(label) if label is not None else counter).inc()
         if key is not None:
-            self._warn(key, cmd.event, cmd.uid, level=cmd.level, **a)
+            self._warn(key, cmd.event, cmd.trace_id, level=cmd.level, **a)
         else:
-            self.events.emit(cmd.event, cmd.uid, level=cmd.level, **a)
+            self.events.emit(cmd.event, cmd.trace_id, level=cmd.level, **a)
 
     def _lookup_twin(self, cmd: LookupTwin) -> None:
         self._spawn(self._lookup(cmd.twin), "twin lookup")

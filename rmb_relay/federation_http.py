@@ -59,7 +59,7 @@ class FederationHttp:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
-            self.relay._bug("federation POST", exc)
+            self.relay.guard.bug(exc, "federation POST")
             return web.Response(status=500, text="internal error\n")
 
     def _refuse(self, status: int, text: str, origin: str) -> web.Response:

@@ -160,7 +160,7 @@ class OfflineQueue:
                     twin, _, sid = ctx.partition(":")
                     context = (int(twin), sid or None)
             except (KeyError, ValueError, UnicodeDecodeError) as exc:
-                self.relay._bug(f"federation outbox entry {_entry_id!r}", exc)
+                self.relay.guard.bug(exc, f"federation outbox entry {_entry_id!r}")
                 continue
             if until <= now:
                 self.relay.metrics.expired.inc()

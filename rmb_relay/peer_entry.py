@@ -45,7 +45,7 @@ class PeerEntry:
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception as exc:  # noqa: BLE001 - one guard per entry point (DESIGN.md 2)
-            self.relay._bug("peer connection", exc)
+            self.relay.guard.bug(exc, "peer connection")
             return web.Response(status=500, text="internal error\n")
 
     async def _entry(self, request: web.Request) -> web.StreamResponse:
@@ -113,7 +113,7 @@ class PeerEntry:
                     except Exception as exc:  # noqa: BLE001 - the frame guard (DESIGN.md 2):
                         # remote errors were answered inside; anything else is our bug, the
                         # frame is dropped, the connection and the daemon live on
-                        self.relay._bug(f"frame from {peer.name}", exc)
+                        self.relay.guard.bug(exc, f"frame from {peer.name}")
                         continue
                     if closed:
                         reason = closed

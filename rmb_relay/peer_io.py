@@ -102,7 +102,7 @@ class PeerWriter:
         log = cmd.log
         if log is not None:
             self.relay.metrics.dl_live.inc()
-            self.relay.events.emit_attrs(log.event, log.uid, log.level, log.attrs)
+            self.relay.events.emit_attrs(log.event, log.trace_id, log.level, log.attrs)
 
     def flush(self, peer: Peer) -> None:
         """Writes the frames held back for `peer` (see write) in one transport write and
@@ -121,7 +121,7 @@ class PeerWriter:
                 self.relay.runner.execute_soon()
             return
         transport.write(b"".join([_binary_frame(cmd.data) for cmd in out]))
-        logs = [(log.event, log.uid, log.level, log.attrs) for log in
+        logs = [(log.event, log.trace_id, log.level, log.attrs) for log in
                 [cmd.log for cmd in out] if log is not None]
         if logs:        # one moment, one write: one timestamp, one write of the lines
             self.relay.metrics.dl_live.inc(len(logs))

@@ -120,14 +120,14 @@ class HttpServerLog(logging.Logger):
             relay._warn(f"bad request {type(exc).__name__}", "rmb.relay.bad_request", None,
                         status=int(code), reason=reason, src=text.rsplit(" ", 1)[-1][:64])
         else:
-            relay._bug("HTTP server", exc if exc is not None else RuntimeError(text[:200]))
+            relay.guard.bug(exc if exc is not None else RuntimeError(text[:200]), "HTTP server")
 
 
 
 
 class ListenerWatch:
     """The relay's fd watch: ListenerWatch(relay) uses relay.metrics, relay.events,
-    relay.log_limiter, relay._site / _runner / _listen (the listener) and relay._bug."""
+    relay.log_limiter, relay._site / _runner / _listen (the listener) and relay.guard."""
 
     def __init__(self, relay) -> None:
         self.relay = relay
@@ -196,7 +196,7 @@ class ListenerWatch:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the guard of this timer entry point
-                self.relay._bug("watchdog", exc)
+                self.relay.guard.bug(exc, "watchdog")
 
     def _check_fds(self) -> None:
         """At the fd limit accept() fails: asyncio reports it to _loop_exception, but

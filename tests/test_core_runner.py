@@ -325,3 +325,43 @@ def test_ordered_mode_timer_pass_gets_a_task_and_feed_now_leaves_others_pending(
         assert trace[-1] == "timer" and runner.pending == []
         runner.close()
     asyncio.run(main())
+
+
+async def test_dispatch_drains_a_sub_core_by_type_skipping_and_guarding_as_asked():
+    bugs: list = []
+    runner = CoreRunner(EchoCore(), log=lambda where, exc, src: None,
+                        bug_metric=lambda where, exc: bugs.append((where, type(exc).__name__)))
+    sub = EchoCore()
+    for d in (b"a", b"!b", b"c"):
+        sub.receive(d, now=0.0)
+    got: list = []
+
+    def on_send(item):
+        if item.data == b"a":
+            raise KeyError("a")
+        got.append(item.data)
+
+    table: dict = {}
+    runner.dispatch(sub.next_event, table, lambda t: on_send if issubclass(t, Send) else None, where="event")
+    assert got == [b"!b", b"c"]                    # Happened skipped, the bug did not stop the drain
+    assert bugs == [("event", "KeyError")] and table[Happened] is None and table[UrgentSend] is on_send
+    sub.receive(b"a", now=0.0)
+    with pytest.raises(KeyError):                  # guard=False: the caller's guard decides
+        runner.dispatch(sub.next_event, table, guard=False)
+    assert len(bugs) == 1
+
+
+def test_the_shared_guard_logs_every_line_without_a_window_and_never_raises():
+    from daemon_runtime.guard import Guard
+    lines, counted = [], []
+    full = Guard(lambda where, exc, src: lines.append((where, src)), lambda where, exc: counted.append(where),
+                 window=None)
+    for _ in range(3):
+        full.bug(ValueError("x"), "frame", "peer")
+    assert lines == [("frame", "peer")] * 3 and counted == ["frame"] * 3
+    limited = Guard(lambda where, exc, src: lines.append(where), window=60.0)
+    limited.bug(ValueError("x"), "timer")
+    limited.bug(ValueError("y"), "timer")
+    limited.bug(KeyError("z"), "timer")
+    assert lines[3:] == ["timer", "timer"]         # one per (where, type) per window
+    Guard(lambda where, exc, src: 1 / 0).bug(ValueError("x"))   # a broken sink: swallowed

@@ -1,6 +1,7 @@
 """The shape figures of docs/layers.md (scripts/layers_counts.py) for the RMB daemons:
-every RMB adapter class within 400 lines, no RMB loop around a core beside the shared
-runner's, one rate-limited logger, one in-memory test network; the section renders."""
+every RMB adapter class within 400 lines, one loop around a core (the shared runner's
+dispatch), one error guard, one LogRecord, one rate-limited logger, one in-memory test
+network; the section renders."""
 from __future__ import annotations
 
 import importlib.util
@@ -23,9 +24,9 @@ def test_rmb_adapters_are_small_and_run_on_the_shared_runner():
     assert rows[("rmb_peer/daemon.py", "PeerDaemon")] <= 400
     over = [(m, c, n) for (m, c), n in rows.items() if m.startswith("rmb_") and n > 400]
     assert over == []
-    loops = lc.loops()
-    assert "daemon_runtime/runner.py:pump" in loops
-    assert not [f for f in loops if f.startswith("rmb_")]
+    assert lc.loops() == ["daemon_runtime/runner.py:dispatch"]     # REMP's sub-cores too
+    assert lc.guards() == ["daemon_runtime/guard.py:bug"]
+    assert lc.log_records() == ["daemon_runtime/eventlog.py:LogRecord"]
     assert lc.log_limiters() == ["daemon_runtime/ratelimit.py:LogLimiter"]
     assert lc.test_networks() == ["daemon_runtime/memnet.py:MemNetwork"]
     text = lc.section()

@@ -32,9 +32,9 @@ def _describe(cmds):
     for c in cmds:
         if isinstance(c, WriteFrame):
             out.append(("write", c.conn, c.data, c.session,
-                        (c.log.event, c.log.uid, c.log.level, c.log.attrs) if c.log else None))
+                        (c.log.event, c.log.trace_id, c.log.level, c.log.attrs) if c.log else None))
         elif isinstance(c, Log):
-            out.append(("log", c.event, c.uid, c.level, c.attrs))
+            out.append(("log", c.event, c.trace_id, c.level, c.attrs))
         elif isinstance(c, Enqueue):
             out.append(("enqueue", c.session, c.data, c.kind, c.src))
         elif isinstance(c, LookupTwin):

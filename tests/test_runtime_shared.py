@@ -55,11 +55,16 @@ def test_bad_parameters_are_refused():
             LogLimiter(**kw)
 
 
-def test_log_record_defaults_to_no_attrs_and_is_frozen():
+def test_log_record_defaults_to_no_attrs_and_has_fixed_fields():
     r = LogRecord("remp.validator.status", None, "info")
-    assert r.attrs == {}
+    assert r.attrs == {} and r.attrs is not LogRecord("x", None, "info").attrs
     with pytest.raises(AttributeError):
-        r.level = "warning"  # type: ignore[misc]
+        r.levle = "warning"  # type: ignore[attr-defined]
+
+
+def test_the_relay_log_command_is_the_shared_log_record():
+    from rmb_relay.core import Log, RelayCommand
+    assert Log is LogRecord and isinstance(LogRecord("rmb.relay.forwarded", "u", "info"), RelayCommand)
 
 
 def test_one_in_memory_network_for_every_protocol_s_core_tests():

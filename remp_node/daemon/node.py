@@ -8,7 +8,7 @@ datagram endpoint of remp_node/transport/endpoint.py with the test-only --faults
 
 The loop is daemon_runtime.runner.CoreRunner with the daemon as its core: a pass runs the
 role's step (every sub-core's due timers and output, the journal or status write, the
-events through the role's tables) and sends the step's datagrams; one timer at the
+events through the role's tables, each sub-core drained by the runner's dispatch) and sends the step's datagrams; one timer at the
 earliest sub-core deadline (at least every second); datagrams read within STEP_COALESCE s
 share one pass. Clock (the runner's rule): the cores' `now` is time.time(), the Unix time
 base the zerostate's genesis_time and the wallets' valid_until use, so every process
@@ -287,8 +287,8 @@ class _Daemon:
 
     # -- the runner's core ---------------------------------------------------------------
     def next_event(self):
-        """None: each step drains its sub-cores' events itself (they feed each other and
-        are written in one batch)."""
+        """None: each step drains its sub-cores' events (they feed each other and are
+        written in one batch), each through the runner's dispatch."""
         return None
 
     def get_timer(self) -> float | None:
@@ -458,6 +458,7 @@ class ValidatorDaemon(_Daemon):
             ShardBlockAccepted: lambda ev: self._child(self.m_blocks, "shard").inc(),
             Dropped: lambda ev: self.m_dropped.labels(ev.channel).inc(),
         }
+        self._event_table: dict[type, Callable | None] = {}   # the runner's dispatch table
 
     def log_error(self, text: str) -> None:
         self.log.emit("remp.node.error", None, "error", reason=text[:2000])
@@ -526,17 +527,21 @@ class ValidatorDaemon(_Daemon):
                 self._unwritten = []
                 if self._held:
                     out, self._held = self._held + out, []
-        metrics = self._event_metrics
-        while (ev := c.next_event()) is not None:
-            try:
-                t = type(ev)
-                emit_records(self.mlog if t is MasterBlockAccepted else self.log, validator_records(ev))
-                count = metrics.get(t)
-                if count is not None:
-                    count(ev)
-            except Exception as exc:
-                self.core_runner.bug(exc, "event")
+        self.core_runner.dispatch(c.next_event, self._event_table, self._event_handler, where="event")
         return out
+
+    def _event_handler(self, t: type) -> Callable:
+        """The validator core's event type -> its handler for the runner's dispatch: the
+        log lines (eventmap.validator_records; master blocks to the masterchain log), then
+        the metrics (_event_metrics)."""
+        log = self.mlog if t is MasterBlockAccepted else self.log
+        count = self._event_metrics.get(t)
+
+        def handle(ev) -> None:
+            emit_records(log, validator_records(ev))
+            if count is not None:
+                count(ev)
+        return handle
 
     def close_logs(self) -> None:
         self.log.close()
@@ -601,6 +606,15 @@ class FullnodeDaemon(_Daemon):
             buckets=FINALIZED_BUCKETS, registry=r)
         self._first_wait: dict[bytes, float] = {}    # message id -> received (monotonic s), until answered
         self._client_handler_table: dict[type, Callable] | None = None
+        # the runner's dispatch tables of the sub-cores (type -> handler, None: skipped),
+        # and what the handlers of the drain in progress use
+        self._client_table: dict[type, Callable | None] = {}
+        self._receiver_table: dict[type, Callable | None] = {}
+        self._follow_table: dict[type, Callable | None] = {}
+        self._drain_rows: list = []
+        self._drain_lines: list = []
+        self._receiver_now = 0.0
+        self._follow_now = 0.0
         self._status_counts: dict[tuple[str, str], int] = {}    # remp_statuses of the drain
 
     def log_error(self, text: str) -> None:
@@ -640,16 +654,26 @@ class FullnodeDaemon(_Daemon):
             self._drop(src, f"{type(exc).__name__}: {exc}", len(payload))
 
     def _drain_receiver(self, now: float) -> None:
-        while (ev := self.receiver.next_event()) is not None:
-            if isinstance(ev, ReceiptDelivered):
-                try:
-                    # the packet signature (checked by the receiver against this validator's
-                    # key) covers the receipt: no second ed25519 verify per receipt
-                    # tick=False: the step that follows (pump_soon) runs the client's due
-                    # timers once for everything this datagram brought
-                    self.client.receive_authenticated(ev.signed, ev.receipt, ev.source, now, ev.digest, tick=False)
-                except (WireError, ReceiptError, ValueError) as exc:
-                    self._drop(ev.source, f"{type(exc).__name__}: {exc}", 0)
+        """The receipt receiver's events through the runner's dispatch: each delivered
+        receipt to the client core (other events skipped); an exception other than a
+        remote error propagates to the caller's guard."""
+        self._receiver_now = now
+        self.core_runner.dispatch(self.receiver.next_event, self._receiver_table, self._receiver_handler,
+                                  guard=False)
+
+    def _receiver_handler(self, t: type) -> Callable | None:
+        return self._on_delivered if issubclass(t, ReceiptDelivered) else None
+
+    def _on_delivered(self, ev: ReceiptDelivered) -> None:
+        try:
+            # the packet signature (checked by the receiver against this validator's
+            # key) covers the receipt: no second ed25519 verify per receipt
+            # tick=False: the step that follows (pump_soon) runs the client's due
+            # timers once for everything this datagram brought
+            self.client.receive_authenticated(ev.signed, ev.receipt, ev.source, self._receiver_now, ev.digest,
+                                              tick=False)
+        except (WireError, ReceiptError, ValueError) as exc:
+            self._drop(ev.source, f"{type(exc).__name__}: {exc}", 0)
 
     def _drop(self, src: bytes, reason: str, size: int) -> None:
         self.m_dropped.labels(reason.split(":")[0][:40]).inc()
@@ -763,17 +787,22 @@ class FullnodeDaemon(_Daemon):
     def _follow_chain(self, now: float) -> None:
         """What the chain says about the tracked messages (client.chain_finalized /
         chain_session), from the follower's applied master blocks."""
+        self._follow_now = now
+        self.core_runner.dispatch(self.follower.next_event, self._follow_table, self._follow_handler, guard=False)
+
+    def _follow_handler(self, t: type) -> Callable | None:
         from ..core.follower import ChainBlockApplied
-        while (ev := self.follower.next_event()) is not None:
-            if not isinstance(ev, ChainBlockApplied):
-                continue
-            for mid, _shard in ev.messages:
-                ids = self.follower.finalized.get(mid)
-                if ids is not None:
-                    self.client.chain_finalized(mid, ids[0], ids[1], now)
-            if ev.session > self._chain_session:
-                self._chain_session = ev.session
-                self.client.chain_session(ev.session, now)
+        return self._on_chain_block if issubclass(t, ChainBlockApplied) else None
+
+    def _on_chain_block(self, ev) -> None:
+        now = self._follow_now
+        for mid, _shard in ev.messages:
+            ids = self.follower.finalized.get(mid)
+            if ids is not None:
+                self.client.chain_finalized(mid, ids[0], ids[1], now)
+        if ev.session > self._chain_session:
+            self._chain_session = ev.session
+            self.client.chain_session(ev.session, now)
 
     def _purge(self) -> None:
         """Forget final messages older than the retention (store, then the hub's memory)."""
@@ -792,6 +821,21 @@ class FullnodeDaemon(_Daemon):
         from ..core.client import FinalStatus, MessageReceived, MessageSettled, ReceiptEvent
         return {ReceiptEvent: self._on_receipt, MessageReceived: self._on_received,
                 FinalStatus: self._on_final, MessageSettled: lambda ev, rows: self.hub.settled(ev.message_id, ev.reason)}
+
+    def _client_handler(self, t: type) -> Callable:
+        """The client core's event type -> its handler for the runner's dispatch: the log
+        lines (eventmap.client_records, written once per drain), then the type's entry of
+        _client_handlers with the drain's status rows."""
+        handlers = self._client_handler_table
+        if handlers is None:
+            handlers = self._client_handler_table = self._client_handlers()
+        handler = handlers.get(t)
+
+        def handle(ev) -> None:
+            self._drain_lines += client_records(ev)
+            if handler is not None:
+                handler(ev, self._drain_rows)
+        return handle
 
     def _on_receipt(self, ev, rows: list) -> None:
         if ev.origin == "validator" and self._first_wait:
@@ -819,18 +863,14 @@ class FullnodeDaemon(_Daemon):
     def _drain_client(self) -> None:
         """The client core's events: log lines (one write for the drain), the handlers'
         table, the statuses' rows (one store call)."""
-        handlers = self._client_handler_table
-        if handlers is None:
-            handlers = self._client_handler_table = self._client_handlers()
-        rows, lines = [], []
-        while (ev := self.client.next_event()) is not None:
-            try:
-                lines += client_records(ev)
-                handler = handlers.get(type(ev))
-                if handler is not None:
-                    handler(ev, rows)
-            except Exception as exc:
-                self.core_runner.bug(exc, "event")
+        outer = self._drain_rows, self._drain_lines          # a drain from inside a handler
+        self._drain_rows = rows = []
+        self._drain_lines = lines = []
+        try:
+            self.core_runner.dispatch(self.client.next_event, self._client_table, self._client_handler,
+                                      where="event")
+        finally:
+            self._drain_rows, self._drain_lines = outer
         try:
             # one timestamp and one write for the drain's lines (~1.4 us less per status)
             emit_records(self.log, lines)

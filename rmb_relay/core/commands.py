@@ -11,6 +11,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any
 
+from daemon_runtime.eventlog import LogRecord
 from rmb_peer.freshness import LookupTwin
 from rmb_relay.core.routing import Session
 
@@ -123,14 +124,10 @@ class CloseConnection(RelayCommand):
     reason: str
 
 
-@dataclass
-class Log(RelayCommand):
-    """One event-log line: catalogue `event` (rmb.relay.*), `uid` as trace_id, `level`,
-    `attrs` (catalogue attributes)."""
-    event: str
-    uid: str | None
-    level: str
-    attrs: dict
+#: One event-log line: the shared daemon_runtime.eventlog.LogRecord(event, trace_id, level,
+#: attrs): catalogue `event` (rmb.relay.*), the envelope's uid as `trace_id`, `level`,
+#: `attrs` (catalogue attributes); registered as a RelayCommand below.
+Log = LogRecord
 
 
 @dataclass
@@ -147,3 +144,4 @@ class FederationAnswer(RelayCommand):
 
 
 RelayCommand.register(LookupTwin)
+RelayCommand.register(LogRecord)

@@ -531,3 +531,30 @@ def test_submitted_message_id_is_the_id_submit_gives():
         assert client().submit(boc, T0) == submitted_message_id(boc)
         assert client().submit(boc, T0, parsed) == submitted_message_id(boc, parsed)
     assert client().submit(garbage, T0) == submitted_message_id(garbage) != message_id_of(garbage)
+
+
+def test_a_status_signed_again_by_a_restarted_validator_is_reported_once():
+    """A validator SIGKILLed and restarted learns its queue's messages again from the RMQ and
+    signs the same statuses anew (new timestamp, new digest): the repeat is counted
+    (receipts_repeated), not reported as a second status (the trace report counts a status
+    logged twice by one node as a duplicate); a new status after it is still reported."""
+    c = client()
+    net = Net(c, answer=lambda v, mid: [New()])
+    mid = c.submit(wallet_msg(), T0)
+    net.run(T0 + 0.5)
+    (v0,) = (BY_ID[d] for _, d in net.delivered)
+
+    def deliver(status, ts):
+        c.receive_datagram(make_signed_receipt(v0, mid, status, int(ts * 1000)).serialize(), v0.key_id, ts)
+        net.step(ts)
+
+    deliver(Accepted(Level.QUEUE), T0 + 0.6)
+    deliver(Accepted(Level.QUEUE), T0 + 5.0)                 # after the restart: signed again
+
+    def from_v0():
+        return [e.kind for e in net.events if isinstance(e, ReceiptEvent) and e.receipt.source_id == v0.key_id]
+
+    assert from_v0() == ["PutIntoQueue", "AcceptedByQueue"]
+    assert c.stats["receipts_repeated"] == 1
+    deliver(Rejected(Level.COLLATOR, SHARD_BLOCK, "x"), T0 + 5.1)   # new: reported
+    assert from_v0() == ["PutIntoQueue", "AcceptedByQueue", "RejectedByCollator"]

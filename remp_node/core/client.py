@@ -217,6 +217,7 @@ class _Late:
     expected: set
     ended: set
     settled: bool = False
+    reported: set = field(default_factory=set)   # (source, status) already reported
 
 
 @dataclass
@@ -233,6 +234,10 @@ class _Tracked:
     latest: dict[bytes, tuple[int, int, int]] = field(default_factory=dict)  # key id -> _order_key
     errors: dict[bytes, str] = field(default_factory=dict)
     seen: set[bytes] = field(default_factory=set)                 # sha256(receipt bytes + signature)
+    #: (key id, status) already reported: a validator restarted after a SIGKILL learns the
+    #: messages of its queue again from the RMQ and signs the same statuses anew (new
+    #: timestamp, new digest); the repeat is counted, not reported a second time
+    reported: set = field(default_factory=set)
     datagrams: int = 0
     reported_sent: int = 0
     early: bool = False            # its one early wave (silent_after) is used up
@@ -308,11 +313,13 @@ class RempClient:
         #: "rejected", "timeout", "late_receipts", "receipts_preverified" (accepted through
         #: receive_authenticated without a second ed25519 verify), "silent_skipped" (a wave
         #: passed over a silent validator), "early_waves" (a message whose validators all
-        #: fell silent while others answered went to the next one before its resend interval).
+        #: fell silent while others answered went to the next one before its resend interval),
+        #: "receipts_repeated" (a status a validator had already sent, signed again: not
+        #: reported twice, see _Tracked.reported).
         self.stats: dict[str, int] = {k: 0 for k in (
             "submitted", "rejected_by_fullnode", "datagrams_sent", "receipts", "receipts_dropped",
             "finalized", "rejected", "timeout", "late_receipts", "receipts_preverified", "silent_skipped", "early_waves",
-            "chain_finalized")}
+            "chain_finalized", "receipts_repeated")}
 
     # -- public API ---------------------------------------------------------------------
 
@@ -408,7 +415,11 @@ class RempClient:
         self._unheard_since.pop(src, None)
         self._heard_at = now
         t.answered.add(src)
-        self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", t.shard))
+        if (src, receipt.status) in t.reported and src not in t.ended:
+            self.stats["receipts_repeated"] += 1
+        else:
+            t.reported.add((src, receipt.status))
+            self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", t.shard))
         kind = kind_of(receipt.status)
         st = receipt.status
         if isinstance(st, Accepted) and st.level == Level.MASTERCHAIN:
@@ -461,7 +472,12 @@ class RempClient:
         seen.add(digest)
         self._unheard_since.pop(receipt.source_id, None)
         self.stats["late_receipts"] += 1
-        self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", shard, late=True))
+        if (receipt.source_id, receipt.status) in late.reported and receipt.source_id not in late.ended:
+            self.stats["receipts_repeated"] += 1
+        else:
+            late.reported.add((receipt.source_id, receipt.status))
+            self._events.append(ReceiptEvent(receipt.message_id, receipt, dg.signature, "validator", shard,
+                                             late=True))
         st = receipt.status
         if (isinstance(st, Accepted) and st.level == Level.MASTERCHAIN) or is_source_final(kind_of(st)):
             late.ended.add(receipt.source_id)
@@ -557,7 +573,8 @@ class RempClient:
         expected = set(t.group0) | t.answered
         ended = set(t.ended) | t.finalized_by
         done = expected <= ended
-        self._late[t.msg.id] = _Late(now + self.late_memory, t.keys, t.seen, t.shard, expected, ended, done)
+        self._late[t.msg.id] = _Late(now + self.late_memory, t.keys, t.seen, t.shard, expected, ended, done,
+                                      t.reported)
         if done:
             self._events.append(MessageSettled(t.msg.id, "complete"))
 

@@ -75,6 +75,12 @@ def _objective(f: dict) -> str:
     return ", ".join(f"{k} {_fmt(v)}" for k, v in obj.items()) or "-"
 
 
+def _by_topology(item) -> tuple[int, int]:
+    """Sort key of a ((protocol, topology), ...) item: lan before wan, then rmb, remp, marlin."""
+    (proto, topo), _ = item
+    return ORDER.get(topo, 9), ORDER.get(proto, 9)
+
+
 def render(repo: Path = REPO, min_soak: float = 300.0) -> str:
     """The generated part of docs/qa.md (markdown, without the markers)."""
     baselines = {}
@@ -86,8 +92,7 @@ def render(repo: Path = REPO, min_soak: float = 300.0) -> str:
            "| protocol | topology | saturation | offered | bracketed | p99 objectives (ms) | steps | "
            "baseline run: p50 / p99 (ms) | CPU ms per message | date, load |",
            "|---|---|---|---|---|---|---|---|---|---|"]
-    for (proto, topo), (p, data) in sorted(baselines.items(), key=lambda kv: (ORDER.get(kv[0][1], 9),
-                                                                               ORDER.get(kv[0][0], 9))):
+    for (proto, topo), (p, data) in sorted(baselines.items(), key=_by_topology):
         f = _sub(data["figures"], proto, topo)
         load = data.get("load_average") or [None]
         out.append(f"| {proto} | {topo} | {_fmt(f.get('saturation_per_s'))} | {UNIT[proto]} | "
@@ -109,8 +114,7 @@ def render(repo: Path = REPO, min_soak: float = 300.0) -> str:
             "| protocol | topology | rate | duration | p50 / p99 (ms) | objectives met | lost (ratio) | "
             "CPU ms per message | verdict | result |",
             "|---|---|---|---|---|---|---|---|---|---|"]
-    for (proto, topo), (p, data) in sorted(soaks.items(), key=lambda kv: (ORDER.get(kv[0][1], 9),
-                                                                           ORDER.get(kv[0][0], 9))):
+    for (proto, topo), (p, data) in sorted(soaks.items(), key=_by_topology):
         f = _sub(data["figures"], proto, topo)
         base = baselines.get((proto, topo))
         if base is None:

@@ -3,26 +3,21 @@ bench/result_file.py writes it, docs/benchmarks.md is exactly what
 scripts/benchmarks_table.py makes of them, and write_result round-trips."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.script_module import load
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
-table = _load("benchmarks_table", REPO / "scripts" / "benchmarks_table.py")
-result_file = _load("result_file", REPO / "bench" / "result_file.py")
+table = load("scripts/benchmarks_table.py")
+result_file = load("bench/result_file.py")
 
 FIELDS = {"name", "command", "commit", "date", "cores", "load_average", "figures", "baseline",
           "ratio", "source", "notes"}

@@ -3,7 +3,6 @@ background load (scripts/demo_repeat.py): no timing assertions, only conditions 
 with generous deadlines (the machine may be loaded)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 from daemon_runtime.eventlog import EventLog
 from deploy.cpu import CpuSampler
 from deploy.events import DEMO_EVENTS
+from tests.script_module import load
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,10 +74,7 @@ def test_sampler_survives_a_process_that_exits_between_samples():
 
 
 def _demo_repeat():
-    spec = importlib.util.spec_from_file_location("demo_repeat", REPO / "scripts" / "demo_repeat.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("scripts/demo_repeat.py")
 
 
 def test_demo_repeat_arguments():

@@ -4,17 +4,14 @@ dispatch), one error guard, one LogRecord, one rate-limited logger, one in-memor
 network; the section renders."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+from tests.script_module import load
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("layers_counts", REPO / "scripts" / "layers_counts.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("scripts/layers_counts.py")
 
 
 def test_rmb_adapters_are_small_and_run_on_the_shared_runner():

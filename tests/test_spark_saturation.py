@@ -15,12 +15,12 @@ breach is every request, on a host 65% busy on average: "missed"), answered >= 0
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import json
 import struct
 from pathlib import Path
 
 import pytest
+from tests.script_module import load
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = dt.datetime(2026, 11, 22, 9, 0, 0, tzinfo=dt.timezone.utc)
@@ -140,11 +140,7 @@ def test_missed_while_saturated_names_the_busiest_processes(report):
 
 
 def _shot_module():
-    spec = importlib.util.spec_from_file_location("report_screenshot",
-                                                  REPO / "scripts" / "report_screenshot.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("scripts/report_screenshot.py")
 
 
 @pytest.mark.spark

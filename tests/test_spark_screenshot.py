@@ -3,21 +3,17 @@ summary built by hand (no Spark): the PNG exists and is a real page-sized image.
 Chromium is not installed (Debian: apt-get install -y chromium)."""
 from __future__ import annotations
 
-import importlib.util
 import struct
 from pathlib import Path
 
 import pytest
+from tests.script_module import load
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("report_screenshot",
-                                                  REPO / "scripts" / "report_screenshot.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("scripts/report_screenshot.py")
 
 
 def _summary():

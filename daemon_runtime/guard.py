@@ -11,10 +11,11 @@ the input came from (a peer, a queue), passed to `log` only. `window` (seconds o
 monotonic clock, through daemon_runtime.ratelimit.LogLimiter, burst 1): None logs every
 bug, for callers whose lines are complete today or that hand the exception on to another
 guard that limits. `bug` never raises: a broken log sink or metric must not take the daemon
-down.
+down (the bug and the sink's error then go to stderr).
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable
 
@@ -47,5 +48,9 @@ class Guard:
                 self.metric(where, exc)
             if self._limit is None or self._limit.allow((where, type(exc).__name__), time.monotonic())[0]:
                 self.log(where, exc, src)
-        except Exception:   # a broken log sink must not take the daemon down
-            pass
+        except Exception as sink_error:   # a broken log sink must not take the daemon down,
+            try:                          # nor hide the bug: stderr is the last witness
+                print(f"guard: bug at {where}: {exc!r}; its log line failed: {sink_error!r}",
+                      file=sys.stderr, flush=True)
+            except Exception:  # noqa: BLE001 - stderr itself gone: nothing left to tell
+                pass

@@ -351,7 +351,7 @@ async def test_dispatch_drains_a_sub_core_by_type_skipping_and_guarding_as_asked
     assert len(bugs) == 1
 
 
-def test_the_shared_guard_logs_every_line_without_a_window_and_never_raises():
+def test_the_shared_guard_logs_every_line_without_a_window_and_never_raises(capsys):
     from daemon_runtime.guard import Guard
     lines, counted = [], []
     full = Guard(lambda where, exc, src: lines.append((where, src)), lambda where, exc: counted.append(where),
@@ -364,4 +364,6 @@ def test_the_shared_guard_logs_every_line_without_a_window_and_never_raises():
     limited.bug(ValueError("y"), "timer")
     limited.bug(KeyError("z"), "timer")
     assert lines[3:] == ["timer", "timer"]         # one per (where, type) per window
-    Guard(lambda where, exc, src: 1 / 0).bug(ValueError("x"))   # a broken sink: swallowed
+    Guard(lambda where, exc, src: 1 / 0).bug(ValueError("x"), "sink")   # a broken sink: not raised,
+    err = capsys.readouterr().err                                        # but told on stderr
+    assert "bug at sink: ValueError('x')" in err and "ZeroDivisionError" in err

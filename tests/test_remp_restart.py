@@ -136,3 +136,46 @@ def test_every_status_a_validator_sends_to_the_full_node_is_reported_even_after_
     got = [e for e in sim.client_events if isinstance(e, ReceiptEvent) and e.origin == "validator"]
     assert any(e.late for e in got)              # the case that used to be dropped
     assert sorted(e.signed().serialize() for e in got) == sorted(produced)
+
+
+def test_a_restarted_validator_signs_no_second_receipt_for_a_status_it_signed():
+    """A validator restarted from its journal learns the messages of its queue again from
+    the RMQ (the catchain records of its session) and meets them again in blocks: for every
+    (message, status) it had signed before the crash it sends the receipt it signed then or
+    nothing, never a second one with a new timestamp (a different digest: the full node
+    would have to tell the two apart)."""
+    from remp_node.core.validator import ReceiptSent
+    w = WalletSet(30, "resign")
+    sim = Simulation(SimConfig(validators=8, group_size=4, seed=3, mc_catchain_lifetime=30.0, journal=True,
+                               block_interval=0.1, master_block_interval=0.3),
+                     wallets=w.genesis())
+    t0 = int(sim.now)
+    signed: dict[tuple[int, bytes, bytes], set[bytes]] = {}
+    orig = sim._on_validator_event
+
+    def spy(i, ev):
+        if isinstance(ev, ReceiptSent):
+            signed.setdefault((i, ev.message_id, ev.signed.open().status.pack()), set()).add(ev.signed.serialize())
+        orig(i, ev)
+    sim._on_validator_event = spy
+    ids = [sim.submit(w.transfer(i, 5, t0 + 3600)) for i in range(15)]
+    sim.run(0.2)                        # PutIntoQueue / AcceptedByQueue signed, not final yet
+    g = sim.validators[0].groups(sim.validators[0].session)[0x4000000000000000]
+    victims = [i for i, v in enumerate(sim.validators) if v.key.public in g][:2]
+    before = {k for k in signed if k[0] in victims}
+    assert before                                   # they had signed receipts before the crash
+    for i in victims:
+        sim.crash(i)
+    ids += [sim.submit(w.transfer(i, 5, t0 + 3600)) for i in range(15, 30)]
+    sim.run(0.5)
+    for i in victims:
+        sim.restart(i)
+    assert sim.run_until(lambda: all(sim.final_outcome(m) for m in ids), 90.0)
+    sim.run(3.0)
+    assert {sim.final_outcome(m) for m in ids} == {"finalized"}
+    twice = {k: len(v) for k, v in signed.items() if len(v) > 1}
+    assert not twice, f"{len(twice)} (validator, message, status) signed twice: {list(twice.values())[:5]}"
+    # the restarted validators met statuses they had signed (sent again as they were) and
+    # took part again (statuses signed after the restart)
+    assert sum(sim.validators[i].stats["receipts_kept"] for i in victims) > 0
+    assert {k for k in signed if k[0] in victims} - before

@@ -151,3 +151,27 @@ def test_validator_outbox_changes_keep_their_order_in_one_write(tmp_path):
              OutboxChange("add", d, dg[3], b"r3", 2), OutboxChange("done", d, dg[3])])
     assert s.outbox() == [(d, b"r1", 1), (d, b"r2", 2)]
     s.close()
+
+
+def test_validator_store_keeps_signed_receipts_until_their_session_is_obsolete(tmp_path):
+    """The receipts a validator signed (journal kind "receipt": (message id, status bytes) ->
+    (session, receipt bytes)) come back from a new store; the first one written for a key
+    stays; "receipts_gc" s deletes those of sessions <= s; a write holding only receipts and
+    outbox changes is not fsynced (synchronous NORMAL), one holding another journal kind is."""
+    from remp_node.core.delivery import OutboxChange
+    m1, m2 = b"\x01" * 32, b"\x02" * 32
+    s = ValidatorStore(tmp_path)
+    s.write([JournalEntry("receipt", (m1, b"new"), (3, b"r1-new")),
+             OutboxChange("add", b"\x09" * 32, b"d" * 32, b"r1-new", 3),
+             JournalEntry("receipt", (m1, b"queue"), (3, b"r1-queue")),
+             JournalEntry("receipt", (m2, b"new"), (4, b"r2-new"))])
+    assert s.db.execute("PRAGMA synchronous").fetchone()[0] == 1      # NORMAL
+    s.write([JournalEntry("receipt", (m1, b"new"), (3, b"r1-other")), JournalEntry("authored", b"a" * 32)])
+    assert s.db.execute("PRAGMA synchronous").fetchone()[0] == 2      # FULL
+    s.close()
+    s = ValidatorStore(tmp_path)
+    assert s.load().receipts == {(m1, b"new"): (3, b"r1-new"), (m1, b"queue"): (3, b"r1-queue"),
+                                 (m2, b"new"): (4, b"r2-new")}
+    s.write([JournalEntry("receipts_gc", 3)])
+    assert s.load().receipts == {(m2, b"new"): (4, b"r2-new")}
+    s.close()

@@ -34,7 +34,11 @@ Receipts: every status of every message this validator handles is signed
 (receipts.make_signed_receipt) and sent to the full node(s) the message came from (the
 origin travels in RMQ records and shard blocks). Sequence per validator for a finalized
 message: PutIntoQueue (New), AcceptedByQueue, IncludedIntoBlock, IncludedIntoAcceptedBlock,
-Finalized.
+Finalized. Each status is signed once: the journal keeps every signed receipt
+(ValidatorJournal.receipts) for the message's lifetime, and a validator restarted from it,
+which learns the messages of its queue again from the RMQ and meets them again in blocks,
+sends the receipt it signed before the crash for such a status (same bytes, same digest),
+never a second signature with a new timestamp.
 
 Receipt flushing (known difference, kept on purpose): every receipt goes out at once as its
 own `tonNode.rempSignedReceipt` datagram (about 5 per validator per finalized message). The
@@ -84,7 +88,7 @@ from .cache import AddResult, CacheStatus, MessageCache
 from ..errors import RempLocalError
 from ..wire.keys import NodeKey, key_id
 from ..wire.messages import MessageRejected, parse_external_message
-from ..wire.receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, Timeout,
+from ..wire.receipts import (Accepted, Duplicate, Ignored, Level, New, Rejected, SignedReceipt, Timeout,
                        make_signed_receipt, truncate_error)
 from .rmq import (MessageAcceptedByQueue, MessageDuplicate, MessageQueued, MessageRejectedByQueue,
                   RecordDropped, ReliableMessageQueue, SourceBlamed)
@@ -239,12 +243,18 @@ class ValidatorJournal:
     rejected: message id -> (uid, master session received in) of every message its
     collator rejected (a final RejectedByCollator: a restarted validator replaying its RMQ
     must not take the message up again; seed remp-protocol-b, "Rejection sequences": after
-    all rejects "nobody will try to collate the message")."""
+    all rejects "nobody will try to collate the message"); receipts: (message id, status
+    TL bytes, receipts.RempStatus.pack()) -> (master session the message was received in,
+    the boxed tonNode.rempSignedReceipt bytes) of every status it signed: a restarted
+    validator learns the messages of its queue again (RMQ records, blocks) and sends for a
+    status it signed before the receipt it signed then, never a second one with a new
+    timestamp (a different digest for the same status)."""
 
     master_commits: dict[int, bytes] = field(default_factory=dict)
     signed_heights: dict[bytes, int] = field(default_factory=dict)
     authored: set[bytes] = field(default_factory=set)
     rejected: dict[bytes, tuple[bytes, int]] = field(default_factory=dict)
+    receipts: dict[tuple[bytes, bytes], tuple[int, bytes]] = field(default_factory=dict)
 
     def apply(self, entries: "list[JournalEntry]") -> None:
         """Add journal_updates() output (what a store writes)."""
@@ -260,6 +270,11 @@ class ValidatorJournal:
             elif e.kind == "rejected_gc":
                 for mid in [m for m, (_, n) in self.rejected.items() if n <= e.key]:
                     del self.rejected[mid]
+            elif e.kind == "receipt":
+                self.receipts.setdefault(e.key, e.value)
+            elif e.kind == "receipts_gc":
+                for k in [k for k, (n, _) in self.receipts.items() if n <= e.key]:
+                    del self.receipts[k]
 
 
 @dataclass(frozen=True)
@@ -269,7 +284,13 @@ class JournalEntry:
     height int), "authored" (key: catchain session id, value: None), "rejected" (key:
     message id, value: (uid, master session it was received in)): this node's collator
     rejected it (final), "rejected_gc" (key: master session s): the "rejected" entries of
-    sessions <= s are obsolete (message lifetime over) and may be deleted."""
+    sessions <= s are obsolete (message lifetime over) and may be deleted; "receipt" (key:
+    (message id, status TL bytes), value: (master session the message was received in,
+    signed receipt bytes)): a receipt this node signed, "receipts_gc" (key: master session
+    s): the "receipt" entries of sessions <= s are obsolete. The two receipt kinds are as
+    durable as the receipt outbox (store.py: SIGKILL-safe, not fsynced per commit): a host
+    crash that loses the last ones loses their outbox rows too, and those statuses are
+    signed again, as before this journal kept receipts."""
 
     kind: str
     key: object
@@ -310,7 +331,10 @@ class ValidatorCore:
     taken); catchain_factory(session_id, members, local, block_interval=...) -> Catchain;
     full_nodes: key id -> public key of full nodes whose rempMessage signatures are checked
     (None: accept any sender, signature unchecked). Times in seconds; `wall_clock(now)` ->
-    Unix seconds for receipts and the executor.
+    Unix seconds for receipts and the executor. journal: the ValidatorJournal a store kept
+    (an empty one at a first start); with one, the core also records every receipt it signs
+    for journal_updates(); None: a core that keeps no journal (its caller never drains
+    journal_updates(): the signed receipts are not recorded, they would only pile up).
     """
 
     def __init__(self, key: NodeKey, config: ZeroStateConfig, zerostate: ZeroState, *,
@@ -363,6 +387,12 @@ class ValidatorCore:
             if self.cache.add(mid, uid, seqno).result is AddResult.NEW:
                 self.cache.set_status(mid, CacheStatus.REJECTED)
             self.ann[mid] = _Ann(said_new=True, ended=True, master_seqno=seqno)
+        # receipts signed before a restart, (message id, status bytes) -> (session, signed
+        # receipt bytes): the first time this run produces one of these statuses again, the
+        # receipt signed then goes out again instead of a new signature (_send_receipt)
+        self._signed_before: dict[tuple[bytes, bytes], tuple[int, bytes]] = dict(self._restored.receipts)
+        self._j_receipts: list[JournalEntry] = []
+        self._keep_receipts = journal is not None
         self.committed = {s: zerostate.states[s].copy() for s in config.shards}
         #: the masterchain's accounts as committed by accepted master blocks (item 4)
         self.mc_committed: ShardState = zerostate.masterchain.copy()
@@ -403,7 +433,8 @@ class ValidatorCore:
         self.crashed = False
         self.stats = {"receipts": 0, "shard_blocks": 0, "master_blocks": 0, "collator_rejects": 0,
                       "orphaned_blocks": 0, "dropped": 0, "held": 0, "master_ref_out": 0, "master_ref_in": 0,
-                      "master_ref_parked": 0, "commit_needs": 0, "commits_resent": 0}
+                      "master_ref_parked": 0, "commit_needs": 0, "commits_resent": 0,
+                      "receipts_kept": 0}
 
     # -- restarts ------------------------------------------------------------------------------
     def _mute_restored(self, c) -> None:
@@ -452,6 +483,9 @@ class ValidatorCore:
         if self._j_rejected:
             out.extend(self._j_rejected)
             self._j_rejected = []
+        if self._j_receipts:
+            out.extend(self._j_receipts)
+            self._j_receipts = []
         return out
 
     # -- schedule ------------------------------------------------------------------------------
@@ -640,6 +674,10 @@ class ValidatorCore:
         # decides (held: see _open_block_messages), which end when their block does (_end_held)
         if n >= 2 and not self._replaying:
             self._j_rejected.append(JournalEntry("rejected_gc", n - 2))
+            if self._keep_receipts:
+                self._j_receipts.append(JournalEntry("receipts_gc", n - 2))
+            if self._signed_before:
+                self._signed_before = {k: v for k, v in self._signed_before.items() if v[0] > n - 2}
         in_blocks = self._open_block_messages()
         hold = lambda e: e.message_id in in_blocks and e.status in (CacheStatus.COLLATED, CacheStatus.ACCEPTED)
         for entry in self.cache.gc(n, hold):
@@ -779,16 +817,29 @@ class ValidatorCore:
         a = self.ann.get(mid)
         if a is None or not a.origins:
             return
-        signed = make_signed_receipt(self.key, mid, status, self._ms())
+        key = (mid, status.pack())
+        kept = self._signed_before.pop(key, None) if self._signed_before else None
+        if kept is not None:
+            # signed before a restart (ValidatorJournal.receipts): the same receipt again, so
+            # a full node never holds two different signed receipts of one status from us
+            raw = kept[1]
+            signed = SignedReceipt.parse(raw)
+            self.stats["receipts_kept"] += 1
+        else:
+            signed = make_signed_receipt(self.key, mid, status, self._ms())
+            raw = encode_receipt(signed)
+            if self._keep_receipts:
+                self._j_receipts.append(JournalEntry("receipt", key, (a.master_seqno, raw)))
         a.last = signed
         if final:
             a.ended = True
         dsts = (only,) if only is not None else tuple(sorted(a.origins))
-        data = mux(CH_CLIENT, ZERO32, encode_receipt(signed))
+        data = mux(CH_CLIENT, ZERO32, raw)
         for d in dsts:
             self._out.append((d, data))
-        self.stats["receipts"] += 1
-        self._events.append(ReceiptSent(mid, status.kind, shard, dsts, signed, reason, status))
+        if kept is None:
+            self.stats["receipts"] += 1
+            self._events.append(ReceiptSent(mid, status.kind, shard, dsts, signed, reason, status))
 
     def _ann(self, mid: bytes, origin: bytes | None, shard: int, master_seqno: int) -> _Ann:
         a = self.ann.get(mid)

@@ -126,7 +126,7 @@ class Simulation:
                               part_payload=cfg.part_payload)
         self.fullnode_key = NodeKey.from_seed(hashlib.sha256(f"remp-sim-fullnode:{cfg.seed}".encode()).digest())
         self.journals: dict[int, ValidatorJournal] = {i: ValidatorJournal() for i in range(cfg.validators)}
-        self.validators = [self._make_validator(k) for k in self.keys]
+        self.validators = [self._make_validator(k, ValidatorJournal() if cfg.journal else None) for k in self.keys]
         self.by_id = {v.key.key_id: v for v in self.validators}
         self.index = {v.key.key_id: i for i, v in enumerate(self.validators)}
         self.all_validator_keys = [k.public for k in self.keys]

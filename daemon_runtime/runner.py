@@ -202,6 +202,9 @@ class CoreRunner:
             if self.pending:
                 items[i:i] = self.pending
                 self.pending = []
+        # not kept past the call: it held the last served connection (its WebSocket, handler
+        # and transport) alive until the next execute()
+        self.current = None
 
     def execute_soon(self) -> None:
         """Ordered mode: a tracked task executes `pending` once the running callback or

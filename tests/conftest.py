@@ -60,10 +60,45 @@ def spark():
     session.stop()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """The namespace testnet is one per machine (deploy/testnet.py takes a lock): every test
     of a tests/test_testnet*.py module runs on the same pytest-xdist worker
-    (`--dist loadgroup`, scripts/test.sh)."""
+    (`--dist loadgroup`, scripts/test.sh). tryfirst: pytest-xdist's worker reads the
+    xdist_group marks in its own pytest_collection_modifyitems."""
     for item in items:
         if item.module is not None and item.module.__name__.rsplit(".", 1)[-1].startswith("test_testnet"):
             item.add_marker(pytest.mark.xdist_group("netns"))
+
+
+def _suffix_groups(config, items) -> None:
+    """loadgroup schedules by a `@group` suffix of the node id, which pytest-xdist 3.8 writes
+    to `item._nodeid`; pytest 9 reads the node id from `item._id`, so the suffix never
+    showed, no test was grouped, and the two testnet modules ran on both workers at once
+    (test_cleanup_touches_only_its_own_objects then waited 86 s on the job's lock). Here
+    the suffix goes where this pytest reads it, once, for the marked items xdist left bare."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if not names or "@" in item.nodeid:
+            continue
+        suffixed = f"{item.nodeid}@{'_'.join(names)}"
+        if hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId
+            item._id = NodeId.parse(suffixed)
+        else:
+            item._nodeid = suffixed
+
+
+class _GroupSuffix:
+    """_suffix_groups after every other pytest_collection_modifyitems (xdist's included)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        _suffix_groups(config, items)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_GroupSuffix(), "relaysuite-xdist-group-suffix")

@@ -293,6 +293,9 @@ def test_ordered_mode_awaits_each_input_in_order_follow_ups_first_others_unblock
         assert trace[4:] == ["stored b'slow1'", "got b'slow1'", "send b'x' by conn-1",
                              "stored b'x'", "got b'x'"]
         assert runner.pending == [] and not runner.tasks
+        # what the caller served is not kept past its execute() (it held the relay's last
+        # served connection alive: its WebSocket, request handler and transport)
+        assert runner.current is None
     asyncio.run(main())
 
 

@@ -285,8 +285,10 @@ def test_a_segment_is_started_driven_watched_and_stopped_by_the_launcher(tmp_pat
 def test_a_segment_daemon_that_dies_fails_the_run(tmp_path):
     cfg = probe_config(tmp_path, '[marlin]\nclass = "tests.test_launcher:EchoSegment"\n'
                                  'messages = 50\ndie = true\n')
-    proc = demo("--config", str(cfg), "--only", "marlin", "--no-report", "--workdir", str(tmp_path / "r"),
-                timeout=120, env=probe_env())
+    # --no-prometheus: with Debian's prometheus installed the launcher waits up to 40 s for a
+    # dead daemon's alert (what tests/test_prom_demo.py asserts); the death report is this test's
+    proc = demo("--config", str(cfg), "--only", "marlin", "--no-report", "--no-prometheus",
+                "--workdir", str(tmp_path / "r"), timeout=120, env=probe_env())
     assert proc.returncode == 1
     assert "probe-echo died with exit code 3" in proc.stderr
 
@@ -339,8 +341,9 @@ def test_a_daemon_that_dies_is_reported_with_its_exit_code_and_stderr(tmp_path):
     cfg = tmp_path / "dies.toml"
     cfg.write_text('[[relays]]\nname = "relay1"\nflags = {queue-maxlen = "many"}\n\n'
                    '[[relays]]\nname = "relay2"\n')
-    proc = demo("--config", str(cfg), "--no-report", "--only", "rmb", "--workdir", str(tmp_path / "r"),
-                timeout=120)
+    # --no-prometheus: see test_a_segment_daemon_that_dies_fails_the_run
+    proc = demo("--config", str(cfg), "--no-report", "--only", "rmb", "--no-prometheus",
+                "--workdir", str(tmp_path / "r"), timeout=120)
     assert proc.returncode == 1
     assert "rmb-relay-relay1 exited with code 2 before READY" in proc.stderr
     assert "invalid int value: 'many'" in proc.stderr  # the tail of the daemon's own stderr

@@ -62,13 +62,20 @@ def spark():
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The namespace testnet is one per machine (deploy/testnet.py takes a lock): every test
-    of a tests/test_testnet*.py module runs on the same pytest-xdist worker
-    (`--dist loadgroup`, scripts/test.sh). tryfirst: pytest-xdist's worker reads the
-    xdist_group marks in its own pytest_collection_modifyitems."""
+    """pytest-xdist groups (`--dist loadgroup`, scripts/test.sh; a group is one work unit,
+    the largest ones are handed out first):
+    - "netns": the namespace testnet is one per machine (deploy/testnet.py takes a lock):
+      every test of a tests/test_testnet*.py module runs on the same worker;
+    - "spark": every test using the `spark` fixture runs on one worker, so the suite starts
+      one SparkSession (a JVM) instead of one per worker, and each module-scoped report
+      fixture is computed once instead of once per worker its tests landed on.
+    tryfirst: pytest-xdist's worker reads the xdist_group marks in its own
+    pytest_collection_modifyitems."""
     for item in items:
         if item.module is not None and item.module.__name__.rsplit(".", 1)[-1].startswith("test_testnet"):
             item.add_marker(pytest.mark.xdist_group("netns"))
+        elif "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 def _suffix_groups(config, items) -> None:

@@ -367,7 +367,9 @@ async def amain(args) -> None:
             ci0, ti0 = cpu_s(ln), time.monotonic()
             await asyncio.sleep(args.idle)
             idle_s = time.monotonic() - ti0
-            idle = sum(cpu_delta(ci0, cpu_s(ln)).values()) / idle_s
+            idle_each = cpu_delta(ci0, cpu_s(ln))
+            idle = sum(idle_each.values()) / idle_s
+            args.idle_each = {k: v / idle_s for k, v in idle_each.items()}
             ni1, _, di1 = await scrape(s, ln)
             kinds = sorted(ni1, key=lambda k: -(ni1[k] - ni0.get(k, 0)))
             print(f"idle: {idle:.3f} CPU s per s summed over {len(ln.daemons)} processes "
@@ -381,7 +383,7 @@ async def amain(args) -> None:
                 nonce += int(rate * args.duration) + 1
                 results.append(r)
                 report(r, args)
-                report_ceiling(r)
+                report_ceiling(r, getattr(args, "idle_each", None))
             if args.overload:
                 if args.sustained:
                     base, src = float(args.sustained), "--sustained"
@@ -465,12 +467,17 @@ def report(r: dict, args) -> None:
           f"full node {fn / per * 1000:.1f} ms; load average {open('/proc/loadavg').read().split()[0]}", flush=True)
 
 
-def ceilings(r: dict) -> tuple[list[dict], dict[str, dict], float]:
+def ceilings(r: dict, idle: dict[str, float] | None = None) -> tuple[list[dict], dict[str, dict], float]:
     """Per process: CPU ms per message it handled (cpu_all / handled), the rate at which it
     would saturate one core (1000 / that, msg/s), share = network messages / messages it
     handled; per role ("fullnode", "validator"): the lowest rate, the processes sharing the
     load (that process's share) and their product, the role's projected ceiling; and the
-    network's projected ceiling (the lowest role ceiling, msg/s)."""
+    network's projected ceiling (the lowest role ceiling, msg/s).
+    idle: {process: CPU s per s it used carrying no messages} (the idle phase): then the
+    same from the CPU above idle (the process's cost per message once its fixed cost per
+    second, empty rounds and syncs, is paid): ms_above_idle = (cpu_all - idle x done_s) /
+    handled and saturates_above_idle = (1 s - idle) / ms_above_idle, and per role
+    ceiling_above_idle (rows and roles get these keys; `net` stays the plain projection)."""
     total = max(1, r["accepted"])
     rows = []
     for label, cpu in sorted(r["cpu_all"].items()):
@@ -478,8 +485,13 @@ def ceilings(r: dict) -> tuple[list[dict], dict[str, dict], float]:
         if n <= 0 or cpu <= 0:
             continue
         ms = cpu / n * 1000
-        rows.append({"process": label, "role": "fullnode" if label.startswith("fullnode") else "validator",
-                     "handled": n, "cpu_ms_per_message": ms, "saturates_at": 1000 / ms, "share": total / n})
+        row = {"process": label, "role": "fullnode" if label.startswith("fullnode") else "validator",
+               "handled": n, "cpu_ms_per_message": ms, "saturates_at": 1000 / ms, "share": total / n}
+        if idle is not None and label in idle:
+            above = max(1e-9, cpu - idle[label] * r["done_s"]) / n * 1000
+            row["ms_above_idle"] = above
+            row["saturates_above_idle"] = max(0.0, 1.0 - idle[label]) * 1000 / above
+        rows.append(row)
     roles = {}
     for role in ("fullnode", "validator"):
         rs = [x for x in rows if x["role"] == role]
@@ -487,12 +499,16 @@ def ceilings(r: dict) -> tuple[list[dict], dict[str, dict], float]:
             low = min(rs, key=lambda x: x["saturates_at"])
             roles[role] = {"process": low["process"], "saturates_at": low["saturates_at"], "sharing": low["share"],
                            "ceiling": low["saturates_at"] * low["share"]}
+            ra = [x for x in rs if "saturates_above_idle" in x]
+            if ra:
+                lo = min(ra, key=lambda x: x["saturates_above_idle"])
+                roles[role]["ceiling_above_idle"] = lo["saturates_above_idle"] * lo["share"]
     net = min((v["ceiling"] for v in roles.values()), default=float("nan"))
     return rows, roles, net
 
 
-def report_ceiling(r: dict) -> None:
-    rows, roles, net = ceilings(r)
+def report_ceiling(r: dict, idle: dict[str, float] | None = None) -> None:
+    rows, roles, net = ceilings(r, idle)
     print("  per process (CPU until all final / messages it handled): " + "; ".join(
         f"{x['process']} {x['cpu_ms_per_message']:.2f} ms/msg -> one core at {x['saturates_at']:.0f}/s "
         f"(handled {x['handled']}, 1/{x['share']:.2f} of the messages)" for x in rows))
@@ -501,6 +517,13 @@ def report_ceiling(r: dict) -> None:
               f"sharing the load = {v['ceiling']:.0f} msg/s")
     print(f"  network's projected ceiling: {net:.0f} msg/s (the lowest role); submitter {r['submitter']}",
           flush=True)
+    if any("ms_above_idle" in x for x in rows):
+        print("  above idle (CPU minus the process's idle CPU per s x the run's seconds): " + "; ".join(
+            f"{x['process']} {x['ms_above_idle']:.2f} ms/msg" for x in rows if "ms_above_idle" in x))
+        print("  projected ceilings above idle: " + ", ".join(
+            f"{role}s {v['ceiling_above_idle']:.0f} msg/s" for role, v in roles.items() if "ceiling_above_idle" in v)
+            + f"; network {min(v.get('ceiling_above_idle', float('inf')) for v in roles.values()):.0f} msg/s",
+            flush=True)
 
 
 def main() -> None:
@@ -557,12 +580,19 @@ def main() -> None:
             f"cpu_per_message_until_final_ms{at}": sum(ca.values()) / per * 1000,
             f"cpu_per_message_fullnode_ms{at}": sum(v for k, v in ca.items() if k.startswith("fullnode")) / per * 1000,
             f"cpu_s_per_s_sending{at}": sum(cs.values()) / max(r["send_s"], 1e-9)})
-        rows, roles, net = ceilings(r)
+        rows, roles, net = ceilings(r, getattr(args, "idle_each", None))
         figures[f"projected_ceiling_msg_per_s{at}"] = net
         for role, v in roles.items():
             figures[f"ceiling_{role}_msg_per_s{at}"] = v["ceiling"]
+            if "ceiling_above_idle" in v:
+                figures[f"ceiling_above_idle_{role}_msg_per_s{at}"] = v["ceiling_above_idle"]
+        if all("ceiling_above_idle" in v for v in roles.values()) and roles:
+            figures[f"projected_ceiling_above_idle_msg_per_s{at}"] = min(v["ceiling_above_idle"]
+                                                                         for v in roles.values())
         for x in rows:
             figures[f"cpu_ms_per_message_{x['process']}{at}"] = x["cpu_ms_per_message"]
+            if "ms_above_idle" in x:
+                figures[f"cpu_ms_above_idle_{x['process']}{at}"] = x["ms_above_idle"]
     figures["fullnodes"] = args.fullnodes
     o = getattr(args, "overload_result", None)
     if o:

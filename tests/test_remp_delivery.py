@@ -680,3 +680,30 @@ def test_packets_grow_to_four_parts_on_a_clean_path_and_shrink_after_a_hole():
         for _dst, a in rcv.packets_to_send(t + 1.0):
             snd.receive_ack(FULLNODE.key_id, unwrap(a), t)
     assert sorted(got) == sorted(made[:160]) and len(got) == 160
+
+
+def test_a_decoded_batch_verifies_over_the_bytes_received_as_packed_anew():
+    """decode_batch keeps the received bytes the signature covers (no second serialization):
+    they are exactly what the sender signed, for batches of 0..20 receipts, and a bit flipped
+    anywhere before the signature (header fields included) fails the packet's verify."""
+    from remp_node.wire.batches import Batch
+    from remp_node.wire.keys import verify
+    v = VALIDATORS[0]
+    receipts = [make_signed_receipt(v, bytes([i]) * 32, st, 1000 + i).serialize()
+                for i, st in enumerate([New(), Accepted(Level.QUEUE), Accepted(Level.COLLATOR, SHARD_BLOCK),
+                                        Accepted(Level.MASTERCHAIN, SHARD_BLOCK, MC_BLOCK),
+                                        Rejected(Level.COLLATOR, SHARD_BLOCK, "x" * 300)] * 4)]
+    for n in (0, 1, 5, 20):
+        packet = encode_batch(v, FULLNODE.key_id, 7, 9, 3, receipts[:n])
+        b = decode_batch(packet)
+        anew = Batch(b.source_id, b.dst, b.stream, b.seqno, b.base, b.receipts, b.signature)
+        assert b.received_signed is not None and b.signed_part() == anew.signed_part()
+        assert verify(v.public, b.signed_part(), b.signature)
+        for at in (5, 70, 90, len(packet) - 70):      # source_id, stream, seqno, last receipt
+            bad = bytearray(packet)
+            bad[at] ^= 1
+            try:
+                d = decode_batch(bytes(bad))
+            except DeliveryError:
+                continue
+            assert not verify(v.public, d.signed_part(), d.signature), (n, at)

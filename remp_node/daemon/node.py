@@ -459,6 +459,8 @@ class ValidatorDaemon(_Daemon):
             Dropped: lambda ev: self.m_dropped.labels(ev.channel).inc(),
         }
         self._event_table: dict[type, Callable | None] = {}   # the runner's dispatch table
+        self._step_lines: list | None = None      # the step's log records (step, _event_handler)
+        self._step_mlines: list | None = None     # ... of the masterchain log
 
     def log_error(self, text: str) -> None:
         self.log.emit("remp.node.error", None, "error", reason=text[:2000])
@@ -527,18 +529,35 @@ class ValidatorDaemon(_Daemon):
                 self._unwritten = []
                 if self._held:
                     out, self._held = self._held + out, []
-        self.core_runner.dispatch(c.next_event, self._event_table, self._event_handler, where="event")
+        lines, mlines = self._step_lines, self._step_mlines = [], []
+        try:
+            self.core_runner.dispatch(c.next_event, self._event_table, self._event_handler, where="event")
+        finally:
+            self._step_lines = self._step_mlines = None
+            # the step's lines in one write per log (one timestamp: they are events of one
+            # step), not one per event: ~5 status lines per message at every validator
+            for log, records in ((self.log, lines), (self.mlog, mlines)):
+                if records:
+                    try:
+                        emit_records(log, records)
+                    except Exception as exc:
+                        self.core_runner.bug(exc, "event")
         return out
 
     def _event_handler(self, t: type) -> Callable:
         """The validator core's event type -> its handler for the runner's dispatch: the
-        log lines (eventmap.validator_records; master blocks to the masterchain log), then
-        the metrics (_event_metrics)."""
-        log = self.mlog if t is MasterBlockAccepted else self.log
+        log records (eventmap.validator_records; master blocks to the masterchain log),
+        written once per step, then the metrics (_event_metrics)."""
+        master = t is MasterBlockAccepted
         count = self._event_metrics.get(t)
 
         def handle(ev) -> None:
-            emit_records(log, validator_records(ev))
+            records = validator_records(ev)
+            into = self._step_mlines if master else self._step_lines
+            if into is None:        # outside a step (not expected): at once
+                emit_records(self.mlog if master else self.log, records)
+            else:
+                into += records
             if count is not None:
                 count(ev)
         return handle

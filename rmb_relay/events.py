@@ -24,6 +24,10 @@ RELAY_EVENTS = Catalogue("rmb.relay", [
     E("rmb.relay.circuit", "a federation domain's circuit changed state (open: attempts "
       "paused after consecutive failures; closed: an attempt succeeded)",
       {"domain": "string", "reason": "string", "count": "long"}),
+    E("rmb.relay.retargeted", "a fresh record of `twin` lists other relays than its pending "
+      "federation jobs were using (the twin moved): `count` jobs now go to `domain` "
+      "(\"local\": the twin is served here and they were delivered here)",
+      {"twin": "long", "count": "long", "domain": "string"}),
     E("rmb.relay.drained", "the relay drained on SIGTERM/SIGINT: `count` sessions were "
       "sent a 1001 close and their frames routed; `reason` says whether everything was "
       "routed within --grace or what was cut off", {"reason": "string", "count": "long",

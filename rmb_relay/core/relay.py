@@ -708,6 +708,7 @@ class RelayCore:
             self._twins.move_to_end(twin)
             while len(self._twins) > self.max_twins:
                 self._twins.popitem(last=False)
+            self._follow_twin(twin, record, now)
         elif unknown:
             self._twins.pop(twin, None)
         else:
@@ -772,6 +773,45 @@ class RelayCore:
             self._reply_to(sender, env, route.text)
 
     # ------------------------------------------------------------------ federation
+    #: a failed federation attempt asks for a fresh record of its destination twin when
+    #: the one it used is at least this old (s): the twin may have moved to another relay
+    FAILED_REFRESH_S = 2.0
+
+    def _follow_twin(self, twin: int, record, now: float) -> None:
+        """A fresh record of `twin`: its pending federation jobs follow its relays (a
+        twin that moved, e.g. off a retired relay, is reached where it is now, instead
+        of the old relay being retried until the TTL runs out); jobs for a twin that
+        is now served here are delivered here (those not in flight)."""
+        jobs = self.federation.jobs_for(twin)
+        if not jobs:
+            return
+        route = self.router.route(list(record.relays))
+        if isinstance(route, Federate):
+            moved = [j for j in jobs if self.federation.retarget(j, route.domains, now)]
+            if moved:
+                self._log("rmb.relay.retargeted", None, twin=twin, count=len(moved),
+                          domain=",".join(route.domains)[:200])
+                self._pump_federation(now)
+        elif isinstance(route, Local):
+            taken = [job for j in jobs if (job := self.federation.withdraw(j)) is not None]
+            for job in taken:
+                dst = session_of(job.env.destination)
+                self._deliver(job.context, dst, job.env, job.data, now, self._sessions.get(dst))
+            if taken:
+                self._log("rmb.relay.retargeted", None, twin=twin, count=len(taken),
+                          domain="local")
+
+    def _refresh_after_failure(self, job: int, now: float) -> None:
+        twin = self.federation.twin_of(job)
+        if twin is None or twin in self._refreshing or twin in self._chains:
+            return
+        hit = self._twins.get(twin)
+        if hit is not None and now - hit[1] < self.FAILED_REFRESH_S:
+            return
+        self._refreshing.add(twin)
+        self.refreshes += 1
+        self._out.append(LookupTwin(twin))
+
     def take(self) -> list[RelayCommand]:
         """Every pending command at once (what draining next_event() gives, as a list)."""
         out = list(self._out)
@@ -787,6 +827,7 @@ class RelayCore:
             elif isinstance(ev, FederationAttemptFailed):
                 self._log("rmb.relay.federation_failed", ev.uid, "warning", domain=ev.domain,
                           attempt=ev.attempt, status=ev.status, reason=ev.reason)
+                self._refresh_after_failure(ev.job, now)
             elif isinstance(ev, FederationCircuit):
                 self._log("rmb.relay.circuit", None,
                           "warning" if ev.state == "open" else "info", domain=ev.domain,

@@ -713,6 +713,8 @@ async def run_async(topo: Topology, protocols: list[str], workdir: Path, cfg: di
         result["rmb"] = {"counts": s.counts(), "round_trip": {k: _stats(v) for k, v in s.rtt.items()},
                          "requests": int(cfg["rmb"]["requests"]), "destinations": 2}
         result["rmb"].update(_rmb_fault_outcomes(s, result["faults"]))
+        result["rmb"]["expired"] = rmb_expiries(s.outcomes, s.sent_at, float(cfg["rmb"]["ttl"]),
+                                                result["faults"])
     result["verdict"] = verdict(result)
     return result
 
@@ -736,6 +738,44 @@ def _rmb_fault_outcomes(rmb: "NsRmb", faults: list) -> dict:
             out["rotation"] = {"old": f["target"], "new": f["new"], "moved": f["moved"], "sent_after": len(after),
                                "answered_after": sum(1 for k in after if rmb.outcomes.get(k) == "answered")}
     return out
+
+
+def fault_windows(faults: list) -> list[tuple[str, float, float, set]]:
+    """(fault, start, end, nodes it is planned for) per fault of the job's log (unix s): a
+    window ends when its `demo.plan.recovered` is logged: the heal + the TCP retransmission
+    ceiling (RTO_MAX_MS), or for the relay rotation at the end of its window."""
+    out = []
+    for f in faults:
+        if f["fault"] == "relay_rotation":
+            end = f["at"] + max(float(f["duration_s"]), float(f.get("took_s", 0.0)))
+        else:
+            end = f.get("healed", f["at"] + float(f["duration_s"])) + RTO_MAX_MS / 1e3
+        out.append((f["fault"], f["at"], end, set(f.get("planned_for") or [])))
+    return out
+
+
+def rmb_expiries(outcomes: dict, sent_at: dict, ttl: float, faults: list) -> dict:
+    """Which expired RMB requests a planned fault explains: a request (i, destination twin)
+    sent at s lived until s + ttl; it is `inside` when that span overlaps the window of a
+    fault planned for its destination (fault_windows), counted under the first such fault
+    by start; else `outside` (listed: request number, destination, s after the first
+    request). Returns {"expired", "inside", "outside", "by_fault": {fault: n},
+    "outside_requests": [...]}."""
+    windows = sorted(fault_windows(faults), key=lambda w: w[1])
+    t0 = min(sent_at.values(), default=0.0)
+    by_fault: dict[str, int] = {}
+    outside = []
+    expired = [k for k, o in outcomes.items() if o == "expired"]
+    for k in sorted(expired, key=lambda k: sent_at.get(k, 0.0)):
+        s = sent_at.get(k)
+        hit = None if s is None else next(
+            (name for name, a, b, nodes in windows if k[1] in nodes and s <= b and s + ttl >= a), None)
+        if hit is None:
+            outside.append({"request": k[0], "dst": k[1], "sent_s": None if s is None else round(s - t0, 1)})
+        else:
+            by_fault[hit] = by_fault.get(hit, 0) + 1
+    return {"expired": len(expired), "inside": len(expired) - len(outside), "outside": len(outside),
+            "by_fault": by_fault, "outside_requests": outside}
 
 
 def verdict(result: dict) -> dict:
@@ -828,6 +868,13 @@ def report(result: dict) -> str:
         for d, s in result["rmb"]["round_trip"].items():
             lines.append(f"RMB round trip alice -> {d}: {fmt(s)}")
         lines.append(f"RMB outcomes {result['rmb']['counts']}")
+        e = result["rmb"].get("expired")
+        if e:
+            lines.append(f"RMB expired: {e['expired']}, {e['inside']} inside planned fault windows "
+                         f"({', '.join(f'{k} {v}' for k, v in e['by_fault'].items()) or 'none'}), "
+                         f"{e['outside']} outside"
+                         + (": " + ", ".join(f"#{r['request']}->{r['dst']} at {r['sent_s']} s"
+                                             for r in e["outside_requests"][:10]) if e["outside"] else ""))
     for k, (ok, detail) in result["verdict"].items():
         lines.append(f"  {'ok  ' if ok else 'FAIL'} {k}: {detail}")
     return "\n".join(lines)

@@ -28,6 +28,11 @@ RELAY_EVENTS = Catalogue("rmb.relay", [
       "federation jobs were using (the twin moved): `count` jobs now go to `domain` "
       "(\"local\": the twin is served here and they were delivered here)",
       {"twin": "long", "count": "long", "domain": "string"}),
+    E("rmb.relay.requeued", "a connection was lost without a close handshake (heartbeat "
+      "without pong, transport error): `count` deliveries written to it shortly before, "
+      "which the dead link may have swallowed, were queued again for the session `src` "
+      "and are replayed when it reconnects", {"src": "string", "count": "long",
+                                               "reason": "string"}),
     E("rmb.relay.drained", "the relay drained on SIGTERM/SIGINT: `count` sessions were "
       "sent a 1001 close and their frames routed; `reason` says whether everything was "
       "routed within --grace or what was cut off", {"reason": "string", "count": "long",

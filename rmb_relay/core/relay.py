@@ -93,6 +93,10 @@ class _Conn:
     replaying: bool = False
     late: bool = False
     waiting: bool = False
+    #: deliveries written to this connection that a lost connection may not have carried:
+    #: (written at, envelope, bytes), oldest first, and their total size
+    unconfirmed: collections.deque = None
+    unconfirmed_bytes: int = 0
 
 
 def _fail_fast(env: Envelope) -> bool:
@@ -129,7 +133,9 @@ class RelayCore:
                  federation: FederationScheduler | None = None, max_size: int = 1 << 20,
                  queue_ttl: float = 3600.0, twin_ttl: float = 60.0,
                  twin_max_stale: float = 3600.0, max_twins: int = 100_000,
-                 federation_limiter=None, verify_federation: bool = True):
+                 federation_limiter=None, verify_federation: bool = True,
+                 unconfirmed_s: float = 0.0, max_unconfirmed: int = 4096,
+                 max_unconfirmed_bytes: int = 8 << 20):
         self.router = RelayRouter(domains, limiter)
         # `is None`, not `or`: an empty scheduler has len() 0 and is falsy, and `or` silently
         # replaced the caller's scheduler with a new one (the daemon's metrics read the other)
@@ -159,6 +165,11 @@ class RelayCore:
         #: federation-in: per source relay window, requests waiting for twin lookups
         self.fed_limiter = federation_limiter or NoLimit()
         self.verify_federation = verify_federation
+        #: a lost connection's deliveries of the last `unconfirmed_s` s are queued again
+        #: (0: never), at most `max_unconfirmed` frames / `max_unconfirmed_bytes` each
+        self.unconfirmed_s = unconfirmed_s
+        self.max_unconfirmed = max_unconfirmed
+        self.max_unconfirmed_bytes = max_unconfirmed_bytes
         self._fed_waiting: dict[int, list[_FedRequest]] = {}
         #: background refreshes of stale twin records asked for (tests, metrics)
         self.refreshes = 0
@@ -260,7 +271,15 @@ class RelayCore:
         self._log("rmb.relay.connected", None, src=c.name)
         self._read(c, False)
 
-    def peer_disconnected(self, conn: Any, now: float, reason: str = "closed by peer") -> None:
+    def peer_disconnected(self, conn: Any, now: float, reason: str = "closed by peer",
+                          lost: bool = False) -> None:
+        """`lost`: the connection died without a close handshake (no pong to the heartbeat,
+        a transport error): the deliveries written to it in the last `unconfirmed_s` s
+        (whose TCP segments a cut link may have swallowed; a heartbeat notices a silent
+        peer 1.5 heartbeats after it last heard from it) are queued again for the session,
+        unexpired ones, in their order, and replayed when it reconnects. The receiving
+        peer drops a request it already got (same source and uid), so a delivery that
+        did arrive is not served twice. rmb-rs loses them (what a dead socket took)."""
         c = self._conns.pop(conn, None)
         if c is None:
             old = self._replaced.pop(conn, None)     # replaced: closed by our command
@@ -273,6 +292,15 @@ class RelayCore:
         if self._sessions.get(c.session) is c:
             del self._sessions[c.session]
         self._log("rmb.relay.disconnected", None, src=c.name, reason=reason[:200])
+        q, c.unconfirmed, c.unconfirmed_bytes = c.unconfirmed, None, 0
+        if lost and q:
+            horizon = now - self.unconfirmed_s
+            again = [(env, data) for t, env, data in q if t >= horizon and not is_expired(env, now)]
+            for env, data in again:
+                self._enqueue(None, c.session, env, data, message_kind(env), _src(env), now)
+            if again:
+                self._log("rmb.relay.requeued", None, src=c.name, count=len(again),
+                          reason=f"connection lost: {reason}"[:200])
 
     # ------------------------------------------------------------------ offline replay
     # On (re)connect the session's offline stream is replayed in order: ReadQueue (a
@@ -460,6 +488,8 @@ class RelayCore:
             if target is not None and target.state == "live":
                 # the live local route, one `forwarded` event (received and delivered in
                 # one loop pass; DESIGN.md section 6)
+                if self.unconfirmed_s > 0:
+                    self._written(target, env, data, now)
                 self._out.append(WriteFrame(target.conn, data, dst, Log(
                     "rmb.relay.forwarded", env.uid, "info",
                     {"kind": kind or "none", "src": c.name, "dst": target.name,
@@ -523,9 +553,25 @@ class RelayCore:
         self._chains[dst[0]] = collections.deque([(sender, env, data)])
         self._out.append(LookupTwin(dst[0]))
 
+    def _written(self, c: _Conn, env: Envelope, data: bytes, now: float) -> None:
+        """Remember a delivery written to `c` for `unconfirmed_s` s (see peer_disconnected)."""
+        if self.unconfirmed_s <= 0:
+            return
+        q = c.unconfirmed
+        if q is None:
+            q = c.unconfirmed = collections.deque()
+        q.append((now, env, data))
+        c.unconfirmed_bytes += len(data)
+        horizon = now - self.unconfirmed_s
+        while q and (q[0][0] < horizon or len(q) > self.max_unconfirmed
+                     or c.unconfirmed_bytes > self.max_unconfirmed_bytes):
+            c.unconfirmed_bytes -= len(q.popleft()[2])
+
     def _deliver(self, sender: Session | None, dst: Session, env: Envelope, data: bytes, now: float,
                  target: _Conn | None) -> None:
         if target is not None and target.state == "live":
+            if self.unconfirmed_s > 0:
+                self._written(target, env, data, now)
             self._out.append(WriteFrame(target.conn, data, dst, Log(
                 "rmb.relay.delivered", env.uid, "info",
                 {"kind": message_kind(env), "src": _src(env), "dst": target.name,
@@ -628,6 +674,8 @@ class RelayCore:
             self._out.append(FederationAnswer(req.request, 404, ERR_OFFLINE))
             return
         if target is not None and target.state == "live":
+            if self.unconfirmed_s > 0:
+                self._written(target, env, req.data, now)
             self._out.append(WriteFrame(target.conn, req.data, dst, Log(
                 "rmb.relay.delivered", env.uid, "info",
                 {"kind": message_kind(env), "src": _src(env), "dst": target.name,

@@ -755,27 +755,36 @@ def fault_windows(faults: list) -> list[tuple[str, float, float, set]]:
 
 
 def rmb_expiries(outcomes: dict, sent_at: dict, ttl: float, faults: list) -> dict:
-    """Which expired RMB requests a planned fault explains: a request (i, destination twin)
+    """Which expired RMB requests a planned fault explains. A request (i, destination twin)
     sent at s lived until s + ttl; it is `inside` when that span overlaps the window of a
-    fault planned for its destination (fault_windows), counted under the first such fault
-    by start; else `outside` (listed: request number, destination, s after the first
-    request). Returns {"expired", "inside", "outside", "by_fault": {fault: n},
-    "outside_requests": [...]}."""
-    windows = sorted(fault_windows(faults), key=lambda w: w[1])
+    fault planned for its destination (fault_windows), counted under the matching fault
+    whose window ends last; else `outside`. An inside request `outlived` its fault when
+    its deadline lay past that window's end: the fault and the recovery time it is granted
+    were over while the request could still have been answered, so the fault alone does
+    not explain it (only a request whose whole remaining life lay inside a window was
+    necessarily lost to it). Returns {"expired", "inside", "outside", "outlived",
+    "by_fault": {fault: n}, "outside_requests", "outlived_requests"} (request number,
+    destination, s after the first request)."""
+    windows = fault_windows(faults)
     t0 = min(sent_at.values(), default=0.0)
     by_fault: dict[str, int] = {}
-    outside = []
+    outside, outlived = [], []
     expired = [k for k, o in outcomes.items() if o == "expired"]
     for k in sorted(expired, key=lambda k: sent_at.get(k, 0.0)):
         s = sent_at.get(k)
-        hit = None if s is None else next(
-            (name for name, a, b, nodes in windows if k[1] in nodes and s <= b and s + ttl >= a), None)
-        if hit is None:
-            outside.append({"request": k[0], "dst": k[1], "sent_s": None if s is None else round(s - t0, 1)})
-        else:
-            by_fault[hit] = by_fault.get(hit, 0) + 1
+        row = {"request": k[0], "dst": k[1], "sent_s": None if s is None else round(s - t0, 1)}
+        hits = [] if s is None else [(b, name) for name, a, b, nodes in windows
+                                     if k[1] in nodes and s <= b and s + ttl >= a]
+        if not hits:
+            outside.append(row)
+            continue
+        end, name = max(hits)
+        by_fault[name] = by_fault.get(name, 0) + 1
+        if s + ttl > end:
+            outlived.append(dict(row, fault=name, past_end_s=round(s + ttl - end, 1)))
     return {"expired": len(expired), "inside": len(expired) - len(outside), "outside": len(outside),
-            "by_fault": by_fault, "outside_requests": outside}
+            "outlived": len(outlived), "by_fault": by_fault, "outside_requests": outside,
+            "outlived_requests": outlived}
 
 
 def verdict(result: dict) -> dict:
@@ -873,8 +882,9 @@ def report(result: dict) -> str:
             lines.append(f"RMB expired: {e['expired']}, {e['inside']} inside planned fault windows "
                          f"({', '.join(f'{k} {v}' for k, v in e['by_fault'].items()) or 'none'}), "
                          f"{e['outside']} outside"
-                         + (": " + ", ".join(f"#{r['request']}->{r['dst']} at {r['sent_s']} s"
-                                             for r in e["outside_requests"][:10]) if e["outside"] else ""))
+                         + (" (" + ", ".join(f"#{r['request']}->{r['dst']} at {r['sent_s']} s"
+                                             for r in e["outside_requests"][:10]) + ")" if e["outside"] else "")
+                         + f"; {e['outlived']} of the inside ones outlived their window (TTL past its end)")
     for k, (ok, detail) in result["verdict"].items():
         lines.append(f"  {'ok  ' if ok else 'FAIL'} {k}: {detail}")
     return "\n".join(lines)

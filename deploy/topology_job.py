@@ -117,7 +117,7 @@ def run_topology(args) -> int:
         out["exit"] = 1
     exp = out["rmb_expired"]
     expired = (f"; RMB expired {exp['expired']}: {exp['inside']} inside planned fault windows, "
-               f"{exp['outside']} outside" if exp else "")
+               f"{exp['outside']} outside, {exp['outlived']} outlived their window" if exp else "")
     print(f"result: {'FAIL: ' + ', '.join(failed) if failed else 'ok'} (rows {sum(r['ok'] for r in rows)}/"
           f"{len(rows)} ok, SLA {sum(1 for s in out['sla'] if s['ok'])}/{len(out['sla'])} pass; "
           f"topology {topo.name}, partition {args.partition:g} s{expired})")

@@ -22,13 +22,18 @@ def test_windows_end_at_the_heal_plus_the_retransmission_ceiling_or_the_rotation
 
 def test_expiries_inside_a_window_planned_for_the_destination_and_outside():
     sent = {("1", "carol"): T + 5, ("2", "bob"): T + 5, ("3", "bob"): T + 20, ("4", "bob"): T + 70,
-            ("5", "carol"): T + 6}
+            ("5", "carol"): T + 6, ("6", "carol"): T + 30}
     outcomes = {("1", "carol"): "expired", ("2", "bob"): "expired", ("3", "bob"): "expired",
-                ("4", "bob"): "expired", ("5", "carol"): "answered"}
+                ("4", "bob"): "expired", ("5", "carol"): "answered", ("6", "carol"): "expired"}
     e = rmb_expiries(outcomes, sent, 40.0, FAULTS)
-    # carol #1: the partition; bob #2 lived 5..45 s: no window planned for bob; bob #3 lived
+    # carol #1 lived 5..45 s, #6 30..70 s: the partition (4..39 s) and the rotation (46..58
+    # s, carol moved too); bob #2 lived 5..45 s: no window planned for bob; bob #3 lived
     # 20..60 s: the rotation; bob #4 was sent after every window
-    assert (e["expired"], e["inside"], e["outside"]) == (4, 2, 2)
-    assert e["by_fault"] == {"region_partition": 1, "relay_rotation": 1}
+    assert (e["expired"], e["inside"], e["outside"]) == (5, 3, 2)
+    assert e["by_fault"] == {"region_partition": 1, "relay_rotation": 2}
     assert [(r["request"], r["dst"], r["sent_s"]) for r in e["outside_requests"]] == \
         [("2", "bob", 0.0), ("4", "bob", 65.0)]
+    # #1's deadline (45 s) is past the partition's window (39 s): the fault alone does not
+    # explain it; #3 (60 s) and #6 (70 s) outlived the rotation's window (58 s)
+    assert [(r["request"], r["fault"], r["past_end_s"]) for r in e["outlived_requests"]] == \
+        [("1", "region_partition", 6.0), ("3", "relay_rotation", 2.0), ("6", "relay_rotation", 12.0)]

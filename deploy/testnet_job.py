@@ -757,8 +757,9 @@ def fault_windows(faults: list) -> list[tuple[str, float, float, set]]:
 def rmb_expiries(outcomes: dict, sent_at: dict, ttl: float, faults: list) -> dict:
     """Which expired RMB requests a planned fault explains. A request (i, destination twin)
     sent at s lived until s + ttl; it is `inside` when that span overlaps the window of a
-    fault planned for its destination (fault_windows), counted under the matching fault
-    whose window ends last; else `outside`. An inside request `outlived` its fault when
+    fault planned for its destination (fault_windows), counted under the one in force when
+    it was sent (the latest to start by then), or else the first to start after; else
+    `outside`. An inside request `outlived` its fault when
     its deadline lay past that window's end: the fault and the recovery time it is granted
     were over while the request could still have been answered, so the fault alone does
     not explain it (only a request whose whole remaining life lay inside a window was
@@ -778,7 +779,9 @@ def rmb_expiries(outcomes: dict, sent_at: dict, ttl: float, faults: list) -> dic
         if not hits:
             outside.append(row)
             continue
-        end, name = max(hits)
+        starts = {h: next(a for n, a, b, _ in windows if n == h[1]) for h in hits}
+        before = [h for h in hits if starts[h] <= s]
+        end, name = (max(before, key=starts.get) if before else min(hits, key=starts.get))
         by_fault[name] = by_fault.get(name, 0) + 1
         if s + ttl > end:
             outlived.append(dict(row, fault=name, past_end_s=round(s + ttl - end, 1)))

@@ -30,10 +30,11 @@ def test_expiries_inside_a_window_planned_for_the_destination_and_outside():
     # s, carol moved too); bob #2 lived 5..45 s: no window planned for bob; bob #3 lived
     # 20..60 s: the rotation; bob #4 was sent after every window
     assert (e["expired"], e["inside"], e["outside"]) == (5, 3, 2)
-    assert e["by_fault"] == {"region_partition": 1, "relay_rotation": 2}
+    assert e["by_fault"] == {"region_partition": 2, "relay_rotation": 1}
     assert [(r["request"], r["dst"], r["sent_s"]) for r in e["outside_requests"]] == \
         [("2", "bob", 0.0), ("4", "bob", 65.0)]
-    # #1's deadline (45 s) is past the partition's window (39 s): the fault alone does not
-    # explain it; #3 (60 s) and #6 (70 s) outlived the rotation's window (58 s)
+    # carol's under the partition, which hit them first; #1's deadline (45 s) and #6's (70 s)
+    # are past the partition's window (39 s): the fault alone does not explain them; #3
+    # (60 s) outlived the rotation's window (58 s)
     assert [(r["request"], r["fault"], r["past_end_s"]) for r in e["outlived_requests"]] == \
-        [("1", "region_partition", 6.0), ("3", "relay_rotation", 2.0), ("6", "relay_rotation", 12.0)]
+        [("1", "region_partition", 6.0), ("3", "relay_rotation", 2.0), ("6", "region_partition", 31.0)]

@@ -6,7 +6,7 @@ clock, because envelope expiry compares with the envelopes' unix timestamps; the
 turns `get_timer()` into a loop-time delay):
 
   peer_connected(conn, session, now)       an authenticated connection for (twin, sid)
-  peer_disconnected(conn, now)             that connection closed
+  peer_disconnected(conn, now, reason, lost) that connection closed (lost: no close handshake)
   queue_read(conn, entries, now)           the answer to ReadQueue (offline replay)
   replay_written(conn, done, now)          the answer to ReplayFrames
   queue_acked(conn, more, now)             the answer to AckQueue

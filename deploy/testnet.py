@@ -781,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _install_signals()
     if args.job:
-        from deploy.daemons import LaunchError
+        from daemon_runtime.daemons import LaunchError
         from deploy.testnet_job import run_job
         return guarded("relay-suite-testnet", lambda: run_job(
             topo, [x.strip() for x in args.job.split(",") if x.strip()], Path(args.workdir),

@@ -713,6 +713,8 @@ async def run_async(topo: Topology, protocols: list[str], workdir: Path, cfg: di
         result["rmb"] = {"counts": s.counts(), "round_trip": {k: _stats(v) for k, v in s.rtt.items()},
                          "requests": int(cfg["rmb"]["requests"]), "destinations": 2}
         result["rmb"].update(_rmb_fault_outcomes(s, result["faults"]))
+        result["rmb"]["expired"] = rmb_expiries(s.outcomes, s.sent_at, float(cfg["rmb"]["ttl"]),
+                                                result["faults"])
     result["verdict"] = verdict(result)
     return result
 
@@ -736,6 +738,56 @@ def _rmb_fault_outcomes(rmb: "NsRmb", faults: list) -> dict:
             out["rotation"] = {"old": f["target"], "new": f["new"], "moved": f["moved"], "sent_after": len(after),
                                "answered_after": sum(1 for k in after if rmb.outcomes.get(k) == "answered")}
     return out
+
+
+def fault_windows(faults: list) -> list[tuple[str, float, float, set]]:
+    """(fault, start, end, nodes it is planned for) per fault of the job's log (unix s): a
+    window ends when its `demo.plan.recovered` is logged: the heal + the TCP retransmission
+    ceiling (RTO_MAX_MS), or for the relay rotation at the end of its window."""
+    out = []
+    for f in faults:
+        if f["fault"] == "relay_rotation":
+            end = f["at"] + max(float(f["duration_s"]), float(f.get("took_s", 0.0)))
+        else:
+            end = f.get("healed", f["at"] + float(f["duration_s"])) + RTO_MAX_MS / 1e3
+        out.append((f["fault"], f["at"], end, set(f.get("planned_for") or [])))
+    return out
+
+
+def rmb_expiries(outcomes: dict, sent_at: dict, ttl: float, faults: list) -> dict:
+    """Which expired RMB requests a planned fault explains. A request (i, destination twin)
+    sent at s lived until s + ttl; it is `inside` when that span overlaps the window of a
+    fault planned for its destination (fault_windows), counted under the one in force when
+    it was sent (the latest to start by then), or else the first to start after; else
+    `outside`. An inside request `outlived` its fault when
+    its deadline lay past that window's end: the fault and the recovery time it is granted
+    were over while the request could still have been answered, so the fault alone does
+    not explain it (only a request whose whole remaining life lay inside a window was
+    necessarily lost to it). Returns {"expired", "inside", "outside", "outlived",
+    "by_fault": {fault: n}, "outside_requests", "outlived_requests"} (request number,
+    destination, s after the first request)."""
+    windows = fault_windows(faults)
+    t0 = min(sent_at.values(), default=0.0)
+    by_fault: dict[str, int] = {}
+    outside, outlived = [], []
+    expired = [k for k, o in outcomes.items() if o == "expired"]
+    for k in sorted(expired, key=lambda k: sent_at.get(k, 0.0)):
+        s = sent_at.get(k)
+        row = {"request": k[0], "dst": k[1], "sent_s": None if s is None else round(s - t0, 1)}
+        hits = [] if s is None else [(b, name) for name, a, b, nodes in windows
+                                     if k[1] in nodes and s <= b and s + ttl >= a]
+        if not hits:
+            outside.append(row)
+            continue
+        starts = {h: next(a for n, a, b, _ in windows if n == h[1]) for h in hits}
+        before = [h for h in hits if starts[h] <= s]
+        end, name = (max(before, key=starts.get) if before else min(hits, key=starts.get))
+        by_fault[name] = by_fault.get(name, 0) + 1
+        if s + ttl > end:
+            outlived.append(dict(row, fault=name, past_end_s=round(s + ttl - end, 1)))
+    return {"expired": len(expired), "inside": len(expired) - len(outside), "outside": len(outside),
+            "outlived": len(outlived), "by_fault": by_fault, "outside_requests": outside,
+            "outlived_requests": outlived}
 
 
 def verdict(result: dict) -> dict:
@@ -828,6 +880,14 @@ def report(result: dict) -> str:
         for d, s in result["rmb"]["round_trip"].items():
             lines.append(f"RMB round trip alice -> {d}: {fmt(s)}")
         lines.append(f"RMB outcomes {result['rmb']['counts']}")
+        e = result["rmb"].get("expired")
+        if e:
+            lines.append(f"RMB expired: {e['expired']}, {e['inside']} inside planned fault windows "
+                         f"({', '.join(f'{k} {v}' for k, v in e['by_fault'].items()) or 'none'}), "
+                         f"{e['outside']} outside"
+                         + (" (" + ", ".join(f"#{r['request']}->{r['dst']} at {r['sent_s']} s"
+                                             for r in e["outside_requests"][:10]) + ")" if e["outside"] else "")
+                         + f"; {e['outlived']} of the inside ones outlived their window (TTL past its end)")
     for k, (ok, detail) in result["verdict"].items():
         lines.append(f"  {'ok  ' if ok else 'FAIL'} {k}: {detail}")
     return "\n".join(lines)

@@ -83,7 +83,8 @@ def run_topology(args) -> int:
     derived = {o["name"]: o for o in objectives(topo, regions)}
     sla_path = workdir / f"sla-{topo.name}.toml"
     sla_path.write_text(sla_toml(topo, regions))
-    out = {"topology": result["topology"], "rows": rows, "stages": [], "sla": [], "exit": 0}
+    out = {"topology": result["topology"], "rows": rows, "stages": [], "sla": [], "exit": 0,
+           "rmb_expired": (result.get("rmb") or {}).get("expired")}
     failed = [r["name"] for r in rows if not r["ok"]]
     if not args.no_report:
         import spark.report as spark_report
@@ -114,7 +115,10 @@ def run_topology(args) -> int:
     if left:
         failed.append(f"left behind: {left}")
         out["exit"] = 1
+    exp = out["rmb_expired"]
+    expired = (f"; RMB expired {exp['expired']}: {exp['inside']} inside planned fault windows, "
+               f"{exp['outside']} outside, {exp['outlived']} outlived their window" if exp else "")
     print(f"result: {'FAIL: ' + ', '.join(failed) if failed else 'ok'} (rows {sum(r['ok'] for r in rows)}/"
           f"{len(rows)} ok, SLA {sum(1 for s in out['sla'] if s['ok'])}/{len(out['sla'])} pass; "
-          f"topology {topo.name}, partition {args.partition:g} s)")
+          f"topology {topo.name}, partition {args.partition:g} s{expired})")
     return out["exit"]

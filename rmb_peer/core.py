@@ -489,6 +489,12 @@ class PeerCore:
         #: that every next(iter(dict)) scans again (quadratic; it blocked the bench's
         #: peer 30-80 ms when a second of finished requests expired at once).
         self._done_order: deque[tuple[float, str]] = deque()
+        #: incoming requests already pushed to a service: (source twin, uid, timestamp) ->
+        #: deadline,
+        #: with their (deadline, key) in arrival order, pruned from the left as they expire
+        #: (a relay re-delivers what a lost connection may have swallowed)
+        self._served: dict[tuple[int, str, int], float] = {}
+        self._served_order: deque[tuple[float, tuple[int, str, int]]] = deque()
         #: counters for /metrics and tests
         self.stats: Counter = Counter()
         #: the clock rule (DESIGN.md section 2): every `now` is unix seconds (the daemon's
@@ -856,6 +862,26 @@ class PeerCore:
             self._pending.pop(pending.uid, None)
             self._completed(pending, now)
 
+    def _seen_request(self, env: Envelope, now: float) -> bool:
+        """True when this request (same source twin, uid and timestamp: the same signed
+        envelope) was already pushed to a service before its deadline; else remembers it
+        until then (at most MAX_DONE). A relay re-delivers the frames a lost connection may
+        have swallowed, so a request can arrive twice; the service must see it once. An
+        app's retry under the same reference (same uid) is signed anew with a new
+        timestamp and is served again."""
+        served, order = self._served, self._served_order
+        while order and (order[0][0] <= now or len(order) > MAX_DONE):
+            when, old = order.popleft()
+            if served.get(old) == when:
+                del served[old]
+        key = (env.source.twin, env.uid, int(env.timestamp))
+        if key in served:
+            return True
+        until = float(env.timestamp) + float(env.expiration)
+        served[key] = until
+        order.append((until, key))
+        return False
+
     def _completed(self, pending: _Pending, now: float) -> None:
         """Remember a finished request until its TTL is over, so late or duplicated
         replies are dropped without a backlog lookup, and delete its Redis backlog record
@@ -1009,6 +1035,11 @@ class PeerCore:
         if not cmd or len(cmd) > MAX_CMD_LEN:
             self._reject(ERR_INVALID_MESSAGE, "bad command", src, env.uid)
             self._send_error(env, ERR_INVALID_MESSAGE, "bad command", now)
+            return
+        if self._seen_request(env, now):
+            self.stats["duplicate_requests"] += 1
+            self._reject(ERR_INVALID_MESSAGE, "duplicate request (already delivered)", src,
+                         env.uid, "info")
             return
         msg = {"ver": 1, "ref": env.uid, "src": src, "cmd": cmd, "exp": env.expiration,
                "dat": b64(data), "tag": env.tags if env.HasField("tags") else None,

@@ -120,6 +120,10 @@ DEFAULT_PORT = 8101
 #: a peer that does not answer within half of it is closed, so a vanished peer (no FIN) is
 #: freed within 1.5 x HEARTBEAT (was 60 s: ~90 s per dead socket)
 HEARTBEAT = 20.0
+#: a connection lost to the heartbeat (a ping after HEARTBEAT s without input, no pong
+#: within half of it) went silent up to 1.5 heartbeats before: the deliveries written to
+#: it in that time (+ 2 s) are queued again for its session (RelayCore.peer_disconnected)
+UNCONFIRMED_HEARTBEATS = 1.5
 #: frames up to this multiple of --max-size are read and answered with a relay error when
 #: too large; only larger frames close the connection with 1009
 FRAME_FACTOR = 4
@@ -222,7 +226,8 @@ class RelayServer:
                               queue_ttl=queue_ttl, twin_ttl=self.directory.cache_ttl,
                               twin_max_stale=twin_max_stale,
                               federation_limiter=self.fed_limiter,
-                              verify_federation=verify_federation)
+                              verify_federation=verify_federation,
+                              unconfirmed_s=UNCONFIRMED_HEARTBEATS * heartbeat + 2.0 if heartbeat else 0.0)
         self.router = self.core.router
         self.table = _SessionView(self.core)
         self.metrics = RelayMetrics()

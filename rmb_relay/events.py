@@ -24,6 +24,15 @@ RELAY_EVENTS = Catalogue("rmb.relay", [
     E("rmb.relay.circuit", "a federation domain's circuit changed state (open: attempts "
       "paused after consecutive failures; closed: an attempt succeeded)",
       {"domain": "string", "reason": "string", "count": "long"}),
+    E("rmb.relay.retargeted", "a fresh record of `twin` lists other relays than its pending "
+      "federation jobs were using (the twin moved): `count` jobs now go to `domain` "
+      "(\"local\": the twin is served here and they were delivered here)",
+      {"twin": "long", "count": "long", "domain": "string"}),
+    E("rmb.relay.requeued", "a connection was lost without a close handshake (heartbeat "
+      "without pong, transport error): `count` deliveries written to it shortly before, "
+      "which the dead link may have swallowed, were queued again for the session `src` "
+      "and are replayed when it reconnects", {"src": "string", "count": "long",
+                                               "reason": "string"}),
     E("rmb.relay.drained", "the relay drained on SIGTERM/SIGINT: `count` sessions were "
       "sent a 1001 close and their frames routed; `reason` says whether everything was "
       "routed within --grace or what was cut off", {"reason": "string", "count": "long",

@@ -103,6 +103,7 @@ class PeerEntry:
         self.relay.metrics.connections.set(len(self.relay.table))
         await self.relay.runner.execute(peer)
         reason = "closed by peer"
+        lost = False        # died without a close handshake (RelayCore.peer_disconnected)
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.BINARY:
@@ -125,6 +126,7 @@ class PeerEntry:
                     break
                 elif msg.type == WSMsgType.ERROR:
                     reason = f"websocket error: {ws.exception()}"
+                    lost = True
                     break
             else:
                 if ws.close_code == CLOSE_REPLACED:
@@ -134,7 +136,7 @@ class PeerEntry:
             # the new one registered
             relay = self.relay
             # its log lines at once; commands of other inputs stay for their callers
-            relay.runner.feed_now(lambda now: relay.core.peer_disconnected(peer, now, reason))
+            relay.runner.feed_now(lambda now: relay.core.peer_disconnected(peer, now, reason, lost))
             self.relay.metrics.connections.set(len(self.relay.table))
             if peer.replay_task is not None and not peer.replay_task.done():
                 peer.replay_task.cancel()

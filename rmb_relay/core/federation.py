@@ -203,7 +203,8 @@ class FederationScheduler:
     States (table `_TRANSITIONS`): ready -dispatch-> in_flight; ready -park-> waiting;
     in_flight -accepted|refused-> done; in_flight -failed-> ready (more relays in this pass)
     | waiting (pass over) | done (deadline passed); waiting -wake-> ready;
-    ready|waiting -expire-> done. An impossible transition (e.g. reporting a job that is
+    ready|waiting -expire-> done; ready|waiting -withdraw-> done (the twin moved to this
+    relay). `retarget` points a job at the twin's new relays. An impossible transition (e.g. reporting a job that is
     not in flight) raises RelayCoreError naming the state and the input.
     Cost: attempts_due and handle_timer touch only due jobs (a ready queue and a timer heap).
     """
@@ -217,6 +218,8 @@ class FederationScheduler:
         ("waiting", "wake"): {"ready"},
         ("ready", "expire"): {"done"},
         ("waiting", "expire"): {"done"},
+        ("ready", "withdraw"): {"done"},
+        ("waiting", "withdraw"): {"done"},
     }
 
     def __init__(self, ranker: Ranker, rng: random.Random | None = None, *,
@@ -458,6 +461,63 @@ class FederationScheduler:
         else:
             raise RelayCoreError(f"federation job {job_id}: unknown outcome {outcome!r} "
                                  f"in state {job.state!r}")
+
+    def twin_of(self, job_id: int) -> int | None:
+        """The destination twin of a pending job, or None."""
+        job = self._jobs.get(job_id)
+        return job.env.destination.twin if job is not None else None
+
+    def jobs_for(self, twin: int) -> list[int]:
+        """Ids of the pending jobs whose envelope is for twin `twin` (any state)."""
+        return [j.id for j in self._jobs.values() if j.env.destination.twin == twin]
+
+    def retarget(self, job_id: int, domains: list[str], now: float) -> bool:
+        """The destination twin's record now lists `domains` (its twin moved relays, e.g.
+        a relay was retired and a new one joined): the job's later attempts go there. A
+        job waiting for its backoff or for a circuit starts a new pass over the new
+        domains at once; a ready job starts it now; a job in flight keeps its attempt and
+        uses the new domains from its next one. Returns False (nothing changed) when the
+        domains are the ones the job already has or the job is unknown. Raises
+        RelayCoreError for no domains. Without it a job kept retrying the relays it was
+        submitted with until its TTL ran out, although the twin was reachable elsewhere."""
+        if not domains:
+            raise RelayCoreError("federation needs at least one relay domain")
+        job = self._jobs.get(job_id)
+        domains = list(dict.fromkeys(domains))
+        if job is None or domains == job.domains:
+            return False
+        for d in job.domains:
+            c = self._circuits.get(d)
+            if c is not None:
+                c.jobs -= 1
+                if c.jobs <= 0 and not c.probing and not c.inflight:
+                    del self._circuits[d]
+        job.domains = domains
+        for d in domains:
+            self._circuits.setdefault(d, _Circuit()).jobs += 1
+        if job.state == "in_flight":
+            job.order = [job.domain] + [d for d in domains if d != job.domain]
+            job.index = 0
+        elif job.state == "ready":
+            job.passes -= 1
+            self._start_pass(job, now)
+            self._ready.append(job.id)              # also when it waited for a slot
+        elif job.state == "waiting":
+            job.wake_at = now
+            job.parked = False
+            job.passes = max(0, job.passes - 1)     # the new pass is not a retry
+            heapq.heappush(self._heap, (min(job.wake_at, job.deadline), job.id))
+        return True
+
+    def withdraw(self, job_id: int) -> _Job | None:
+        """Takes a job that is not in flight out of the plan without an event (the
+        destination twin is now served by this relay: the caller delivers it) and
+        returns it (fields env, data, context), or None when it is unknown or in flight."""
+        job = self._jobs.get(job_id)
+        if job is None or job.state == "in_flight":
+            return None
+        self._move(job, "withdraw", "done")
+        return job
 
     def _top(self) -> float | None:
         heap = self._heap

@@ -6,7 +6,7 @@ clock, because envelope expiry compares with the envelopes' unix timestamps; the
 turns `get_timer()` into a loop-time delay):
 
   peer_connected(conn, session, now)       an authenticated connection for (twin, sid)
-  peer_disconnected(conn, now)             that connection closed
+  peer_disconnected(conn, now, reason, lost) that connection closed (lost: no close handshake)
   queue_read(conn, entries, now)           the answer to ReadQueue (offline replay)
   replay_written(conn, done, now)          the answer to ReplayFrames
   queue_acked(conn, more, now)             the answer to AckQueue
@@ -93,6 +93,10 @@ class _Conn:
     replaying: bool = False
     late: bool = False
     waiting: bool = False
+    #: deliveries written to this connection that a lost connection may not have carried:
+    #: (written at, envelope, bytes), oldest first, and their total size
+    unconfirmed: collections.deque = None
+    unconfirmed_bytes: int = 0
 
 
 def _fail_fast(env: Envelope) -> bool:
@@ -129,7 +133,9 @@ class RelayCore:
                  federation: FederationScheduler | None = None, max_size: int = 1 << 20,
                  queue_ttl: float = 3600.0, twin_ttl: float = 60.0,
                  twin_max_stale: float = 3600.0, max_twins: int = 100_000,
-                 federation_limiter=None, verify_federation: bool = True):
+                 federation_limiter=None, verify_federation: bool = True,
+                 unconfirmed_s: float = 0.0, max_unconfirmed: int = 4096,
+                 max_unconfirmed_bytes: int = 8 << 20):
         self.router = RelayRouter(domains, limiter)
         # `is None`, not `or`: an empty scheduler has len() 0 and is falsy, and `or` silently
         # replaced the caller's scheduler with a new one (the daemon's metrics read the other)
@@ -159,6 +165,11 @@ class RelayCore:
         #: federation-in: per source relay window, requests waiting for twin lookups
         self.fed_limiter = federation_limiter or NoLimit()
         self.verify_federation = verify_federation
+        #: a lost connection's deliveries of the last `unconfirmed_s` s are queued again
+        #: (0: never), at most `max_unconfirmed` frames / `max_unconfirmed_bytes` each
+        self.unconfirmed_s = unconfirmed_s
+        self.max_unconfirmed = max_unconfirmed
+        self.max_unconfirmed_bytes = max_unconfirmed_bytes
         self._fed_waiting: dict[int, list[_FedRequest]] = {}
         #: background refreshes of stale twin records asked for (tests, metrics)
         self.refreshes = 0
@@ -260,7 +271,15 @@ class RelayCore:
         self._log("rmb.relay.connected", None, src=c.name)
         self._read(c, False)
 
-    def peer_disconnected(self, conn: Any, now: float, reason: str = "closed by peer") -> None:
+    def peer_disconnected(self, conn: Any, now: float, reason: str = "closed by peer",
+                          lost: bool = False) -> None:
+        """`lost`: the connection died without a close handshake (no pong to the heartbeat,
+        a transport error): the deliveries written to it in the last `unconfirmed_s` s
+        (whose TCP segments a cut link may have swallowed; a heartbeat notices a silent
+        peer 1.5 heartbeats after it last heard from it) are queued again for the session,
+        unexpired ones, in their order, and replayed when it reconnects. The receiving
+        peer drops a request it already got (same source and uid), so a delivery that
+        did arrive is not served twice. rmb-rs loses them (what a dead socket took)."""
         c = self._conns.pop(conn, None)
         if c is None:
             old = self._replaced.pop(conn, None)     # replaced: closed by our command
@@ -273,6 +292,15 @@ class RelayCore:
         if self._sessions.get(c.session) is c:
             del self._sessions[c.session]
         self._log("rmb.relay.disconnected", None, src=c.name, reason=reason[:200])
+        q, c.unconfirmed, c.unconfirmed_bytes = c.unconfirmed, None, 0
+        if lost and q:
+            horizon = now - self.unconfirmed_s
+            again = [(env, data) for t, env, data in q if t >= horizon and not is_expired(env, now)]
+            for env, data in again:
+                self._enqueue(None, c.session, env, data, message_kind(env), _src(env), now)
+            if again:
+                self._log("rmb.relay.requeued", None, src=c.name, count=len(again),
+                          reason=f"connection lost: {reason}"[:200])
 
     # ------------------------------------------------------------------ offline replay
     # On (re)connect the session's offline stream is replayed in order: ReadQueue (a
@@ -460,6 +488,8 @@ class RelayCore:
             if target is not None and target.state == "live":
                 # the live local route, one `forwarded` event (received and delivered in
                 # one loop pass; DESIGN.md section 6)
+                if self.unconfirmed_s > 0:
+                    self._written(target, env, data, now)
                 self._out.append(WriteFrame(target.conn, data, dst, Log(
                     "rmb.relay.forwarded", env.uid, "info",
                     {"kind": kind or "none", "src": c.name, "dst": target.name,
@@ -523,9 +553,25 @@ class RelayCore:
         self._chains[dst[0]] = collections.deque([(sender, env, data)])
         self._out.append(LookupTwin(dst[0]))
 
+    def _written(self, c: _Conn, env: Envelope, data: bytes, now: float) -> None:
+        """Remember a delivery written to `c` for `unconfirmed_s` s (see peer_disconnected)."""
+        if self.unconfirmed_s <= 0:
+            return
+        q = c.unconfirmed
+        if q is None:
+            q = c.unconfirmed = collections.deque()
+        q.append((now, env, data))
+        c.unconfirmed_bytes += len(data)
+        horizon = now - self.unconfirmed_s
+        while q and (q[0][0] < horizon or len(q) > self.max_unconfirmed
+                     or c.unconfirmed_bytes > self.max_unconfirmed_bytes):
+            c.unconfirmed_bytes -= len(q.popleft()[2])
+
     def _deliver(self, sender: Session | None, dst: Session, env: Envelope, data: bytes, now: float,
                  target: _Conn | None) -> None:
         if target is not None and target.state == "live":
+            if self.unconfirmed_s > 0:
+                self._written(target, env, data, now)
             self._out.append(WriteFrame(target.conn, data, dst, Log(
                 "rmb.relay.delivered", env.uid, "info",
                 {"kind": message_kind(env), "src": _src(env), "dst": target.name,
@@ -628,6 +674,8 @@ class RelayCore:
             self._out.append(FederationAnswer(req.request, 404, ERR_OFFLINE))
             return
         if target is not None and target.state == "live":
+            if self.unconfirmed_s > 0:
+                self._written(target, env, req.data, now)
             self._out.append(WriteFrame(target.conn, req.data, dst, Log(
                 "rmb.relay.delivered", env.uid, "info",
                 {"kind": message_kind(env), "src": _src(env), "dst": target.name,
@@ -708,6 +756,7 @@ class RelayCore:
             self._twins.move_to_end(twin)
             while len(self._twins) > self.max_twins:
                 self._twins.popitem(last=False)
+            self._follow_twin(twin, record, now)
         elif unknown:
             self._twins.pop(twin, None)
         else:
@@ -772,6 +821,45 @@ class RelayCore:
             self._reply_to(sender, env, route.text)
 
     # ------------------------------------------------------------------ federation
+    #: a failed federation attempt asks for a fresh record of its destination twin when
+    #: the one it used is at least this old (s): the twin may have moved to another relay
+    FAILED_REFRESH_S = 2.0
+
+    def _follow_twin(self, twin: int, record, now: float) -> None:
+        """A fresh record of `twin`: its pending federation jobs follow its relays (a
+        twin that moved, e.g. off a retired relay, is reached where it is now, instead
+        of the old relay being retried until the TTL runs out); jobs for a twin that
+        is now served here are delivered here (those not in flight)."""
+        jobs = self.federation.jobs_for(twin)
+        if not jobs:
+            return
+        route = self.router.route(list(record.relays))
+        if isinstance(route, Federate):
+            moved = [j for j in jobs if self.federation.retarget(j, route.domains, now)]
+            if moved:
+                self._log("rmb.relay.retargeted", None, twin=twin, count=len(moved),
+                          domain=",".join(route.domains)[:200])
+                self._pump_federation(now)
+        elif isinstance(route, Local):
+            taken = [job for j in jobs if (job := self.federation.withdraw(j)) is not None]
+            for job in taken:
+                dst = session_of(job.env.destination)
+                self._deliver(job.context, dst, job.env, job.data, now, self._sessions.get(dst))
+            if taken:
+                self._log("rmb.relay.retargeted", None, twin=twin, count=len(taken),
+                          domain="local")
+
+    def _refresh_after_failure(self, job: int, now: float) -> None:
+        twin = self.federation.twin_of(job)
+        if twin is None or twin in self._refreshing or twin in self._chains:
+            return
+        hit = self._twins.get(twin)
+        if hit is not None and now - hit[1] < self.FAILED_REFRESH_S:
+            return
+        self._refreshing.add(twin)
+        self.refreshes += 1
+        self._out.append(LookupTwin(twin))
+
     def take(self) -> list[RelayCommand]:
         """Every pending command at once (what draining next_event() gives, as a list)."""
         out = list(self._out)
@@ -787,6 +875,7 @@ class RelayCore:
             elif isinstance(ev, FederationAttemptFailed):
                 self._log("rmb.relay.federation_failed", ev.uid, "warning", domain=ev.domain,
                           attempt=ev.attempt, status=ev.status, reason=ev.reason)
+                self._refresh_after_failure(ev.job, now)
             elif isinstance(ev, FederationCircuit):
                 self._log("rmb.relay.circuit", None,
                           "warning" if ev.state == "open" else "info", domain=ev.domain,

@@ -1,0 +1,40 @@
+"""The testnet job's attribution of expired RMB requests to the planned fault windows
+(deploy.testnet_job.rmb_expiries): pure, no namespaces."""
+from __future__ import annotations
+
+from deploy.testnet import RTO_MAX_MS
+from deploy.testnet_job import fault_windows, rmb_expiries
+
+T = 1_000_000.0
+FAULTS = [
+    {"fault": "region_partition", "target": "ap", "at": T + 4, "duration_s": 30, "healed": T + 34,
+     "planned_for": ["ap", "carol"]},
+    {"fault": "relay_rotation", "target": "relay2", "at": T + 46, "duration_s": 12, "took_s": 3.0,
+     "planned_for": ["relay2", "relay3", "bob", "carol"]},
+]
+
+
+def test_windows_end_at_the_heal_plus_the_retransmission_ceiling_or_the_rotation_window():
+    w = {name: (a, b) for name, a, b, _ in fault_windows(FAULTS)}
+    assert w["region_partition"] == (T + 4, T + 34 + RTO_MAX_MS / 1e3)
+    assert w["relay_rotation"] == (T + 46, T + 58)
+
+
+def test_expiries_inside_a_window_planned_for_the_destination_and_outside():
+    sent = {("1", "carol"): T + 5, ("2", "bob"): T + 5, ("3", "bob"): T + 20, ("4", "bob"): T + 70,
+            ("5", "carol"): T + 6, ("6", "carol"): T + 30}
+    outcomes = {("1", "carol"): "expired", ("2", "bob"): "expired", ("3", "bob"): "expired",
+                ("4", "bob"): "expired", ("5", "carol"): "answered", ("6", "carol"): "expired"}
+    e = rmb_expiries(outcomes, sent, 40.0, FAULTS)
+    # carol #1 lived 5..45 s, #6 30..70 s: the partition (4..39 s) and the rotation (46..58
+    # s, carol moved too); bob #2 lived 5..45 s: no window planned for bob; bob #3 lived
+    # 20..60 s: the rotation; bob #4 was sent after every window
+    assert (e["expired"], e["inside"], e["outside"]) == (5, 3, 2)
+    assert e["by_fault"] == {"region_partition": 2, "relay_rotation": 1}
+    assert [(r["request"], r["dst"], r["sent_s"]) for r in e["outside_requests"]] == \
+        [("2", "bob", 0.0), ("4", "bob", 65.0)]
+    # carol's under the partition, which hit them first; #1's deadline (45 s) and #6's (70 s)
+    # are past the partition's window (39 s): the fault alone does not explain them; #3
+    # (60 s) outlived the rotation's window (58 s)
+    assert [(r["request"], r["fault"], r["past_end_s"]) for r in e["outlived_requests"]] == \
+        [("1", "region_partition", 6.0), ("3", "relay_rotation", 2.0), ("6", "region_partition", 31.0)]

@@ -16,15 +16,16 @@ Engine: a Structured Streaming file source over `segments/` with the batch repor
 explicit schema (spark/schema.py), a micro-batch every `--trigger-s` seconds, and a
 foreachBatch sink that keeps per-message state in Parquet as one delta per batch id:
 
-1. the micro-batch's lines (parsed once, kept in memory for the batch), each with its
-   `_source` file, go to `DIR/events/b-<batch id>.parquet` (overwritten when a restarted
-   query replays that batch: the file source's offset log fixes which files a batch id
-   holds); one aggregation gives the lines per file and the trace ids the batch touches;
+1. the micro-batch's lines are parsed once and kept in memory (persisted) for this batch
+   and the next RECENT_BATCHES - 1, which gather a touched trace's earlier lines from
+   them (older batches, and all of them after a restart: from their segment files, which
+   the batch markers list); one aggregation gives the lines per file and the trace ids
+   the batch touches;
 2. per-message state deltas: `DIR/state/steps/b-<batch id>.parquet` holds the batch
    report's step table rows (spark/report.py _step_table: one row per trace, protocol,
    step and branch) of every trace the batch touches, recomputed from all that trace's
-   events (the batch's lines and the trace's earlier `ok` lines, read from the events of
-   the first batch the trace appeared in onwards: a later fact or branch of a trace applies
+   events (the batch's lines and the trace's earlier `ok` lines, from the first batch the
+   trace appeared in onwards: a later fact or branch of a trace applies
    to its earlier steps, as in the batch report), plus the `_meta` rows (ingest and plan)
    of the batch's own lines; `DIR/state/records/b-<batch id>.parquet` the (trace, branch)
    records of those traces (the outcome columns of spark/stages.py outcome_sql without a
@@ -33,8 +34,9 @@ foreachBatch sink that keeps per-message state in Parquet as one delta per batch
    rows add up. `state/batches/<id>.json` (lines, segment files, the traces first seen,
    the latest step time per protocol, the `_meta` rows) is written last: it marks the
    delta complete. Nothing older is rewritten: a batch costs what it touches;
-3. the live outputs, from the current records (kept in memory, the touched traces'
-   replaced each batch): the watermark is the latest step time read; a (trace, branch)
+3. the live outputs, from the current records: pieces (each batch's records delta, and
+   now and then all of them merged into one, localCheckpoint) from which the rows of
+   traces touched later are filtered out: the watermark is the latest step time read; a (trace, branch)
    with no decision whose deadline (start + ttl) is behind it becomes `lost_or_stuck` (the
    timeout: spark/stages.py timed_out_sql, the rule the batch report applies at the end
    of its logs), else it stays `in_flight`, and a later line can still settle it; the
@@ -60,7 +62,7 @@ report over every event read so far (cost grows with the run).
 
 Restart: `DIR/checkpoint` holds the query's offsets and commits; a restarted job resumes
 after the last committed batch and replays an uncommitted one into the same
-`b-<id>.parquet` files (events and deltas), merged over the complete deltas before it (the
+`b-<id>.parquet` deltas, merged over the complete deltas before it (the
 driver's view is rebuilt from them), so no line is counted twice and none is lost. Delete
 DIR to start over.
 """
@@ -178,6 +180,9 @@ class Follower:
         # cached current records and the batch id they reflect
         self._info: dict[int, dict] | None = None
         self._first: dict[str, int] = {}
+        self._last: dict[str, int] = {}
+        self._pieces: list[list] = []       # [first batch id, last batch id, DataFrame]
+        self._recent: dict[int, object] = {}  # batch id -> its parsed lines (persisted)
         self._cur = None
         self._cur_b = -1
         from spark.report import PROTOCOLS, load_sla
@@ -216,6 +221,7 @@ class Follower:
         return os.path.join(self.out, "state", name, f"b-{batch_id:08d}.parquet")
 
     def _events(self, batch_id: int) -> str:
+        """--full-rerun: the lines of micro-batch `batch_id`, as Parquet."""
         return os.path.join(self.out, "events", f"b-{batch_id:08d}.parquet")
 
     def _batch_info(self) -> dict[int, dict]:
@@ -261,19 +267,25 @@ class Follower:
         of a process and whenever a batch id is seen again (a replay)."""
         from pyspark.sql import Window, functions as F
         self._info = {b: v for b, v in self._batch_info().items() if b < batch_id}
-        self._first = {}
+        self._first, self._last = {}, {}
         for b, v in self._info.items():
             for t in v.get("traces", []):
                 self._first.setdefault(t, b)
-        _release(self._cur)
-        self._cur = None
+        for _, _, df in self._pieces:
+            _release(df)
+        for df in self._recent.values():
+            df.unpersist()
+        self._pieces, self._recent, self._cur = [], {}, None
         paths = [self._delta("records", b) for b in self._info
                  if os.path.exists(self._delta("records", b))]
         if paths:
             d = self.spark.read.parquet(*paths)
             w = Window.partitionBy("trace_id")
-            self._cur = (d.withColumn("_last", F.max("_b").over(w)).filter("_b = _last")
-                         .drop("_last").localCheckpoint(eager=True))
+            # one piece; a trace's place in it is unknown (_last empty): filtered when touched
+            self._pieces = [[min(self._info), max(self._info),
+                             d.withColumn("_last", F.max("_b").over(w)).filter("_b = _last")
+                             .drop("_last").localCheckpoint(eager=True)]]
+            self._cur = self._pieces[0][2]
         self._cur_b = batch_id - 1
 
     def _batch_body(self, df, batch_id: int) -> None:
@@ -297,8 +309,6 @@ class Follower:
         # the step rows of the traces they touch
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            df.write.mode("overwrite").parquet(self._events(batch_id))
-            self._phase("events_write")
             lines: dict[str, int] = {}
             touched: set[str] = set()
             for r in df.groupBy(SOURCE, "trace_id").count().collect():
@@ -311,8 +321,14 @@ class Follower:
                       "t1": {}, "meta": []}
             if marker["lines"]:
                 self._merge(batch_id, df, touched, marker)
-        finally:
+        except BaseException:
             df.unpersist()
+            raise
+        # the parsed lines of the last RECENT_BATCHES batches stay in memory: a trace
+        # touched again soon is gathered from them, not from its segment files
+        self._recent[batch_id] = df
+        for b in sorted(self._recent)[:-RECENT_BATCHES]:
+            self._recent.pop(b).unpersist()
         _write_atomic(os.path.join(self.out, "state", "batches", f"{batch_id:08d}.json"),
                       json.dumps(marker))
         self._info[batch_id] = marker
@@ -342,11 +358,14 @@ class Follower:
         ev = df
         if known:
             since = min(self._first[t] for t in known)
-            old = [self._events(b) for b in self._info if b >= since]
-            if old:
-                prev = (read_events(spark, old).filter(F.col("trace_id").isin(known))
-                        .filter(f"({event_class_sql()}) = 'ok'"))
-                ev = df.unionByName(prev.select(*df.columns))
+            parts = [self._recent[b] for b in self._info if b >= since and b in self._recent]
+            files = [_local(s) for b, v in self._info.items()
+                     if b >= since and b not in self._recent for s in v["sources"]]
+            if files:
+                parts.append(read_events(spark, files).select(*df.columns))
+            for part in parts:
+                ev = ev.unionByName(part.filter(F.col("trace_id").isin(known))
+                                    .filter(f"({event_class_sql()}) = 'ok'"))
         steps = _step_table(spark, [], peers=True, events=ev).withColumn("_b", F.lit(batch_id))
         steps.write.mode("overwrite").parquet(self._delta("steps", batch_id))
         steps = spark.read.parquet(self._delta("steps", batch_id))
@@ -369,11 +388,24 @@ class Follower:
             .parquet(self._delta("records", batch_id))
         rec = spark.read.parquet(self._delta("records", batch_id))
         self._phase("merge_records")
-        cur = rec if self._cur is None else \
-            self._cur.filter(~F.col("trace_id").isin(sorted(touched))).unionByName(rec)
-        cur = cur.localCheckpoint(eager=True)
-        _release(self._cur)
-        self._cur = cur
+        # the current records: pieces (one per recent batch, one merged) from which the
+        # touched traces' older rows are filtered out; merged into one piece now and then
+        for piece in self._pieces:
+            lo, hi, _ = piece
+            ids = [t for t in known if lo <= self._last.get(t, lo) <= hi]
+            if ids:
+                piece[2] = piece[2].filter(~F.col("trace_id").isin(ids))
+        self._pieces.append([batch_id, batch_id, rec])
+        for t in touched:
+            self._last[t] = batch_id
+        if len(self._pieces) > MAX_PIECES:
+            old = self._pieces
+            merged = _union([p[2] for p in old]).coalesce(2).localCheckpoint(eager=True)
+            for p in old:
+                _release(p[2])
+            self._pieces = [[old[0][0], old[-1][1], merged]]
+        dfs = [p[2] for p in self._pieces]
+        self._cur = _union(dfs) if len(dfs) == 1 else _union(dfs).coalesce(2)
         self._phase("merge_current")
 
     def _plan_and_watermark(self, batch_id: int):
@@ -556,7 +588,7 @@ class Follower:
         tr = tr.persist(StorageLevel.MEMORY_AND_DISK)
         cached = [tr]
         try:
-            summary = _report(self.spark, tr, cached, committed_batches(self.out), report_dir,
+            summary = _report(self.spark, tr, cached, sorted(self.sources()), report_dir,
                               self.objectives, self.ttl_over, False, {}, time.time(), True)
         finally:
             for df in cached:
@@ -623,9 +655,26 @@ class Follower:
 
     def sources(self) -> set[str]:
         """Paths of every segment file in a batch whose state is complete."""
-        from urllib.parse import unquote, urlparse
-        return {unquote(urlparse(s).path) for v in self._batch_info().values()
-                for s in v["sources"]}
+        return {_local(s) for v in self._batch_info().values() for s in v["sources"]}
+
+
+#: batches whose parsed lines stay in memory for the next batches' gathering
+RECENT_BATCHES = 3
+#: pieces of the current records before they are merged into one (localCheckpoint)
+MAX_PIECES = 16
+
+
+def _local(uri: str) -> str:
+    """The local path of a `_source` file URI (input_file_name)."""
+    from urllib.parse import unquote, urlparse
+    return unquote(urlparse(uri).path)
+
+
+def _union(dfs: list):
+    out = dfs[0]
+    for df in dfs[1:]:
+        out = out.unionByName(df)
+    return out
 
 
 def _release(df) -> None:
@@ -633,10 +682,13 @@ def _release(df) -> None:
     its plan) now rather than at the JVM's next garbage collection."""
     if df is None:
         return
-    try:
-        df._jdf.queryExecution().analyzed().rdd().unpersist(False)
-    except Exception:  # noqa: BLE001 - not a checkpointed plan: nothing held
-        pass
+    leaves = df._jdf.queryExecution().analyzed().collectLeaves().iterator()
+    while leaves.hasNext():
+        leaf = leaves.next()
+        try:
+            leaf.rdd().unpersist(False)
+        except Exception:  # noqa: BLE001 - a file scan, not a checkpointed RDD: nothing held
+            pass
 
 
 def _iso_us(us: int) -> str | None:
@@ -670,7 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="relay-trace-report --follow",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("logdir", help="the daemons' log directory (reads LOGDIR/segments/*.jsonl)")
-    ap.add_argument("--out", required=True, help="output directory (live/, report/, events/, checkpoint/)")
+    ap.add_argument("--out", required=True, help="output directory (live/, report/, state/, checkpoint/)")
     ap.add_argument("--master", default=None, help="Spark master URL (default local[2])")
     ap.add_argument("--sla", default=None, help="SLA objectives TOML (default spark/sla.toml)")
     ap.add_argument("--trigger-s", type=float, default=1.0, help="seconds between micro-batches")

@@ -290,7 +290,6 @@ class Follower:
 
     def _batch_body(self, df, batch_id: int) -> None:
         from pyspark import StorageLevel
-        from pyspark.sql import functions as F
         from spark.schema import SOURCE
         if self.full_rerun:
             path = self._events(batch_id)

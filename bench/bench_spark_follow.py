@@ -13,6 +13,11 @@ time k was written. Targets: p99 <= 10 s at the demo rate, <= 30 s at 5,000 even
 Modes: `incremental` (the default job: per-message state, spark/follow.py) and `full`
 (`--full-rerun`: each refresh reruns the batch report over every event read, the former
 mode), each measured in the same run; the ratio full/incremental of the lag p99 is printed.
+`before` (`--before REF`, default HEAD~1): the default job of an earlier commit, exported
+with `git archive` and run the same way, for a before/after in one run.
+Per mode it also prints the micro-batches' mean and max seconds to a live refresh, their
+Spark jobs and the mean seconds per phase (live/status.json `micro_batch`; `before`
+commits that do not report it print None).
 Also: the batch report over the same segments once the run is over.
 """
 from __future__ import annotations
@@ -85,15 +90,27 @@ def pct(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, max(0, int(q * len(xs) + 0.999999) - 1))], 3)
 
 
-def run(rate_name: str, rate: float, seconds: float, full: bool = False) -> dict:
+def tree_of(ref: str, dest: Path) -> Path:
+    """The repository's files at git `ref`, exported to `dest` (the job of an earlier
+    commit, run beside the current one in the same bench run)."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+def run(rate_name: str, rate: float, seconds: float, full: bool = False,
+        tree: Path | None = None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="follow-bench-"))
     logdir, out, done = tmp / "logs", tmp / "out", tmp / "done"
     logdir.mkdir()
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYTHONPATH=str(ROOT))
+    job_env = dict(env, PYTHONPATH=str(tree or ROOT))
     job = subprocess.Popen([sys.executable, "-m", "spark.report", "--follow", str(logdir),
                             "--out", str(out), "--master", "local[2]", "--trigger-s", "1",
                             "--exit-on", str(done), *(["--full-rerun"] if full else [])],
-                           cwd=ROOT, env=env,
+                           cwd=tree or ROOT, env=job_env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         status = out / "live" / "status.json"
@@ -103,6 +120,7 @@ def run(rate_name: str, rate: float, seconds: float, full: bool = False) -> dict
         marks: list = []
         stop = threading.Event()
         refreshes: list[tuple[int, float]] = []
+        batches: list[dict] = []        # status.json "micro_batch": seconds, jobs, phases
         writer = threading.Thread(target=lambda: marks.append(("n", write(logdir, rate, seconds, marks, stop))))
         writer.start()
         last = None
@@ -114,6 +132,8 @@ def run(rate_name: str, rate: float, seconds: float, full: bool = False) -> dict
                 if st["updated_unix"] != last:
                     last = st["updated_unix"]
                     refreshes.append((st["lines"], st["updated_unix"]))
+                    if st.get("micro_batch"):
+                        batches.append(st["micro_batch"])
             except (FileNotFoundError, ValueError, KeyError):
                 pass
             if not writer.is_alive():
@@ -136,7 +156,17 @@ def run(rate_name: str, rate: float, seconds: float, full: bool = False) -> dict
                         "--master", "local[2]", *segs], cwd=ROOT, env=env, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         batch_s = time.time() - t_b
+        phases: dict[str, float] = {}
+        for b in batches:
+            for k, v in b.get("phases", {}).items():
+                phases[k] = phases.get(k, 0.0) + v / len(batches)
         return {"rate": rate, "events": total, "p50_s": pct(lags, 0.5), "p99_s": pct(lags, 0.99),
+                "batch_s_mean": round(sum(b["seconds"] for b in batches) / len(batches), 2)
+                if batches else None,
+                "batch_s_max": max((b["seconds"] for b in batches), default=None),
+                "jobs_per_batch": round(sum(b["spark_jobs"] for b in batches) / len(batches), 1)
+                if batches else None,
+                "phases": {k: round(v, 2) for k, v in phases.items()},
                 "refreshes": len(refreshes), "batch_s": round(batch_s, 2),
                 "covered": len(lags), "marks": len(marks) - 1}
     finally:
@@ -156,33 +186,52 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--rates", default="demo,5000")
     ap.add_argument("--modes", default="incremental,full",
-                    help="incremental (the job's default) and/or full (--full-rerun baseline)")
+                    help="incremental (the job's default), full (--full-rerun baseline), "
+                         "before (the default job of git ref --before)")
+    ap.add_argument("--before", default="HEAD~1", metavar="REF",
+                    help="for mode `before`: the commit whose job is measured beside this one")
     args = ap.parse_args(argv)
     figures, baseline = {}, {}
     modes = args.modes.split(",")
+    before_tree = None
+    if "before" in modes:
+        before_tree = tree_of(args.before, Path(tempfile.mkdtemp(prefix="follow-before-")) / "tree")
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.before],
+                             capture_output=True, text=True).stdout.strip()
+        baseline["before_commit"] = rev
     for name in args.rates.split(","):
         rate = demo_rate() if name == "demo" else float(name)
         target = TARGET_P99_S.get(name)
         p99 = {}
         for mode in modes:
-            r = run(name, rate, args.seconds, full=(mode == "full"))
+            r = run(name, rate, args.seconds, full=(mode == "full"),
+                    tree=before_tree if mode == "before" else None)
             p99[mode] = r["p99_s"]
             print(f"rate {name} ({r['rate']:.1f} events/s, {r['events']} events), {mode}: "
                   f"{r['refreshes']} refreshes, lag p50 {r['p50_s']} s, p99 {r['p99_s']} s "
                   f"(target p99 <= {target} s: {'met' if r['p99_s'] is not None and r['p99_s'] <= target else 'MISSED'})"
                   f"; batch report over the same events {r['batch_s']} s", flush=True)
-            key = name if mode == "incremental" else f"{name}_full_rerun"
+            print(f"  micro-batch to live refresh: mean {r['batch_s_mean']} s, max "
+                  f"{r['batch_s_max']} s, {r['jobs_per_batch']} Spark jobs; mean s per phase "
+                  f"{r['phases']}", flush=True)
+            key = name if mode == "incremental" else \
+                f"{name}_full_rerun" if mode == "full" else f"{name}_before"
             dest = figures if mode == "incremental" else baseline
             dest[f"lag_p50_s@{key}"] = r["p50_s"]
             dest[f"lag_p99_s@{key}"] = r["p99_s"]
+            dest[f"micro_batch_s_mean@{key}"] = r["batch_s_mean"]
+            dest[f"spark_jobs_per_batch@{key}"] = r["jobs_per_batch"]
             if mode == "incremental":
                 figures[f"events_per_s@{name}"] = round(r["rate"], 1)
                 figures[f"target_p99_s@{name}"] = target
                 baseline[f"batch_report_s@{name}"] = r["batch_s"]
-        if p99.get("full") and p99.get("incremental"):
-            ratio = round(p99["full"] / p99["incremental"], 1)
-            figures[f"lag_p99_full_over_incremental@{name}"] = ratio
-            print(f"rate {name}: lag p99 full rerun / incremental = {ratio}x", flush=True)
+        for other, label in (("full", "full rerun"), ("before", "before")):
+            if p99.get(other) and p99.get("incremental"):
+                ratio = round(p99[other] / p99["incremental"], 1)
+                figures[f"lag_p99_{other}_over_incremental@{name}"] = ratio
+                print(f"rate {name}: lag p99 {label} / incremental = {ratio}x", flush=True)
+    if before_tree is not None:
+        shutil.rmtree(before_tree.parent, ignore_errors=True)
     from result_file import write_result
     write_result("spark_follow", figures, baseline=baseline)
     return 0

@@ -319,23 +319,30 @@ def _by_protocol(exprs: dict[str, str]) -> str:
 
 # ----------------------------------------------------------------------------- pipeline
 
-def _step_rows(spark, inputs: list[str]):
+def event_class_sql() -> str:
+    """SQL over an event row (spark/schema.py columns): its ingest class, one of 'torn',
+    'bad' (corrupt or without ts/event), 'plan' (the launcher's demo.* and driver events),
+    'unknown' (not in any catalogue), 'untraced' (no trace_id) or 'ok' (the only class that
+    makes step rows; the others are counted as `_meta` rows)."""
+    known = sorted(known_events())
+    return (f"CASE WHEN {CORRUPT} IS NOT NULL THEN "
+            f"  CASE WHEN rtrim({CORRUPT}) LIKE '%}}' THEN 'bad' ELSE 'torn' END "
+            f"WHEN ts IS NULL OR event IS NULL THEN 'bad' "
+            f"WHEN event LIKE 'demo.%' OR event IN ({', '.join(_q(e) for e in DRIVER_EVENTS)}) THEN 'plan' "
+            f"WHEN NOT event IN ({', '.join(_q(e) for e in known)}) THEN 'unknown' "
+            f"WHEN trace_id IS NULL OR trace_id = '' THEN 'untraced' ELSE 'ok' END")
+
+
+def _step_rows(spark, inputs: list[str], events=None):
     """The step rows before the shuffle: per event row (zero or more) step records with
     trace_id, protocol, node, service, ts_us, fact (hash of event and attrs), peer
     (attrs.peer), step, branch, detail, hop. Ingest problems are rows of protocol `_meta`
-    (step `meta:<class>[:event]`, branch = file for corrupt lines)."""
+    (step `meta:<class>[:event]`, branch = file for corrupt lines). `events`: a DataFrame
+    of events (read_events' columns) to use instead of reading `inputs`."""
     from pyspark.sql import functions as F
-    df = read_events(spark, inputs)
-    known = sorted(known_events())
-    cls = F.expr(
-        f"CASE WHEN {CORRUPT} IS NOT NULL THEN "
-        f"  CASE WHEN rtrim({CORRUPT}) LIKE '%}}' THEN 'bad' ELSE 'torn' END "
-        f"WHEN ts IS NULL OR event IS NULL THEN 'bad' "
-        f"WHEN event LIKE 'demo.%' OR event IN ({', '.join(_q(e) for e in DRIVER_EVENTS)}) THEN 'plan' "
-        f"WHEN NOT event IN ({', '.join(_q(e) for e in known)}) THEN 'unknown' "
-        f"WHEN trace_id IS NULL OR trace_id = '' THEN 'untraced' ELSE 'ok' END")
+    df = events if events is not None else read_events(spark, inputs)
     # one projection per layer (withColumns: one analysis each, not one per column)
-    ev = df.withColumn("cls", cls)
+    ev = df.withColumn("cls", F.expr(event_class_sql()))
     ev = ev.withColumns({
         # a plan event (deploy/events.py) travels whole, as JSON, to the driver
         "plan_json": F.expr(
@@ -397,15 +404,16 @@ def _trace_peers(spark, inputs: list[str]):
             .groupBy("trace_id").agg(F.collect_set("peer").alias("peers")))
 
 
-def _step_table(spark, inputs: list[str], peers: bool = True):
+def _step_table(spark, inputs: list[str], peers: bool = True, events=None):
     """One row per (trace, protocol, step, branch): first ts (us, raw clock), its node, count
     n, duplicates dup, detail, hop flag, the trace's sorted `branches` and, with `peers`,
     the trace's `peers` (array of the distinct attrs.peer its steps named, any order; only
     the plan's faults need it: without `peers` the report computes it, when the plan has
     faults, with _trace_peers). Ingest problems are rows of protocol `_meta` (step
-    `meta:<class>[:event]`, branch = file for corrupt lines)."""
+    `meta:<class>[:event]`, branch = file for corrupt lines). `events`: a DataFrame of
+    events to use instead of reading `inputs`."""
     from pyspark.sql import Window, functions as F
-    st = _step_rows(spark, inputs)
+    st = _step_rows(spark, inputs, events)
     if not peers:
         st = st.drop("peer")
     # THE shuffle of the job: narrow step rows (rules applied before it), by trace; every

@@ -88,7 +88,7 @@ def render(repo: Path = REPO, min_soak: float = 300.0) -> str:
         data = json.loads(p.read_text())
         for proto, topo in _pairs(data["figures"]):
             baselines[(proto, topo)] = (p, data)
-    out = ["Saturation (the committed baselines: the search, then a short run at 80%):", "",
+    out = ["Saturation (the committed baselines: the search, then a run at 80%: 30 s, REMP 300 s):", "",
            "| protocol | topology | saturation | offered | bracketed | p99 objectives (ms) | steps | "
            "baseline run: p50 / p99 (ms) | CPU ms per message | date, load |",
            "|---|---|---|---|---|---|---|---|---|---|"]

@@ -112,3 +112,27 @@ def test_committed_baseline_against_itself_passes_and_a_regression_beyond_10_per
     lossy = copy.deepcopy(base)
     lossy["figures"][loss] = (base["figures"][loss] or 0.0) * 1.2 + 0.001
     assert regressed(compare(lossy, base))
+
+
+def test_remp_cpu_is_decided_per_role_not_per_validator():
+    """The validators' CPU is decided summed (per message the network accepted), so a run
+    whose validators served other shards than the baseline's (sessions rotate, keys differ
+    per run) is not a regression; one validator's CPU per message it handled is information."""
+    at = "@20/s"
+
+    def bench(per_validator, total, fullnode=7.5):
+        f = {f"first_receipt_p50_ms{at}": 30.0, f"first_receipt_p99_ms{at}": 900.0, f"finalized_p50_s{at}": 0.8,
+             f"finalized_p99_s{at}": 2.0, f"lost{at}": 0, f"cpu_per_message_until_final_ms{at}": total,
+             f"cpu_per_message_fullnode_ms{at}": fullnode, f"cpu_ms_per_message_fullnode1{at}": fullnode}
+        f.update({f"cpu_ms_per_message_v{i + 1}{at}": v for i, v in enumerate(per_validator)})
+        r = saturation.remp_figures(20.0, 300.0, f, LAN)
+        return {"figures": {f"remp.lan.{k}": v for k, v in r.items() if k != "ok"}}
+    short = bench([4.4] * 7 + [10.6] * 7, 48.9)       # one shard carried 3/4 of the messages
+    long = bench([7.3] * 14, 48.6)                     # every validator served both shards
+    assert short["figures"]["remp.lan.cpu_ms_per_message.validators"] == 41.4
+    verdicts = {v.figure: v.verdict for v in compare(long, short)}
+    assert verdicts["remp.lan.cpu_ms_per_message.validators"] == "equal"
+    assert verdicts["remp.lan.cpu_ms_per_handled.v1"] == "info"
+    assert not regressed(compare(long, short))
+    assert regressed(compare(bench([7.3] * 14, 54.0), short))       # validators +15%
+    assert regressed(compare(bench([7.3] * 14, 48.6, fullnode=8.4), short))

@@ -58,6 +58,7 @@ from pathlib import Path
 from daemon_runtime.daemons import Daemon, LaunchError, script
 from deploy.segments import Plan
 from deploy.testnet import RTO_MAX_MS, Testnet, TestnetError, Topology
+from rmb_peer.core import BACKOFF_MIN, DEAD_AFTER
 
 __all__ = ["run_job", "run_and_record", "job_nodes", "NsRmb", "DEFAULTS"]
 
@@ -543,16 +544,32 @@ def _window(plan: Plan, fault: str, targets: list[str], duration: float) -> None
         plan.fault(fault, target, duration)
 
 
-def _healed(plan: Plan, fault: str, targets: list[str], recovery: bool = True) -> None:
+def _healed(plan: Plan, fault: str, targets: list[str], recovery: bool = True,
+            later_for: dict[str, float] | None = None) -> None:
     """Close the fault's planned window; after a heal the window stays open for the nodes'
     TCP retransmission ceiling (deploy.testnet.RTO_MAX_MS), the longest a connection that
-    backed off during the cut waits before it resumes. Runs in the background."""
-    async def later():
+    backed off during the cut waits before it resumes; a target in `later_for` (name -> unix
+    s) stays planned until that time if it is later. Runs in the background."""
+    async def close(target_list: list[str], until: float | None):
         if recovery:
             await asyncio.sleep(RTO_MAX_MS / 1e3)
-        for target in targets:
+        if until is not None:
+            await asyncio.sleep(max(0.0, until - time.time()))
+        for target in target_list:
             plan.recovered(fault, target)
-    _PENDING.append(asyncio.ensure_future(later()))
+    later_for = later_for or {}
+    _PENDING.append(asyncio.ensure_future(close([t for t in targets if t not in later_for], None)))
+    for target, until in later_for.items():
+        if target in targets:
+            _PENDING.append(asyncio.ensure_future(close([target], until)))
+
+
+def peer_reconnected_by(cut_at: float) -> float:
+    """When a twin's rmb-peer has replaced a relay connection that a cut silenced at `cut_at`
+    (unix s): the peer declares a relay dead after DEAD_AFTER s without a frame and
+    reconnects BACKOFF_MIN s later (rmb_peer.core; DESIGN.md section 3, keepalive), whether
+    or not the cut healed before; the relay's close of its side need not reach the peer."""
+    return cut_at + DEAD_AFTER + BACKOFF_MIN
 
 
 _PENDING: list = []
@@ -573,7 +590,12 @@ async def _partition(net: Testnet, plan: Plan, region: str | None, at: float, du
     await asyncio.sleep(duration)
     await asyncio.to_thread(net.heal, region)
     log[-1]["healed"] = time.time()
-    _healed(plan, "region_partition", cut)
+    # a twin in the cut region keeps its planned window until its peer has replaced the
+    # relay connections the cut silenced (traffic to it before then meets the cut's effect)
+    peers_back = peer_reconnected_by(log[-1]["at"])
+    log[-1]["peers_back"] = peers_back
+    _healed(plan, "region_partition", cut,
+            later_for={t: peers_back for t in cut if t in TWINS})
     print(f"testnet: region {region} healed", flush=True)
 
 
@@ -750,6 +772,7 @@ def fault_windows(faults: list) -> list[tuple[str, float, float, set]]:
             end = f["at"] + max(float(f["duration_s"]), float(f.get("took_s", 0.0)))
         else:
             end = f.get("healed", f["at"] + float(f["duration_s"])) + RTO_MAX_MS / 1e3
+            end = max(end, float(f.get("peers_back", 0.0)))
         out.append((f["fault"], f["at"], end, set(f.get("planned_for") or [])))
     return out
 

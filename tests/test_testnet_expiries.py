@@ -38,3 +38,19 @@ def test_expiries_inside_a_window_planned_for_the_destination_and_outside():
     # (60 s) outlived the rotation's window (58 s)
     assert [(r["request"], r["fault"], r["past_end_s"]) for r in e["outlived_requests"]] == \
         [("1", "region_partition", 6.0), ("3", "relay_rotation", 2.0), ("6", "region_partition", 31.0)]
+
+
+def test_a_partitioned_twins_window_lasts_until_its_peer_replaced_the_silenced_connection():
+    # the peer declares a relay dead after 40 s without a frame (then reconnects 1 s later),
+    # so a 30 s cut that began at 4 s keeps a twin in the cut region planned until 45 s,
+    # past the heal + retransmission ceiling (39 s)
+    from deploy.testnet_job import peer_reconnected_by
+    from rmb_peer.core import BACKOFF_MIN, DEAD_AFTER
+    back = peer_reconnected_by(T + 4)
+    assert back == T + 4 + DEAD_AFTER + BACKOFF_MIN == T + 45
+    faults = [dict(FAULTS[0], peers_back=back), FAULTS[1]]
+    w = {name: (a, b) for name, a, b, _ in fault_windows(faults)}
+    assert w["region_partition"] == (T + 4, T + 45)
+    # carol #1 lived 5..45 s: its whole life lay inside the partition's window now
+    e = rmb_expiries({("1", "carol"): "expired"}, {("1", "carol"): T + 5}, 40.0, faults)
+    assert (e["inside"], e["outlived"]) == (1, 0)

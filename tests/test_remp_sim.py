@@ -15,7 +15,7 @@ from remp_node.core.consensus import quorum
 from remp_node.wire.messages import parse_external_message
 from remp_node.wire.receipts import verify_receipt_json
 from remp_node.testnet.sim import SimConfig, Simulation
-from remp_node.core.validator import CH_CLIENT, CH_RMQ, CH_SHARD, ShardBlockAccepted, mux
+from remp_node.core.validator import CH_CLIENT, CH_RMQ, CH_SHARD, MasterBlockAccepted, ShardBlockAccepted, mux
 from remp_node.wire.packets import RempMessageDatagram, decode_datagram
 
 from tests.remp_fixtures import (WalletSet, full_sequences, has_main_sequence, load_real_messages,
@@ -195,9 +195,19 @@ def test_lossy_network_every_message_finalized_exactly_once(shared_data):
     assert sim.run_until(lambda: all(sim.finals.get(m) for m in mids), 90.0)
     st = sim.net.stats
     assert st.lost > 0 and st.duplicated > 0 and st.reordered > 0
+    # in exactly one master block, as every validator that accepted it saw it: under 20%
+    # loss the one validator `committed` watches may not have accepted that master block yet
+    # when the last final status arrives (the others have)
+    in_master: dict[bytes, set] = {}
+    for evs in sim.validator_events.values():
+        for ev in evs:
+            if isinstance(ev, MasterBlockAccepted):
+                for m in ev.messages:
+                    in_master.setdefault(m, set()).add(ev.block_id)
     for mid in mids:
         assert [f.outcome for f in sim.finals[mid]] == ["finalized"]
-        assert len(sim.committed[mid]) == 1
+        assert len(in_master.get(mid, ())) == 1, (mid.hex(), in_master.get(mid))
+        assert len(sim.committed[mid]) <= 1
         kinds = Counter(r["kind"] for r in sim.receipts_for(mid))
         assert kinds["PutIntoQueue"] >= 1 and kinds["Finalized"] >= 2     # >= 1 validator + full node
     verify_all(sim)

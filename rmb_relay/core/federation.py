@@ -259,12 +259,7 @@ class FederationScheduler:
         job.state = new
         if new == "done":
             del self._jobs[job.id]
-            for d in job.domains:
-                c = self._circuits.get(d)
-                if c is not None:
-                    c.jobs -= 1
-                    if c.jobs <= 0 and not c.probing and not c.inflight:
-                        del self._circuits[d]
+            self._release_circuits(job.domains)
         elif new == "ready":
             self._ready.append(job.id)
             heapq.heappush(self._heap, (job.deadline, job.id))
@@ -471,6 +466,16 @@ class FederationScheduler:
         """Ids of the pending jobs whose envelope is for twin `twin` (any state)."""
         return [j.id for j in self._jobs.values() if j.env.destination.twin == twin]
 
+    def _release_circuits(self, domains: list[str]) -> None:
+        """A job no longer counts on `domains`: each circuit loses one job and goes when it
+        has none left and nothing probing or in flight."""
+        for d in domains:
+            c = self._circuits.get(d)
+            if c is not None:
+                c.jobs -= 1
+                if c.jobs <= 0 and not c.probing and not c.inflight:
+                    del self._circuits[d]
+
     def retarget(self, job_id: int, domains: list[str], now: float) -> bool:
         """The destination twin's record now lists `domains` (its twin moved relays, e.g.
         a relay was retired and a new one joined): the job's later attempts go there. A
@@ -486,12 +491,7 @@ class FederationScheduler:
         domains = list(dict.fromkeys(domains))
         if job is None or domains == job.domains:
             return False
-        for d in job.domains:
-            c = self._circuits.get(d)
-            if c is not None:
-                c.jobs -= 1
-                if c.jobs <= 0 and not c.probing and not c.inflight:
-                    del self._circuits[d]
+        self._release_circuits(job.domains)
         job.domains = domains
         for d in domains:
             self._circuits.setdefault(d, _Circuit()).jobs += 1

@@ -12,20 +12,10 @@ from rmb_relay.core import (
 )
 from tests.test_peer_core import Sim, forge_request
 from tests.test_relay_core import T0, make_env
+from tests.test_relay_core_machine import drain, of
 
 HERE = "relay1:1"
 HEARTBEAT = 20.0
-
-
-def drain(core):
-    out = []
-    while (cmd := core.next_event()) is not None:
-        out.append(cmd)
-    return out
-
-
-def of(cmds, cls):
-    return [c for c in cmds if isinstance(c, cls)]
 
 
 def core_with(**kw):

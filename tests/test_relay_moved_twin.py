@@ -5,32 +5,16 @@ of retrying the retired relay until their TTL runs out."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 from rmb_peer.envelope import Envelope
 from rmb_relay.core import (
     FederationScheduler, LookupTwin, PostFederation, Ranker, RelayCore, WriteFrame,
 )
 from tests.test_relay_core import T0, make_env
+from tests.test_relay_core_machine import Rec, drain, of
 
 HERE = "relay1:1"
 OLD, NEW = "relay2:1", "relay3:1"
-
-
-@dataclass
-class Rec:
-    relays: list
-
-
-def drain(core):
-    out = []
-    while (cmd := core.next_event()) is not None:
-        out.append(cmd)
-    return out
-
-
-def of(cmds, cls):
-    return [c for c in cmds if isinstance(c, cls)]
 
 
 def core_with():
@@ -64,8 +48,9 @@ def run_until_answered(core, now, until, dead):
     return accepted, now, seen
 
 
-def test_federation_follows_a_twin_that_moved_to_a_new_relay():
-    core = core_with()
+def federated_to_old_relay(core):
+    """alice (A, twin 1, here) sends twin 2, whose record still names the retired relay:
+    returns (the envelope, its first federation attempt)."""
     core.peer_connected("A", (1, None), T0)
     drain(core)
     env = make_env(src=(1, None), dst=(2, None), ttl=40)
@@ -74,6 +59,12 @@ def test_federation_follows_a_twin_that_moved_to_a_new_relay():
     core.twin_resolved(2, Rec([OLD]), T0)            # the record before the move
     (first,) = of(drain(core), PostFederation)
     core.chain_done(2, T0)
+    return env, first
+
+
+def test_federation_follows_a_twin_that_moved_to_a_new_relay():
+    core = core_with()
+    env, first = federated_to_old_relay(core)
     assert first.domain == OLD
     core.federation_result(first.job, "failed", T0 + 3, reason="connection refused")
     accepted, end, seen = run_until_answered(core, T0 + 3, T0 + 40, dead={OLD})
@@ -86,14 +77,7 @@ def test_federation_follows_a_twin_that_moved_to_a_new_relay():
 
 def test_jobs_for_a_twin_now_served_here_are_delivered_here():
     core = core_with()
-    core.peer_connected("A", (1, None), T0)
-    drain(core)
-    env = make_env(src=(1, None), dst=(2, None), ttl=40)
-    core.receive_frame("A", env.SerializeToString(), T0)
-    drain(core)
-    core.twin_resolved(2, Rec([OLD]), T0)
-    (att,) = of(drain(core), PostFederation)
-    core.chain_done(2, T0)
+    env, att = federated_to_old_relay(core)
     core.federation_result(att.job, "failed", T0 + 1, reason="connection refused")
     drain(core)
     core.peer_connected("B", (2, None), T0 + 2)       # the twin connects here instead

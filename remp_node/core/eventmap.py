@@ -32,7 +32,6 @@ digits of the 32-byte key id.
 """
 from __future__ import annotations
 
-import functools
 from typing import Iterable
 
 from daemon_runtime.eventlog import EventLogError, LogRecord
@@ -53,42 +52,22 @@ SERVICE_FULLNODE = "remp-fullnode"
 SERVICE_MASTERCHAIN = "remp-masterchain"
 
 
-@functools.lru_cache(maxsize=4096)
 def peer_label(key_id: bytes) -> str:
     """Key id (32 bytes) -> its first 8 hex digits (event log `node` and `peer`)."""
     return key_id[:4].hex()
-
-
-#: shard_hex, cached: a full node labels every status line with one of a few shards
-_shard_label = functools.lru_cache(maxsize=1024)(shard_hex)
-
-
-@functools.lru_cache(maxsize=4096)
-def _block_attrs(block) -> tuple[int, str] | None:
-    """(seqno, root hash hex) of a status's block id, None for the zero block id (cached:
-    the validators of a group name the same block, ~7 status lines per block at a full node)."""
-    if block == ZERO_BLOCK_ID:
-        return None
-    return block.seqno, block.root_hash.hex()
-
-
-@functools.lru_cache(maxsize=64)
-def _line_level(kind: str) -> str:
-    return "warning" if is_source_final(kind) or kind.startswith("Rejected") else "info"
 
 
 def _status_attrs(status, receipt_error: str = "") -> tuple[dict, str]:
     kind = kind_of(status)
     attrs: dict = {"kind": kind, "level": int(status.level)}
     block = getattr(status, "block_id", None)
-    if block is not None:
-        b = _block_attrs(block)
-        if b is not None:
-            attrs["block_seqno"], attrs["block_id"] = b
+    if block is not None and block != ZERO_BLOCK_ID:
+        attrs["block_seqno"] = block.seqno
+        attrs["block_id"] = block.root_hash.hex()
     error = getattr(status, "error", "") or receipt_error
     if error:
         attrs["reason"] = error
-    return attrs, _line_level(kind)
+    return attrs, ("warning" if is_source_final(kind) or kind.startswith("Rejected") else "info")
 
 
 def validator_records(ev) -> list[LogRecord]:
@@ -96,7 +75,7 @@ def validator_records(ev) -> list[LogRecord]:
     event the catalogue has no line for. Raises TypeError for a non-event."""
     if isinstance(ev, ReceiptSent):
         attrs, level = _status_attrs(ev.status if ev.status is not None else ev.signed.open().status, ev.reason)
-        attrs["shard"] = _shard_label(ev.shard)
+        attrs["shard"] = shard_hex(ev.shard)
         return [LogRecord("remp.validator.status", ev.message_id.hex(), level, attrs)]
     if isinstance(ev, ForkBlamed):
         return [LogRecord("remp.validator.blamed", None, "warning",
@@ -127,7 +106,7 @@ def client_records(ev) -> list[LogRecord]:
         st = ev.receipt.status
         attrs, level = _status_attrs(st)
         attrs["peer"] = peer_label(ev.receipt.source_id)
-        attrs["shard"] = _shard_label(ev.shard)
+        attrs["shard"] = shard_hex(ev.shard)
         if isinstance(st, SentToValidators):
             attrs["count"] = st.sent_to
         return [LogRecord("remp.fullnode.status", ev.message_id.hex(), level, attrs)]

@@ -25,7 +25,12 @@ random base behind an 8-byte counter, so every message id differs); p50/p99 over
 p99 <= 120 ms).
 Rate: blocks released on a fixed schedule at R blocks/s for --rate-seconds (R = 2, 4, 5,
 6, 8, 10, 12, 16, 20 ...) until p99 latency (release -> rebuilt) > 200 ms or a block is
-not rebuilt; reports the highest R with p99 <= 200 ms (target >= 5 blocks/s).
+not rebuilt; reports the highest R with p99 <= 200 ms (target >= 5 blocks/s). Each rate run
+also gives CPU per block of each process over the run (figures `at_rate.cpu_ms_per_block.<node>`
+of the last run): the run's CPU minus the process's idle CPU per second, measured over
+--idle-seconds of quiet just before the run, times the run's length, per block offered; the
+one-at-a-time CPU per block above comes from --blocks blocks only (20 blocks: 0.5 ms steps of
+/proc's 10 ms clock tick per process).
 Baseline (same run, same process layout: hops in their own processes with --layout
 processes): raw asyncio streams, three LPF hops, each hop
 forwarding each frame as it arrives; the producer sends the same chunk frames the Marlin
@@ -614,6 +619,13 @@ def write_result(args, figures: dict, baseline: dict, ratio: dict) -> Path | Non
     return write_one("marlin_relay", flat(figures), flat(baseline), flat(ratio))
 
 
+def cpu_ms_per_block_at_rate(used_s: float, idle_per_s: float, run_s: float, blocks: int) -> float:
+    """CPU per block (ms) of one process over a rate run: `used_s` CPU seconds over `run_s`
+    seconds, less its idle CPU (`idle_per_s` CPU seconds per second, measured just before the
+    run) for the run's length, per block offered (never below 0)."""
+    return round(max(0.0, used_s - idle_per_s * run_s) * 1000 / max(blocks, 1), 2)
+
+
 async def main_async(args) -> None:
     size = args.size
     btc_block = args.btc.read_bytes() if args.btc else None
@@ -690,11 +702,29 @@ async def main_async(args) -> None:
             if getattr(path, "disputes", None):
                 print(f"disputes: {len(path.disputes)} (first: {path.disputes[0]})")
             best = None
+            at_rate: dict = {}
             if btc_block is None:
                 for rate in args.rates:
+                    # idle CPU of each process over a quiet window just before the run (heartbeats,
+                    # timers), subtracted from the run's CPU so that CPU per block does not depend
+                    # on the rate or the run's length
+                    idle0, t_idle = {n: cpu_of(n) for n in pids}, time.perf_counter()
+                    await asyncio.sleep(args.idle_seconds)
+                    idle_s = time.perf_counter() - t_idle
+                    idle = {n: (cpu_of(n) - idle0[n]) / idle_s if idle_s > 0 else 0.0 for n in pids}
+                    cpu_r0, t_run = {n: cpu_of(n) for n in pids}, time.perf_counter()
                     p99r, ok, n, p50r = await rate_run(path, rate, args.rate_seconds, size)
+                    run_s = time.perf_counter() - t_run
+                    at_rate = {"rate_per_s": rate, "blocks": n, "run_s": round(run_s, 2),
+                               "idle_s": round(idle_s, 2),
+                               "idle_cpu_ms_per_s": {k: round(v * 1000, 2) for k, v in idle.items()},
+                               "cpu_ms_per_block": {k: cpu_ms_per_block_at_rate(cpu_of(k) - cpu_r0[k], idle[k],
+                                                                                 run_s, n) for k in pids}}
                     print(f"rate {rate:g} blocks/s ({rate * size / MIB:.1f} MiB/s) for {args.rate_seconds:g} s: "
                           f"{ok}/{n} rebuilt, p50 {p50r:.1f} ms, p99 {p99r:.1f} ms")
+                    print("  CPU per block over the rate run, idle subtracted (ms): "
+                          + ", ".join(f"{k} {v:.2f}" for k, v in at_rate["cpu_ms_per_block"].items())
+                          + "; idle (ms/s): " + ", ".join(f"{k} {v:.1f}" for k, v in at_rate["idle_cpu_ms_per_s"].items()))
                     if ok == n and p99r <= 200:
                         best = rate
                     else:
@@ -710,6 +740,8 @@ async def main_async(args) -> None:
                        "validate_pool": args.validate_pool, "validate_workers": args.validate_workers}
             if btc_block is None:
                 figures["highest_rate_p99_200ms"] = best or 0
+                if at_rate:    # the last rate run's CPU (the one a soak at one rate decides on)
+                    figures["at_rate"] = at_rate
             else:
                 figures.update(producers=args.producers, disputes=len(path.disputes))
             out = write_result(args, figures, {"p50_ms": round(b50, 3), "p99_ms": round(b99, 3), "blocks": len(base)},
@@ -729,6 +761,9 @@ def main() -> None:
     ap.add_argument("--rate-seconds", type=float, default=8.0, help="seconds per rate step (default 8)")
     ap.add_argument("--rates", type=float, nargs="+", default=[2, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32],
                     help="rate steps in blocks/s, ascending (stops at the first failing one)")
+    ap.add_argument("--idle-seconds", type=float, default=3.0,
+                    help="quiet seconds before each rate run whose CPU per second is subtracted from the "
+                         "run's CPU per block (default 3)")
     ap.add_argument("--layout", choices=("processes", "one"), default="processes",
                     help="processes: each node (and each baseline hop) its own process, like the daemons "
                          "(default); one: all four nodes as tasks of one event loop")

@@ -185,8 +185,11 @@ def marlin_figures(rate: float, figures: dict, out: str, obj: dict) -> dict:
     """One Marlin step's or soak's figures from bench_marlin_relay's result `figures` and its
     printed output `out`: the rate run's p50/p99 (release -> rebuilt, ms) and its blocks not
     rebuilt; `lost` also counts the one-at-a-time blocks the consumer disputed or did not
-    rebuild (`not_rebuilt_one_at_a_time`), out of every block offered. Without a rate-run line
-    (the bench failed) the latency and loss figures are None and the step fails."""
+    rebuild (`not_rebuilt_one_at_a_time`), out of every block offered. CPU per block
+    (`cpu_ms_per_message.<role>`, ms) is the rate run's, each process's idle CPU per second
+    (measured just before the run) times the run's length subtracted, per block offered; the
+    one-at-a-time phase's figure is kept as `cpu_ms_per_block_one_at_a_time.<role>`. Without a
+    rate-run line (the bench failed) the latency and loss figures are None and the step fails."""
     m = _MARLIN_RATE.search(out)
     res = {"rate_per_s": rate, "rebuild_p50_ms": None, "rebuild_p99_ms": None, "lost": None, "loss_ratio": None}
     if m:
@@ -201,15 +204,26 @@ def marlin_figures(rate: float, figures: dict, out: str, obj: dict) -> dict:
                    loss_ratio=round(lost / offered, 6) if offered else None)
     res["ok"] = (m is not None and res["lost"] == 0 and res["rebuild_p99_ms"] is not None
                  and res["rebuild_p99_ms"] <= obj["marlin-rebuild-p99"])
+    # CPU per block over the rate run with each process's idle CPU subtracted (thousands of
+    # blocks in a soak); the one-at-a-time phase's figure (20 blocks, 0.5 ms steps of the
+    # 10 ms /proc tick) only when the bench gave no rate-run figure
+    at_rate = {k[len("at_rate.cpu_ms_per_block."):]: v for k, v in figures.items()
+               if k.startswith("at_rate.cpu_ms_per_block.")}
+    one_at_a_time = {k.split(".", 1)[1]: v for k, v in figures.items() if k.startswith("cpu_ms_per_block.")}
+    for role, v in (at_rate or one_at_a_time).items():
+        res[f"cpu_ms_per_message.{role}"] = v
+    for role, v in one_at_a_time.items():
+        if at_rate:
+            res[f"cpu_ms_per_block_one_at_a_time.{role}"] = v
     for k, v in figures.items():
-        if k.startswith("cpu_ms_per_block."):
-            res[f"cpu_ms_per_message.{k.split('.', 1)[1]}"] = v
+        if k.startswith("at_rate.idle_cpu_ms_per_s."):
+            res[f"idle_cpu_ms_per_s.{k.rsplit('.', 1)[1]}"] = v
     return res
 
 
 def run_marlin(rate: float, seconds: float, topology: str, obj: dict) -> dict:
     f, out = _bench(["bench/bench_marlin_relay.py", "--blocks", str(MARLIN_BLOCKS), "--rates", f"{rate:g}",
-                     "--rate-seconds", f"{seconds:g}", "--event-loop", EVENT_LOOP], topology, seconds + 300)
+                     "--rate-seconds", f"{seconds:g}", "--idle-seconds", "5", "--event-loop", EVENT_LOOP], topology, seconds + 300)
     res = marlin_figures(rate, f, out, obj)
     res["_out"] = out
     return res

@@ -74,6 +74,20 @@ def test_marlin_figures_count_disputed_blocks_as_lost_so_the_verdict_is_a_regres
     assert not crashed["ok"] and crashed["lost"] is None
 
 
+def test_marlin_cpu_per_block_is_the_rate_runs_with_idle_subtracted():
+    bench = _bench_marlin()
+    # 300 s at 12.8 blocks/s (3,840 blocks): 70.2 s of CPU of which 300 s x 14 ms/s idle
+    assert bench.cpu_ms_per_block_at_rate(70.2, 0.014, 300.0, 3840) == round((70.2 - 4.2) * 1000 / 3840, 2)
+    assert bench.cpu_ms_per_block_at_rate(0.01, 0.014, 300.0, 3840) == 0.0
+    out = "rate 8 blocks/s (8.0 MiB/s) for 20 s: 160/160 rebuilt, p50 61.0 ms, p99 140.2 ms\n"
+    r = saturation.marlin_figures(8.0, {"blocks": 20, "cpu_ms_per_block.m1": 16.5, "cpu_ms_per_block.consumer_workers": 6.5,
+                                        "at_rate.cpu_ms_per_block.m1": 14.12,
+                                        "at_rate.cpu_ms_per_block.consumer_workers": 5.87,
+                                        "at_rate.idle_cpu_ms_per_s.m1": 12.0}, out, LAN)
+    assert r["cpu_ms_per_message.m1"] == 14.12 and r["cpu_ms_per_message.consumer_workers"] == 5.87
+    assert r["cpu_ms_per_block_one_at_a_time.m1"] == 16.5 and r["idle_cpu_ms_per_s.m1"] == 12.0
+
+
 def test_rmb_failed_calls_are_lost_calls():
     at = "@160/s"
     f = {f"p99_ms{at}_pooled": 12.5, f"p50_ms{at}_median": 1.1, f"ok{at}": 3198, f"errors{at}": 2,

@@ -99,6 +99,18 @@ def test_rmb_failed_calls_are_lost_calls():
     assert saturation.rmb_figures(160.0, f, LAN)["ok"]
 
 
+def test_an_rmb_step_whose_rounds_did_not_complete_the_offered_rate_fails():
+    at = "@800/s"
+    f = {f"p99_ms{at}_pooled": 780.0, f"p50_ms{at}_median": 530.0, f"ok{at}": 32000, f"errors{at}": 0}
+    line = ("  round {} at 800 req/s offered: p50 530.00 ms, p99 780.00 ms, p99.9 900.00 ms, max 990.00 ms "
+            "(16000 ok, 0 errors, {}/s completed, load 2.1)\n")
+    kept = saturation.rmb_figures(800.0, f, saturation.objectives("wan"), line.format(1, "781") + line.format(2, "776"))
+    assert kept["ok"] and kept["completed_per_s"] == 776.0
+    behind = saturation.rmb_figures(800.0, f, saturation.objectives("wan"),
+                                    line.format(1, "781") + line.format(2, "1,000").replace("1,000", "612"))
+    assert not behind["ok"] and behind["completed_per_s"] == 612.0
+
+
 def test_objectives_are_the_topologys_derived_ones():
     wan = saturation.objectives("wan")
     for name in ("rmb-round-trip-p99", "remp-first-receipt-p99", "remp-finalized-p99", "marlin-rebuild-p99"):

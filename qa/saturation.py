@@ -101,6 +101,11 @@ def _bench(args: list[str], topology: str, timeout: float) -> tuple[dict, str]:
     return figures, out
 
 
+_PROGRESS = re.compile(r"^\s*(round \d+ at|CPU per round trip at this rate|other processes on the machine|"
+                       r"rate [0-9.]+ blocks/s|CPU per block over the rate run|one at a time:|"
+                       r"p99 at [0-9,]+ req/s)")
+
+
 def _tail(out: str, n: int = 6) -> str:
     return "\n".join("    " + line for line in out.strip().splitlines()[-n:])
 
@@ -347,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'met' if ok else 'MISSED'}; {r}", flush=True)
             if not ok:
                 print(_tail(out))
+            # the run's own per-round or per-phase lines (rates, latencies, CPU, other tenants'
+            # load), so that a soak that misses its objectives can be read after the fact
+            for line in out.splitlines():
+                if _PROGRESS.search(line):
+                    print("    " + line.strip(), flush=True)
             figures[pre + "soak_objectives_met"] = ok
             for k, v in r.items():
                 figures[pre + k] = v

@@ -580,7 +580,7 @@ async def latency(path: MarlinPath, n: int, size: int, make_block=None, failed: 
 
 async def rate_run(path: MarlinPath, rate: float, seconds: float, size: int) -> tuple[float, int, int, float]:
     """Release blocks at `rate`/s for `seconds`; returns (p99 ms, rebuilt, sent, p50 ms), a
-    block not rebuilt counting as an infinite latency."""
+    block not rebuilt within 10 s of its release counting as an infinite latency."""
     n = max(3, int(rate * seconds))
     blocks = [fresh_block(size) for _ in range(n)]
     loop = asyncio.get_running_loop()
@@ -593,11 +593,13 @@ async def rate_run(path: MarlinPath, rate: float, seconds: float, size: int) -> 
             await asyncio.sleep(delay)
         t_rel = time.perf_counter() - max(0.0, loop.time() - release)   # latency counts from the schedule
         _, fut = path.produce(b)
-        futs.append((t_rel, fut))
+        futs.append((t_rel, fut, release))
     lat = []
-    for t_rel, fut in futs:
+    for t_rel, fut, release in futs:
         try:
-            t1 = await asyncio.wait_for(fut, 10)
+            # 10 s from the block's own release: waiting 10 s per block in turn made an
+            # overloaded run (hundreds of blocks never rebuilt) last for hours
+            t1 = await asyncio.wait_for(fut, max(0.0, release + 10 - loop.time()))
             lat.append((t1 - t_rel) * 1000)
         except (RuntimeError, asyncio.TimeoutError):    # disputed or not rebuilt in time
             lat.append(float("inf"))

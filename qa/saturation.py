@@ -111,6 +111,8 @@ def _tail(out: str, n: int = 6) -> str:
 
 
 _RMB_ROUND = re.compile(r"round \d+ at [0-9,.]+ req/s offered: .*?\((\d+) ok, (\d+) errors, ([0-9,.]+)/s completed")
+_RMB_OTHERS = re.compile(r"other processes on the machine used (-?[0-9.]+) cores during the round; "
+                         r"the hypervisor stole ([0-9.]+) ms")
 #: a round that completed fewer calls per second than this share of the offered rate did not
 #: carry the rate: the bench issues the calls from one process, in order, and measures each
 #: call from the moment it was issued, so a generator or system that falls behind shows as
@@ -124,7 +126,9 @@ def rmb_figures(rate: float, f: dict, obj: dict, out: str = "") -> dict:
     calls pooled), calls that failed (`lost`: an error or timeout answer, out of every call
     made at the rate), the slowest round's completed calls per second (`completed_per_s`,
     from the output; a step whose rounds completed less than COMPLETED_SHARE of the rate
-    fails) and CPU per round trip of each process at the rate (ms)."""
+    fails), the most CPU other processes used in a round (`other_cores_max`, cores) and the
+    most CPU time the hypervisor stole in one (`steal_ms_max`, ms), and CPU per round trip of
+    each process at the rate (ms)."""
     at = f"@{rate:g}/s"
     completed = [float(m.group(3).replace(",", "")) for m in _RMB_ROUND.finditer(out)]
     p99 = f.get(f"p99_ms{at}_pooled", f.get(f"p99_ms{at}_median"))
@@ -133,6 +137,11 @@ def rmb_figures(rate: float, f: dict, obj: dict, out: str = "") -> dict:
            "lost": err, "loss_ratio": None if ok_n is None or err is None or not ok_n + err
            else round(err / (ok_n + err), 6)}
     res["completed_per_s"] = min(completed) if completed else None
+    # other tenants of the machine during the rounds (information for reading the verdict:
+    # CPU per message rises when they overload the path)
+    others = [(float(m.group(1)), float(m.group(2))) for m in _RMB_OTHERS.finditer(out)]
+    res["other_cores_max"] = max(o for o, _ in others) if others else None
+    res["steal_ms_max"] = max(st for _, st in others) if others else None
     res["ok"] = (p99 is not None and err == 0 and p99 <= obj["rmb-round-trip-p99"]
                  and (not completed or min(completed) >= COMPLETED_SHARE * rate))
     for k, v in f.items():

@@ -12,11 +12,12 @@ Per protocol and topology:
     no longer fits) or the bracket is within 10%. A step passes when its p99 meets
     spark/sla.toml's objectives and nothing is lost:
       rmb    round trip across the relay (bench/bench_roundtrip.py, open loop at the rate),
-             rmb-round-trip-p99;
+             rmb-round-trip-p99, and every latency round completed 90% of the offered rate;
       remp   first receipt and Finalized (bench/bench_remp_daemon.py), remp-first-receipt-p99
              and remp-finalized-p99, 0 lost;
       marlin rebuild of 1 MiB blocks over producer -> member -> member -> consumer
-             (bench/bench_marlin_relay.py's rate run), marlin-rebuild-p99, every block rebuilt.
+             (bench/bench_marlin_relay.py's rate run), marlin-rebuild-p99, every block rebuilt;
+             CPU per block is the rate run's, each process's idle CPU subtracted.
  2. the soak: the same bench at 80% of the saturation rate for --duration seconds (default
     300), whose figures are written as one result (bench/result_file.py, name
     "qa_saturation"): per protocol and topology `<p>.<t>.saturation_per_s`, `rate_per_s`,

@@ -32,6 +32,9 @@ __all__ = ["RelayLinks", "YIELD_EVERY", "TOKEN_TTL"]
 YIELD_EVERY = 64
 #: Lifetime of the relay authentication token, seconds.
 TOKEN_TTL = 60
+#: seconds a connection attempt to a relay (TCP, WebSocket upgrade) may take before it
+#: counts as failed and the core's reconnect backoff applies
+CONNECT_TIMEOUT = 10.0
 #: Linux TCP_CORK (None elsewhere): set while a batch of frames is written.
 _TCP_CORK = getattr(socket, "TCP_CORK", None)
 
@@ -186,7 +189,7 @@ class RelayLinks:
                 connector=aiohttp.TCPConnector(limit=0),
                 timeout=aiohttp.ClientTimeout(total=None))
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(CONNECT_TIMEOUT):
                 # autoping off: the reader answers pings and sees pongs (relay activity)
                 raw = await self.http.ws_connect(
                     URL(f"{relay}/?{token}", encoded=True), autoping=False, heartbeat=None,

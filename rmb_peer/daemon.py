@@ -77,7 +77,7 @@ from rmb_peer.errors import RmbRemoteError
 from rmb_peer.events import RMB_EVENTS
 from rmb_peer.identity import E2EKey, Identity
 from rmb_peer.redisq import MAX_PENDING, QueueReader, RedisWriter
-from rmb_peer.relays import YIELD_EVERY, RelayLinks
+from rmb_peer.relays import CLOSE_WAIT, YIELD_EVERY, RelayLinks
 from rmb_peer.twins import DirectoryError, RegistryRefused, Twin, TwinDirectory, UnknownTwin
 from rmb_peer.twinstore import TwinStore
 
@@ -568,6 +568,13 @@ class PeerDaemon:
         self._stopping = True
         local.cancel()
         await self.links.close()
+        # frames read while closing whose source twin is being looked up (its signature
+        # key) are handed on when the lookup answers: give them the close's time again
+        loop = asyncio.get_running_loop()
+        until = loop.time() + CLOSE_WAIT
+        while self.core is not None and self.core.parked_count and loop.time() < until:
+            await asyncio.sleep(0.02)
+        self.runner.pump()      # the commands of the frames read while closing (Redis pushes)
         tasks = list(self.runner.tasks)
         self.runner.close()
         await asyncio.gather(local, *tasks, return_exceptions=True)

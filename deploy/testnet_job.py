@@ -58,7 +58,8 @@ from pathlib import Path
 from daemon_runtime.daemons import Daemon, LaunchError, script
 from deploy.segments import Plan
 from deploy.testnet import RTO_MAX_MS, Testnet, TestnetError, Topology
-from rmb_peer.core import BACKOFF_MIN, DEAD_AFTER
+from rmb_peer.core import BACKOFF_MAX, BACKOFF_MIN, DEAD_AFTER
+from rmb_peer.relays import CONNECT_TIMEOUT
 
 __all__ = ["run_job", "run_and_record", "job_nodes", "NsRmb", "DEFAULTS"]
 
@@ -564,12 +565,30 @@ def _healed(plan: Plan, fault: str, targets: list[str], recovery: bool = True,
             _PENDING.append(asyncio.ensure_future(close([target], until)))
 
 
-def peer_reconnected_by(cut_at: float) -> float:
+#: when a SYN is retransmitted, s after the connection attempt began (Linux: initial RTO
+#: 1 s, doubling; all within CONNECT_TIMEOUT)
+SYN_RETRIES_S = (0.0, 1.0, 3.0, 7.0)
+
+
+def peer_reconnected_by(cut_at: float, healed: float | None = None) -> float:
     """When a twin's rmb-peer has replaced a relay connection that a cut silenced at `cut_at`
-    (unix s): the peer declares a relay dead after DEAD_AFTER s without a frame and
-    reconnects BACKOFF_MIN s later (rmb_peer.core; DESIGN.md section 3, keepalive), whether
-    or not the cut healed before; the relay's close of its side need not reach the peer."""
-    return cut_at + DEAD_AFTER + BACKOFF_MIN
+    (unix s), healed at `healed`: the peer pings a relay silent for its ping interval and
+    declares it dead when no pong came its ping timeout later (DEAD_AFTER s after the last
+    frame, at most `cut_at`), then reconnects BACKOFF_MIN s later (rmb_peer.core; DESIGN.md
+    section 3, keepalive); the relay's close of its side need not reach the peer. A cut
+    still in place then (longer than DEAD_AFTER) blackholes the reconnect attempts: each
+    hangs CONNECT_TIMEOUT s (its SYNs at SYN_RETRIES_S) and the next waits the doubling
+    backoff, so the peer is back at the first SYN sent at or after the heal."""
+    dead = cut_at + DEAD_AFTER
+    if healed is None or healed <= dead + BACKOFF_MIN:
+        return dead + BACKOFF_MIN
+    start, backoff = dead + BACKOFF_MIN, BACKOFF_MIN * 2
+    while True:
+        for syn in SYN_RETRIES_S:
+            if start + syn >= healed:
+                return start + syn
+        start += CONNECT_TIMEOUT + backoff
+        backoff = min(backoff * 2, BACKOFF_MAX)
 
 
 _PENDING: list = []
@@ -592,7 +611,7 @@ async def _partition(net: Testnet, plan: Plan, region: str | None, at: float, du
     log[-1]["healed"] = time.time()
     # a twin in the cut region keeps its planned window until its peer has replaced the
     # relay connections the cut silenced (traffic to it before then meets the cut's effect)
-    peers_back = peer_reconnected_by(log[-1]["at"])
+    peers_back = peer_reconnected_by(log[-1]["at"], log[-1]["healed"])
     log[-1]["peers_back"] = peers_back
     _healed(plan, "region_partition", cut,
             later_for={t: peers_back for t in cut if t in TWINS})

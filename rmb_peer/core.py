@@ -68,7 +68,7 @@ __all__ = [
     "AppMessageError", "PeerStateError", "LOCAL_QUEUE", "REPLY_QUEUE", "BACKLOG_PREFIX",
     "QUEUE_MAX_LEN", "VERSION", "ERR_INVALID_MESSAGE", "ERR_BAD_PAYLOAD", "ERR_EXPIRED",
     "ERR_UNKNOWN_TWIN", "ERR_BAD_SIGNATURE", "ERR_NO_PUBLIC_KEY", "ERR_E2E", "ERR_OTHER",
-    "DEFAULT_TTL", "MAX_TTL", "RESPONSE_TTL", "PING_INTERVAL", "DEAD_AFTER",
+    "DEFAULT_TTL", "MAX_TTL", "RESPONSE_TTL", "PING_INTERVAL", "PING_TIMEOUT", "DEAD_AFTER",
     "parse_address", "b64", "unb64", "SharedKeyCache", "LookupTwin", "TwinLookupFailed",
     "TWIN_TTL", "TWIN_MAX_STALE", "TWIN_NEGATIVE_TTL", "TWIN_RETRY", "LOOKUP_TIMEOUT",
     "MAX_TWINS", "MAX_PARKED",
@@ -99,9 +99,15 @@ RESPONSE_TTL = 3600
 #: Expiration of error envelopes the peer sends itself, seconds (rmb-rs Downstream).
 ERROR_TTL = 300
 
-#: Keepalive, seconds (DESIGN.md section 3): ping every 20 s, dead after 40 s of silence.
+#: Keepalive, seconds (DESIGN.md section 3; rmb-peer --ping-interval / --ping-timeout): a
+#: relay connection without a frame (pong included) for PING_INTERVAL s is pinged, and
+#: declared dead PING_TIMEOUT s later if still nothing came: a silent relay is noticed
+#: after PING_INTERVAL + PING_TIMEOUT = 30 s, as the relay notices a silent peer (its
+#: heartbeat: a ping after 20 s, the pong awaited 10 s). rmb-rs's peer pings after 20 s
+#: without a write and reconnects when its last pong is over 40 s old (40-60 s).
 PING_INTERVAL = 20.0
-DEAD_AFTER = 40.0
+PING_TIMEOUT = 10.0
+DEAD_AFTER = PING_INTERVAL + PING_TIMEOUT
 #: Reconnect backoff, seconds: 1, 2, 4, ... capped.
 BACKOFF_MIN = 1.0
 BACKOFF_MAX = 30.0
@@ -305,7 +311,7 @@ class _Relay:
     backoff: float = BACKOFF_MIN
     connect_at: float | None = None
     last_rx: float = 0.0
-    next_ping: float = 0.0
+    next_ping: float = 0.0     # last frame (or ping) + the ping interval
 
 
 # Relay connection state table: (state, input) -> next state. Anything else is impossible.
@@ -463,7 +469,8 @@ class PeerCore:
 
     def __init__(self, twin_id: int, identity: Identity, e2e_key: E2EKey | None,
                  relays: list[str], log=None, version: str = VERSION, debug: bool = False,
-                 max_envelope: int = MAX_ENVELOPE_SIZE):
+                 max_envelope: int = MAX_ENVELOPE_SIZE, ping_interval: float = PING_INTERVAL,
+                 ping_timeout: float = PING_TIMEOUT):
         if not 0 < int(twin_id) <= _MAX_TWIN:
             raise PeerStateError(f"bad twin id {twin_id}")
         if not 1 <= len(relays) <= 4 or len(set(relays)) != len(relays):
@@ -478,6 +485,14 @@ class PeerCore:
         #: and replies are refused here with an error instead of being sent
         self.max_envelope = max_envelope
         self.relays: dict[str, _Relay] = {name: _Relay(name) for name in relays}
+        if not (ping_interval > 0 and ping_timeout > 0):
+            raise PeerStateError(f"ping interval and timeout must be > 0, got "
+                                 f"{ping_interval!r} and {ping_timeout!r}")
+        #: keepalive (s): ping a relay connection silent for ping_interval, dead when
+        #: still silent ping_timeout later
+        self.ping_interval = float(ping_interval)
+        self.ping_timeout = float(ping_timeout)
+        self.dead_after = self.ping_interval + self.ping_timeout
         self._order = list(relays)
         self._events: deque[PeerEvent] = deque()
         self._pending: dict[str, _Pending] = {}
@@ -574,7 +589,7 @@ class PeerCore:
         self._transition(relay, "connected")
         relay.backoff = BACKOFF_MIN
         relay.last_rx = now
-        relay.next_ping = now + PING_INTERVAL
+        relay.next_ping = now + self.ping_interval
         self.stats["relay_connects"] += 1
         self._emit("rmb.peer.connected", None, relay=name)
         self._flush_outbox(now)
@@ -603,6 +618,7 @@ class PeerCore:
         relay = self._relay(name)
         if relay.state == "up" and (attempt is None or attempt == relay.attempt):
             relay.last_rx = now
+            relay.next_ping = now + self.ping_interval
 
     def _schedule_reconnect(self, relay: _Relay, now: float) -> None:
         relay.connect_at = now + relay.backoff
@@ -627,7 +643,7 @@ class PeerCore:
             if relay.state == "down" and relay.connect_at is not None:
                 t = relay.connect_at
             elif relay.state == "up":
-                t = min(relay.next_ping, relay.last_rx + DEAD_AFTER)
+                t = min(relay.next_ping, relay.last_rx + self.dead_after)
             else:
                 continue
             if best is None or t < best:
@@ -652,15 +668,16 @@ class PeerCore:
                 self._expire(pending, now)
         for relay in self.relays.values():
             if relay.state == "up":
-                if now - relay.last_rx >= DEAD_AFTER:
+                if now - relay.last_rx >= self.dead_after:
+                    why = (f"silent for {now - relay.last_rx:.0f} s (no pong "
+                           f"{self.ping_timeout:g} s after a ping)")
                     self._transition(relay, "silent")
                     self._schedule_reconnect(relay, now)
-                    self._events.append(Disconnect(relay.name, relay.attempt,
-                                                   f"silent for {DEAD_AFTER:.0f} s"))
+                    self._events.append(Disconnect(relay.name, relay.attempt, why))
                     self._emit("rmb.peer.disconnected", None, "warning", relay=relay.name,
-                               reason=f"silent for {DEAD_AFTER:.0f} s")
+                               reason=why)
                 elif now >= relay.next_ping:
-                    relay.next_ping = now + PING_INTERVAL
+                    relay.next_ping = now + self.ping_interval
                     self._events.append(SendPing(relay.name, relay.attempt))
             elif relay.state == "down" and relay.connect_at is not None and relay.connect_at <= now:
                 self._transition(relay, "connect_due")

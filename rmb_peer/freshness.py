@@ -55,6 +55,9 @@ class LookupTwin:
     twin_resolved(twin, record | error, now); the peer core with twin_resolved(twin,
     record | None, now) (None: HTTP 404) or twin_lookup_failed(twin, reason, now).
     `refresh`: True when nothing waits for the answer (the peer's refresh-ahead or retry
-    of a record it still serves)."""
+    of a record it still serves). `fresh`: True when the adapter must ask the registry
+    even if its own cache holds a record within its TTL (the relay's shutdown drain: the
+    twin may have moved since)."""
     twin: int
     refresh: bool = False
+    fresh: bool = False

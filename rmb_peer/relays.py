@@ -32,6 +32,12 @@ __all__ = ["RelayLinks", "YIELD_EVERY", "TOKEN_TTL"]
 YIELD_EVERY = 64
 #: Lifetime of the relay authentication token, seconds.
 TOKEN_TTL = 60
+#: seconds a shutting-down peer waits for each relay's Close after sending its own (the
+#: frames the relay wrote before reading ours are still handled meanwhile)
+CLOSE_WAIT = 2.0
+#: seconds a connection attempt to a relay (TCP, WebSocket upgrade) may take before it
+#: counts as failed and the core's reconnect backoff applies
+CONNECT_TIMEOUT = 10.0
 #: Linux TCP_CORK (None elsewhere): set while a batch of frames is written.
 _TCP_CORK = getattr(socket, "TCP_CORK", None)
 
@@ -100,13 +106,44 @@ class RelayLinks:
         self.conns: dict[str, _Conn] = {}
         self.http: aiohttp.ClientSession | None = None   # the relay connections' session
 
-    async def close(self) -> None:
-        """Close every connection (1001, 2 s each at most), then the HTTP session."""
-        for conn in list(self.conns.values()):
+    async def close(self, wait: float = CLOSE_WAIT) -> None:
+        """Graceful close of every relay connection: a Close frame (1001 going away) is
+        sent without ending the connection's read loop, which keeps handing the frames the
+        relay wrote before it read that Close to the core (a request goes to its service's
+        Redis queue, whose reply the restarted peer sends; a response to its app) until
+        the relay's own Close arrives (RFC 6455 section 5.5.1: the other side may send
+        data until it has read our Close). aiohttp's ws.close() would read and drop those
+        frames, and the relay does not queue them again (the peer may have served them).
+        Connections still open after `wait` s are closed as before. aiohttp has no public
+        half close: its writer is used; another aiohttp falls back to ws.close()."""
+        conns = list(self.conns.items())
+        for _relay, conn in conns:
+            await self._half_close(conn)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait
+        while any(self.conns.get(relay) is conn for relay, conn in conns) \
+                and loop.time() < until:
+            await asyncio.sleep(0.02)
+        for relay, conn in conns:
+            if self.conns.get(relay) is conn:
+                try:
+                    await asyncio.wait_for(conn.ws.close(code=1001, reason="rmb-peer shutting down"), 2.0)
+                except (asyncio.TimeoutError, OSError, aiohttp.ClientError):
+                    pass
+
+    async def _half_close(self, conn: "_Conn") -> None:
+        raw = conn.ws.ws
+        writer = getattr(raw, "_writer", None)
+        if writer is None or not hasattr(writer, "close"):
             try:
                 await asyncio.wait_for(conn.ws.close(code=1001, reason="rmb-peer shutting down"), 2.0)
             except (asyncio.TimeoutError, OSError, aiohttp.ClientError):
                 pass
+            return
+        try:
+            await writer.close(1001, b"rmb-peer shutting down")
+        except (ConnectionError, RuntimeError, OSError, aiohttp.ClientError):
+            pass                 # the connection is gone already: its read loop ends
 
     async def close_session(self) -> None:
         if self.http is not None:
@@ -186,7 +223,7 @@ class RelayLinks:
                 connector=aiohttp.TCPConnector(limit=0),
                 timeout=aiohttp.ClientTimeout(total=None))
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(CONNECT_TIMEOUT):
                 # autoping off: the reader answers pings and sees pongs (relay activity)
                 raw = await self.http.ws_connect(
                     URL(f"{relay}/?{token}", encoded=True), autoping=False, heartbeat=None,

@@ -318,13 +318,14 @@ class TwinDirectory:
         finally:
             self._inflight.pop(key, None)
 
-    async def get(self, twin_id: int) -> Twin:
+    async def get(self, twin_id: int, fresh: bool = False) -> Twin:
         """The twin with this id (cached for cache_ttl s; stale-if-error up to max_stale s
-        more). Raises UnknownTwin / DirectoryError."""
+        more; fresh=True asks the registry even when the cached record is within its TTL,
+        still serving it if the registry fails). Raises UnknownTwin / DirectoryError."""
         twin_id = int(twin_id)
         if not (0 < twin_id < 2**32):
             raise UnknownTwin(f"unknown twin {twin_id} (ids are 1..2^32-1)")
-        hit = self._cached(self._by_id, twin_id)
+        hit = None if fresh else self._cached(self._by_id, twin_id)
         if hit is not None:
             return hit
         return await self._lookup(("id", twin_id), f"/twins/{twin_id}", str(twin_id),

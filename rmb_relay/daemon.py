@@ -247,6 +247,8 @@ class RelayServer:
         #: (execute), one timer, one guard, the clock rule
         self.runner: CoreRunner | None = None
         self._closing = False
+        #: set when close() saved the pending federation jobs: no POST starts after it
+        self._outbox_saved = False
         self._prev_handler = None
         #: GET /?<jwt> (peer auth and upgrade) and federation HTTP (POST out and in)
         self.entry = PeerEntry(self)
@@ -363,11 +365,17 @@ class RelayServer:
         if self._site is not None:
             self._site._server.close()   # stop listening; aiohttp has no public "pause"
         sessions = len(self.table)
+        if self.runner is not None and len(self.federation):
+            self.runner.feed(self.core.drain_federation)   # send now, follow moved twins
+            await self.runner.execute()
         for _session, peer in self.table.items():
             await self.writer.going_away(peer)
         drained = await self._wait_drained(deadline)
+        while len(self.federation) and loop.time() < deadline:
+            await asyncio.sleep(0.05)       # attempts, backoffs and retargets keep running
         if self._fed_tasks:
             await asyncio.wait(set(self._fed_tasks), timeout=max(0.0, deadline - loop.time()))
+        self._outbox_saved = True
         if self.runner is not None:
             self.runner.close(tasks=False)      # its tasks are cancelled below, with ours
         if self._watchdog is not None:
@@ -464,7 +472,7 @@ class RelayServer:
         self.runner.feed(self.core.enqueued, cmd.token, await self.queues.enqueue(cmd))
 
     def _post(self, cmd: PostFederation) -> None:
-        if not self._closing:
+        if not self._outbox_saved:
             task = asyncio.get_running_loop().create_task(self.fed_http.post(cmd))
             self._fed_tasks.add(task)
             task.add_done_callback(lambda t: self._task_done(t, "federation POST out"))
@@ -510,12 +518,13 @@ class RelayServer:
             self.events.emit(cmd.event, cmd.trace_id, level=cmd.level, **a)
 
     def _lookup_twin(self, cmd: LookupTwin) -> None:
-        self._spawn(self._lookup(cmd.twin), "twin lookup")
+        self._spawn(self._lookup(cmd.twin, cmd.fresh), "twin lookup")
 
-    async def _lookup(self, twin: int) -> None:
+    async def _lookup(self, twin: int, fresh: bool = False) -> None:
         """LookupTwin's task (only envelopes for this twin wait for it)."""
         try:
-            record: object = await self.directory.get(twin)
+            record: object = await (self.directory.get(twin, fresh=True) if fresh
+                                    else self.directory.get(twin))
         except (UnknownTwin, DirectoryError) as exc:
             record = exc
         self.runner.feed(self.core.twin_resolved, twin, record)

@@ -40,6 +40,11 @@ RELAY_EVENTS = Catalogue("rmb.relay", [
     E("rmb.relay.federation_outbox", "`count` pending federation jobs were saved to Redis at "
       "shutdown, or resumed from there at start (`reason`)",
       {"reason": "string", "count": "long"}),
+    E("rmb.relay.federation_saved", "the shutdown drain could not federate this envelope "
+      "(`uid`, for twin `dst` at relays `domain`) within --grace: it was saved to this "
+      "relay's Redis federation outbox, which only this relay's next start resumes (a relay "
+      "retired for good never sends it)",
+      {"dst": "string", "domain": "string", "reason": "string"}),
     E("rmb.relay.bad_request", "an HTTP request the relay could not parse (request line or "
       "header over 8190 bytes, non-ASCII or malformed request line, bad method) was answered "
       "`status` 400 by the HTTP server; `reason`: the parser's error; `src`: the client "

@@ -69,6 +69,11 @@ class RelayMetrics:
                                     "class", ["reason"], registry=r)
         self.connections = Gauge("rmb_relay_connections", "authenticated peer connections",
                                  registry=r)
+        self.fed_saved = Counter("rmb_relay_federation_saved",
+                                 "federation jobs the shutdown drain could not send within "
+                                 "--grace and saved to this relay's Redis outbox (only its "
+                                 "next start resumes them; rmb.relay.federation_saved lines)",
+                                 registry=r)
         self.fed_jobs = Gauge("rmb_relay_federation_jobs", "envelopes waiting for federation",
                               registry=r)     # RelayServer sets its function
         self.queue_failed = Counter("rmb_relay_queue_failed",

@@ -128,8 +128,15 @@ class OfflineQueue:
                                  reason=f"relay shut down before federation and the outbox "
                                         f"failed: {exc!r}"[:200])
             return 0
-        self.relay.events.emit("rmb.relay.federation_outbox", None, count=len(jobs),
-                         reason="saved at shutdown")
+        self.relay.metrics.fed_saved.inc(len(jobs))
+        for job in jobs:          # per envelope: its sender's trace says where it waits
+            self.relay.events.emit(
+                "rmb.relay.federation_saved", job.env.uid, level="warning",
+                dst=f"{job.env.destination.twin}", domain=",".join(job.domains)[:200],
+                reason=f"not federated within --grace; waits in {self.fedkey} for this "
+                       f"relay's next start")
+        self.relay.events.emit("rmb.relay.federation_outbox", None, level="warning",
+                               count=len(jobs), reason="saved at shutdown")
         return len(jobs)
 
     async def restore_federation(self) -> int:

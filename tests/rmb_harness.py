@@ -304,10 +304,13 @@ class RmbCluster:
             await self.registry.close()
 
 
-async def _spawn_ready(argv: list[str], timeout: float = 30.0) -> tuple[subprocess.Popen, dict]:
-    """Start a daemon subprocess and wait for its READY line."""
+async def _spawn_ready(argv: list[str], timeout: float = 30.0,
+                       env: dict[str, str] | None = None) -> tuple[subprocess.Popen, dict]:
+    """Start a daemon subprocess (env: its environment, default ours) and wait for its
+    READY line."""
     from daemon_runtime.lifecycle import Ready
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, text=True,
+                            env=env)
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

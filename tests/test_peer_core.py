@@ -551,6 +551,19 @@ def test_bad_service_reply_payload_answers_requester_101(sim):
     assert b.core.service_message(json.dumps({"ref": "x", "dst": "abc"}), sim.now) is None
 
 
+def test_a_silent_relay_is_dead_one_ping_timeout_after_the_ping(sim):
+    """The last frame at t0: a ping at t0 + 20 s, dead at t0 + 30 s without a pong (the
+    relay's own heartbeat notices a silent peer as fast); before, 40 s."""
+    a = sim.add(1)
+    a.auto_connect = False
+    t0 = sim.now
+    sim.advance(29.0, step=0.5)
+    assert len(a.pings) == 1 and a.disconnects == []
+    sim.advance(1.0, step=0.5)
+    assert len(a.disconnects) == 1 and sim.now - t0 == 30.0
+    assert "no pong 10 s after a ping" in a.disconnects[0].reason
+
+
 def test_keepalive_ping_dead_reconnect_backoff(sim):
     a = sim.add(1)
     assert a.core.live_relays() == ["r1"]

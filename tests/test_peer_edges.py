@@ -288,3 +288,33 @@ async def test_relay_connection_keepalive_both_ways(cluster):
             break
         await asyncio.sleep(0.02)
     assert core.relays[r2.url].last_rx > 0.0              # the pong counted
+
+
+async def test_peer_notices_a_silent_relay_after_ping_interval_plus_timeout(cluster):
+    """A relay that stops answering (process stopped: its TCP connection stays open, no
+    frame, no pong) is declared dead by the peer's own ping: nothing came --ping-timeout
+    after the ping sent --ping-interval after the last frame (before: only after 40 s of
+    silence, with no way to configure it)."""
+    import os
+    import signal
+    relay = await cluster.start_relay(subprocess_mode=True)
+    a = await cluster.new_twin([relay])
+    pa = await cluster.start_peer(a, [relay], extra=["--ping-interval", "0.5",
+                                                     "--ping-timeout", "0.5"])
+    core = pa.daemon.core
+    for _ in range(200):
+        if core.live_relays() == [relay.url]:
+            break
+        await asyncio.sleep(0.05)
+    assert core.live_relays() == [relay.url]
+    os.kill(relay.proc.pid, signal.SIGSTOP)
+    try:
+        lost = []
+        for _ in range(400):
+            lost = [e for e in events_of(pa.log) if e["event"] == "rmb.peer.disconnected"]
+            if lost:
+                break
+            await asyncio.sleep(0.05)
+        assert lost and "no pong 0.5 s after a ping" in lost[0]["attrs"]["reason"], lost
+    finally:
+        os.kill(relay.proc.pid, signal.SIGCONT)

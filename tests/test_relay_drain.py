@@ -197,6 +197,9 @@ async def test_pending_federation_is_saved_and_resumed(redis_url, tmp_path):
         saved = [e["attrs"] for e in events_of(tmp_path / "r1.jsonl")
                  if e["event"] == "rmb.relay.federation_outbox"]
         assert saved == [{"count": count, "reason": "saved at shutdown"}]
+        told = [e["trace_id"] for e in events_of(tmp_path / "r1.jsonl")
+                if e["event"] == "rmb.relay.federation_saved"]
+        assert sorted(told) == sorted(sent)           # each envelope named for its sender
 
         r2.proc, _ = await _spawn_ready(argv2)
         got = []
@@ -211,3 +214,62 @@ async def test_pending_federation_is_saved_and_resumed(redis_url, tmp_path):
         for proc in (r1.proc, r2.proc):
             proc.send_signal(signal.SIGTERM)
             assert await loop.run_in_executor(None, proc.wait, 30) == 0
+
+
+async def test_drain_federates_to_a_twin_that_moved_off_a_dead_relay(redis_url, tmp_path):
+    """A relay retired for good never resumes its federation outbox. Its drain tries the
+    pending federation jobs within --grace, following a fresh registry record: requests
+    for a twin whose relay died and who moved to another relay reach it there, none is
+    saved (before: all were saved to the outbox at SIGTERM and expired unseen)."""
+    from websockets.asyncio.client import connect
+
+    from rmb_peer.token import make_token
+    from tests.relay_harness import IDENTITIES, envelope, recv_env
+
+    count = 10
+    async with RmbCluster(redis_url, tmp_path) as cluster:
+        r1, _argv1 = await _restartable_relay(cluster, tmp_path, "r1")
+        old, _ = await _restartable_relay(cluster, tmp_path, "old")
+        r2, _ = await _restartable_relay(cluster, tmp_path, "r2")
+        loop = asyncio.get_running_loop()
+        old.proc.send_signal(signal.SIGTERM)                   # the retired relay
+        assert await loop.run_in_executor(None, old.proc.wait, 30) == 0
+        a = await cluster.new_twin([r1], pk=False, key_type="ed25519")
+        d = await cluster.new_twin([old], pk=False, key_type="ed25519")
+        IDENTITIES[a.id] = a.identity
+
+        def ws_url(relay, t):
+            tok = make_token(t.identity, t.id, None, int(time.time()), 300)
+            return f"ws://{relay.domain}/?{tok}"
+
+        sent = []
+        async with connect(ws_url(r1, a)) as wa:
+            for i in range(count):
+                env = envelope((a.id,), (d.id,), payload=f"fed {i}".encode(), ttl=120)
+                sent.append(env.uid)
+                await wa.send(env.SerializeToString())
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:              # every job failed once at `old`
+                log = events_of(tmp_path / "r1.jsonl") if (tmp_path / "r1.jsonl").exists() else []
+                if sum(e["event"] == "rmb.relay.federation_failed" for e in log) >= count:
+                    break
+                await asyncio.sleep(0.1)
+            await cluster.directory.update(d.identity, d.id, [r2.domain], None)   # d moved
+            async with connect(ws_url(r2, d)) as wd:
+                await recv_nothing(wd)
+                r1.proc.send_signal(signal.SIGTERM)         # r1 is retired too
+                got = []
+                while len(got) < count:
+                    try:
+                        got.append((await recv_env(wd, timeout=20)).uid)
+                    except asyncio.TimeoutError:
+                        break
+                assert await loop.run_in_executor(None, r1.proc.wait, 30) == 0
+        log = events_of(tmp_path / "r1.jsonl")
+        assert sorted(got) == sorted(sent), f"{len(got)} of {count} federated by the drain"
+        assert not [e for e in log if e["event"] in ("rmb.relay.federation_outbox",
+                                                     "rmb.relay.federation_saved")]
+        assert any(e["event"] == "rmb.relay.retargeted" and e["attrs"]["twin"] == d.id
+                   for e in log)
+        r2.proc.send_signal(signal.SIGTERM)
+        assert await loop.run_in_executor(None, r2.proc.wait, 30) == 0

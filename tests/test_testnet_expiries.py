@@ -41,13 +41,24 @@ def test_expiries_inside_a_window_planned_for_the_destination_and_outside():
 
 
 def test_a_partitioned_twins_window_lasts_until_its_peer_replaced_the_silenced_connection():
-    # the peer declares a relay dead after 40 s without a frame (then reconnects 1 s later),
-    # so a 30 s cut that began at 4 s keeps a twin in the cut region planned until 45 s,
-    # past the heal + retransmission ceiling (39 s)
+    # the peer pings a relay silent for 20 s and declares it dead 10 s later (30 s after
+    # its last frame), then reconnects 1 s later: a 30 s cut that began at 4 s keeps a
+    # twin in the cut region planned until 35 s (before: 40 s of silence, 45 s); the heal
+    # + retransmission ceiling (39 s) is later, so the window ends there
     from deploy.testnet_job import peer_reconnected_by
     from rmb_peer.core import BACKOFF_MIN, DEAD_AFTER
-    back = peer_reconnected_by(T + 4)
-    assert back == T + 4 + DEAD_AFTER + BACKOFF_MIN == T + 45
+    back = peer_reconnected_by(T + 4, T + 34)
+    assert back == T + 4 + DEAD_AFTER + BACKOFF_MIN == T + 35
+    w = {name: (a, b) for name, a, b, _ in
+         fault_windows([dict(FAULTS[0], peers_back=back), FAULTS[1]])}
+    assert w["region_partition"] == (T + 4, T + 39)
+    # a 40 s cut from 4 s: the peer declared the relay dead at 34 s, inside the cut; its
+    # first reconnect's SYNs (35, 36, 38, 42 s) met the cut and it failed at 45 s; the
+    # next begins 2 s later: back at 47 s
+    assert peer_reconnected_by(T + 4, T + 44) == T + 47
+    # a cut shorter than the detection: the old rule
+    assert peer_reconnected_by(T + 4, T + 20) == T + 35
+    back = T + 45                           # the windows below: a peer back at 45 s
     faults = [dict(FAULTS[0], peers_back=back), FAULTS[1]]
     w = {name: (a, b) for name, a, b, _ in fault_windows(faults)}
     assert w["region_partition"] == (T + 4, T + 45)

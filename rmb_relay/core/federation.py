@@ -509,6 +509,23 @@ class FederationScheduler:
             heapq.heappush(self._heap, (min(job.wake_at, job.deadline), job.id))
         return True
 
+    def twins(self) -> set[int]:
+        """The destination twins of every pending job (any state)."""
+        return {j.env.destination.twin for j in self._jobs.values()}
+
+    def hurry(self, now: float) -> int:
+        """The relay is shutting down: every job waiting for its backoff is due now (its
+        next pass starts at the next handle_timer); jobs parked on an open circuit keep
+        waiting for it to half-open. Returns the number of jobs woken. What is not sent
+        before the drain's deadline is saved to the outbox (DESIGN.md section 2)."""
+        woken = 0
+        for job in self._jobs.values():
+            if job.state == "waiting" and not job.parked and job.wake_at > now:
+                job.wake_at = now
+                heapq.heappush(self._heap, (min(job.wake_at, job.deadline), job.id))
+                woken += 1
+        return woken
+
     def withdraw(self, job_id: int) -> _Job | None:
         """Takes a job that is not in flight out of the plan without an event (the
         destination twin is now served by this relay: the caller delivers it) and

@@ -849,6 +849,24 @@ class RelayCore:
                 self._log("rmb.relay.retargeted", None, twin=twin, count=len(taken),
                           domain="local")
 
+    def drain_federation(self, now: float) -> int:
+        """The relay is shutting down (its drain, DESIGN.md section 2): every pending
+        federation job is tried now instead of after its backoff, and the record of each
+        destination twin is looked up afresh (LookupTwin with fresh=True) so a twin that
+        moved off a dead or retired relay is retargeted (rmb.relay.retargeted) before the
+        leftovers are saved to the outbox, which only this relay's next start resumes.
+        Returns the number of twins looked up."""
+        self.federation.hurry(now)
+        twins = [t for t in sorted(self.federation.twins())
+                 if t not in self._refreshing and t not in self._chains]
+        for twin in twins:
+            self._refreshing.add(twin)
+            self.refreshes += 1
+            self._out.append(LookupTwin(twin, fresh=True))
+        self.federation.handle_timer(now)
+        self._pump_federation(now)
+        return len(twins)
+
     def _refresh_after_failure(self, job: int, now: float) -> None:
         twin = self.federation.twin_of(job)
         if twin is None or twin in self._refreshing or twin in self._chains:

@@ -29,7 +29,8 @@ RELAY_EVENTS = Catalogue("rmb.relay", [
       "(\"local\": the twin is served here and they were delivered here)",
       {"twin": "long", "count": "long", "domain": "string"}),
     E("rmb.relay.requeued", "a connection was lost without a close handshake (heartbeat "
-      "without pong, transport error): `count` deliveries written to it shortly before, "
+      "without pong, transport error) or its twin replaced it with a newer connection (the "
+      "twin's keepalive gave it up first): `count` deliveries written to it shortly before, "
       "which the dead link may have swallowed, were queued again for the session `src` "
       "and are replayed when it reconnects", {"src": "string", "count": "long",
                                                "reason": "string"}),

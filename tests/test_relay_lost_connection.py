@@ -59,6 +59,35 @@ def test_deliveries_into_a_lost_connection_are_replayed_on_reconnect():
     assert of(drain(core), ReadQueue) == [ReadQueue("C2", (3, None))]
 
 
+def test_deliveries_into_a_connection_its_twin_replaced_are_replayed_on_the_new_one():
+    """carol's own keepalive gives the silent connection up first and she reconnects after
+    the heal, before the relay's heartbeat closed the old one: what relay1 wrote into the
+    cut is queued again and the new connection replays it (before: 'replaced by a newer
+    connection' dropped it, and the requests expired at alice's end)."""
+    core = core_with()
+    core.peer_connected("A", (1, None), T0)
+    core.peer_connected("C", (3, None), T0)
+    core.queue_replayed("A", T0)
+    core.queue_replayed("C", T0)
+    drain(core)
+    sent = []
+    for i in range(30):
+        env = make_env(src=(1, None), dst=(3, None), ts=int(T0) + i, ttl=40)
+        core.receive_frame("A", env.SerializeToString(), T0 + i)
+        drain(core)
+        sent.append(env)
+    core.peer_connected("C2", (3, None), T0 + 30.6)
+    cmds = drain(core)
+    enq = of(cmds, Enqueue)
+    assert [e.uid for e in enq] == [e.uid for e in sent]
+    assert all(e.session == (3, None) for e in enq)
+    assert of(cmds, ReadQueue) == [ReadQueue("C2", (3, None))]
+    for e in enq:
+        core.enqueued(e.token, "queued", T0 + 30.7)
+    core.peer_disconnected("C", T0 + 30.8, "replaced by a newer connection")
+    assert of(drain(core), Enqueue) == []                 # queued once, not twice
+
+
 def test_expired_and_old_deliveries_are_not_queued_again_nor_after_a_clean_close():
     core = core_with()
     sent, cmds = cut_while_delivering(core, lost=False)

@@ -266,6 +266,10 @@ class RelayCore:
             self._replaced[old.conn] = old     # its disconnect still gets logged
             self._out.append(CloseConnection(old.conn, CLOSE_REPLACED,
                                              "replaced by a newer connection"))
+            del self._sessions[session]
+            # the twin came back on a new connection: it gave the old one up (its own
+            # keepalive found it silent), so what was written to it lately may be lost
+            self._requeue(old, now, "replaced by a newer connection")
         self._sessions[session] = c
         self._conns[conn] = c
         self._log("rmb.relay.connected", None, src=c.name)
@@ -292,15 +296,27 @@ class RelayCore:
         if self._sessions.get(c.session) is c:
             del self._sessions[c.session]
         self._log("rmb.relay.disconnected", None, src=c.name, reason=reason[:200])
+        if lost:
+            self._requeue(c, now, f"connection lost: {reason}")
+        else:
+            c.unconfirmed, c.unconfirmed_bytes = None, 0
+
+    def _requeue(self, c: _Conn, now: float, reason: str) -> None:
+        """Queues again for `c`'s session the unexpired deliveries written to `c` in the
+        last `unconfirmed_s` s, in their order (offline stream, replayed on reconnect),
+        and logs `rmb.relay.requeued`. For a connection lost without a close handshake and
+        for one its twin replaced with a newer connection (the twin's keepalive gave the old
+        one up before the relay's heartbeat did: a cut link either way)."""
         q, c.unconfirmed, c.unconfirmed_bytes = c.unconfirmed, None, 0
-        if lost and q:
-            horizon = now - self.unconfirmed_s
-            again = [(env, data) for t, env, data in q if t >= horizon and not is_expired(env, now)]
-            for env, data in again:
-                self._enqueue(None, c.session, env, data, message_kind(env), _src(env), now)
-            if again:
-                self._log("rmb.relay.requeued", None, src=c.name, count=len(again),
-                          reason=f"connection lost: {reason}"[:200])
+        if not q:
+            return
+        horizon = now - self.unconfirmed_s
+        again = [(env, data) for t, env, data in q if t >= horizon and not is_expired(env, now)]
+        for env, data in again:
+            self._enqueue(None, c.session, env, data, message_kind(env), _src(env), now)
+        if again:
+            self._log("rmb.relay.requeued", None, src=c.name, count=len(again),
+                      reason=reason[:200])
 
     # ------------------------------------------------------------------ offline replay
     # On (re)connect the session's offline stream is replayed in order: ReadQueue (a

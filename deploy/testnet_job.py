@@ -858,6 +858,14 @@ def verdict(result: dict) -> dict:
         told = sum(v for k, v in c.items() if k == "answered" or k == "expired" or k.startswith("errored"))
         out["rmb.every_request_accounted"] = (told == total and not c.get("missing") and not c.get("mismatched"),
                                               f"{c} of {total}")
+        e = b.get("expired")
+        if e is not None:
+            # an expiry a planned fault does not explain (sent outside every window, or
+            # still answerable after its window ended) is a defect, not the fault's doing
+            out["rmb.expiries_explained_by_faults"] = (
+                e["outside"] == 0 and e["outlived"] == 0,
+                f"{e['expired']} expired: {e['outside']} outside planned fault windows, "
+                f"{e['outlived']} outlived their window")
     if b and b.get("other_relay"):
         o = b["other_relay"]
         out["rmb.other_relay_kept_receiving"] = (o["answered"] == o["sent"],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deploy.testnet import RTO_MAX_MS
-from deploy.testnet_job import fault_windows, rmb_expiries
+from deploy.testnet_job import fault_windows, rmb_expiries, verdict
 
 T = 1_000_000.0
 FAULTS = [
@@ -65,3 +65,24 @@ def test_a_partitioned_twins_window_lasts_until_its_peer_replaced_the_silenced_c
     # carol #1 lived 5..45 s: its whole life lay inside the partition's window now
     e = rmb_expiries({("1", "carol"): "expired"}, {("1", "carol"): T + 5}, 40.0, faults)
     assert (e["inside"], e["outlived"]) == (1, 0)
+
+
+def test_the_verdict_fails_an_expiry_that_a_planned_fault_does_not_explain():
+    """Expiries are accounted for (every_request_accounted), but one that outlived its window
+    or fell outside every window fails its own row: the fault alone does not explain it."""
+    def rows(outcomes, sent):
+        e = rmb_expiries(outcomes, sent, 40.0, FAULTS)
+        counts = {"answered": sum(o == "answered" for o in outcomes.values()),
+                  "expired": e["expired"]}
+        return verdict({"rmb": {"counts": counts, "requests": len(outcomes) // 2,
+                                "destinations": 2, "expired": e}})
+    # carol #1 sent 5 s in, expired: its deadline (45 s) was past the partition's window
+    r = rows({("1", "carol"): "expired", ("1", "bob"): "answered"},
+             {("1", "carol"): T + 5, ("1", "bob"): T + 5})
+    assert r["rmb.every_request_accounted"][0]
+    assert r["rmb.expiries_explained_by_faults"] == (
+        False, "1 expired: 0 outside planned fault windows, 1 outlived their window")
+    # the same request answered: the row passes
+    r = rows({("1", "carol"): "answered", ("1", "bob"): "answered"},
+             {("1", "carol"): T + 5, ("1", "bob"): T + 5})
+    assert r["rmb.expiries_explained_by_faults"][0]

@@ -156,14 +156,37 @@ async def recv_nothing(ws, wait: float = 0.2) -> None:
     raise AssertionError(f"unexpected frame {frame!r}")
 
 
+def _ws_url(relay, t) -> str:
+    from rmb_peer.token import make_token
+    tok = make_token(t.identity, t.id, None, int(time.time()), 300)
+    return f"ws://{relay.domain}/?{tok}"
+
+
+async def _send_federated(wa, a, d, count: int, log_path, event: str) -> list[str]:
+    """Sends `count` envelopes a -> d on `wa` and waits (30 s at most) until the sending
+    relay's log at `log_path` holds `event` for each; returns their uids."""
+    from tests.relay_harness import envelope
+    sent = []
+    for i in range(count):
+        env = envelope((a.id,), (d.id,), payload=f"fed {i}".encode(), ttl=120)
+        sent.append(env.uid)
+        await wa.send(env.SerializeToString())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        log = events_of(log_path) if log_path.exists() else []
+        if sum(e["event"] == event for e in log) >= count:
+            break
+        await asyncio.sleep(0.1)
+    return sent
+
+
 async def test_pending_federation_is_saved_and_resumed(redis_url, tmp_path):
     """Federation jobs still retrying when SIGTERM arrives (their relay is down) are saved
     to the Redis outbox and resumed by the next start: the destination twin, whose relay
     comes up meanwhile, gets every request (before: dropped, logged as expired)."""
     from websockets.asyncio.client import connect
 
-    from rmb_peer.token import make_token
-    from tests.relay_harness import IDENTITIES, envelope, recv_env
+    from tests.relay_harness import IDENTITIES, recv_env
 
     count = 20
     async with RmbCluster(redis_url, tmp_path) as cluster:
@@ -176,22 +199,9 @@ async def test_pending_federation_is_saved_and_resumed(redis_url, tmp_path):
         d = await cluster.new_twin([r2], pk=False, key_type="ed25519")
         IDENTITIES[a.id] = a.identity
 
-        def ws_url(relay, t):
-            tok = make_token(t.identity, t.id, None, int(time.time()), 300)
-            return f"ws://{relay.domain}/?{tok}"
-
-        sent = []
-        async with connect(ws_url(r1, a)) as wa:
-            for i in range(count):
-                env = envelope((a.id,), (d.id,), payload=f"fed {i}".encode(), ttl=120)
-                sent.append(env.uid)
-                await wa.send(env.SerializeToString())
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                log = events_of(tmp_path / "r1.jsonl") if (tmp_path / "r1.jsonl").exists() else []
-                if sum(e["event"] == "rmb.relay.received" for e in log) >= count:
-                    break
-                await asyncio.sleep(0.1)
+        async with connect(_ws_url(r1, a)) as wa:
+            sent = await _send_federated(wa, a, d, count, tmp_path / "r1.jsonl",
+                                         "rmb.relay.received")
             r1.proc.send_signal(signal.SIGTERM)
             assert await loop.run_in_executor(None, r1.proc.wait, 30) == 0
         saved = [e["attrs"] for e in events_of(tmp_path / "r1.jsonl")
@@ -203,7 +213,7 @@ async def test_pending_federation_is_saved_and_resumed(redis_url, tmp_path):
 
         r2.proc, _ = await _spawn_ready(argv2)
         got = []
-        async with connect(ws_url(r2, d)) as wd:
+        async with connect(_ws_url(r2, d)) as wd:
             r1.proc, _ = await _spawn_ready(argv1)             # resumes the saved jobs
             while len(got) < count:
                 try:
@@ -223,8 +233,7 @@ async def test_drain_federates_to_a_twin_that_moved_off_a_dead_relay(redis_url, 
     saved (before: all were saved to the outbox at SIGTERM and expired unseen)."""
     from websockets.asyncio.client import connect
 
-    from rmb_peer.token import make_token
-    from tests.relay_harness import IDENTITIES, envelope, recv_env
+    from tests.relay_harness import IDENTITIES, recv_env
 
     count = 10
     async with RmbCluster(redis_url, tmp_path) as cluster:
@@ -238,24 +247,12 @@ async def test_drain_federates_to_a_twin_that_moved_off_a_dead_relay(redis_url, 
         d = await cluster.new_twin([old], pk=False, key_type="ed25519")
         IDENTITIES[a.id] = a.identity
 
-        def ws_url(relay, t):
-            tok = make_token(t.identity, t.id, None, int(time.time()), 300)
-            return f"ws://{relay.domain}/?{tok}"
-
-        sent = []
-        async with connect(ws_url(r1, a)) as wa:
-            for i in range(count):
-                env = envelope((a.id,), (d.id,), payload=f"fed {i}".encode(), ttl=120)
-                sent.append(env.uid)
-                await wa.send(env.SerializeToString())
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:              # every job failed once at `old`
-                log = events_of(tmp_path / "r1.jsonl") if (tmp_path / "r1.jsonl").exists() else []
-                if sum(e["event"] == "rmb.relay.federation_failed" for e in log) >= count:
-                    break
-                await asyncio.sleep(0.1)
+        async with connect(_ws_url(r1, a)) as wa:
+            # every job failed once at `old`
+            sent = await _send_federated(wa, a, d, count, tmp_path / "r1.jsonl",
+                                         "rmb.relay.federation_failed")
             await cluster.directory.update(d.identity, d.id, [r2.domain], None)   # d moved
-            async with connect(ws_url(r2, d)) as wd:
+            async with connect(_ws_url(r2, d)) as wd:
                 await recv_nothing(wd)
                 r1.proc.send_signal(signal.SIGTERM)         # r1 is retired too
                 got = []

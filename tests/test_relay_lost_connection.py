@@ -25,10 +25,9 @@ def core_with(**kw):
                      unconfirmed_s=1.5 * HEARTBEAT + 2.0, **kw)
 
 
-def cut_while_delivering(core, lost: bool):
+def deliver_into_cut(core):
     """alice (A) sends carol (C, connected here) one request a second for 30 s while
-    carol's link is cut; the heartbeat then closes C. Returns the envelopes and the
-    commands of the close."""
+    carol's link is cut; each is written to C. Returns the envelopes."""
     core.peer_connected("A", (1, None), T0)
     core.peer_connected("C", (3, None), T0)
     core.queue_replayed("A", T0)
@@ -40,6 +39,13 @@ def cut_while_delivering(core, lost: bool):
         core.receive_frame("A", env.SerializeToString(), T0 + i)
         assert [c.conn for c in of(drain(core), WriteFrame)] == ["C"]     # written live
         sent.append(env)
+    return sent
+
+
+def cut_while_delivering(core, lost: bool):
+    """deliver_into_cut, then the heartbeat closes C. Returns the envelopes and the
+    commands of the close."""
+    sent = deliver_into_cut(core)
     core.peer_disconnected("C", T0 + 30.5,
                            "websocket error: No PONG received after 10.0 seconds" if lost
                            else "closed by peer", lost)
@@ -65,17 +71,7 @@ def test_deliveries_into_a_connection_its_twin_replaced_are_replayed_on_the_new_
     cut is queued again and the new connection replays it (before: 'replaced by a newer
     connection' dropped it, and the requests expired at alice's end)."""
     core = core_with()
-    core.peer_connected("A", (1, None), T0)
-    core.peer_connected("C", (3, None), T0)
-    core.queue_replayed("A", T0)
-    core.queue_replayed("C", T0)
-    drain(core)
-    sent = []
-    for i in range(30):
-        env = make_env(src=(1, None), dst=(3, None), ts=int(T0) + i, ttl=40)
-        core.receive_frame("A", env.SerializeToString(), T0 + i)
-        drain(core)
-        sent.append(env)
+    sent = deliver_into_cut(core)
     core.peer_connected("C2", (3, None), T0 + 30.6)
     cmds = drain(core)
     enq = of(cmds, Enqueue)

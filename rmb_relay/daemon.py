@@ -523,8 +523,7 @@ class RelayServer:
     async def _lookup(self, twin: int, fresh: bool = False) -> None:
         """LookupTwin's task (only envelopes for this twin wait for it)."""
         try:
-            record: object = await (self.directory.get(twin, fresh=True) if fresh
-                                    else self.directory.get(twin))
+            record: object = await self.directory.get(twin, fresh=fresh)
         except (UnknownTwin, DirectoryError) as exc:
             record = exc
         self.runner.feed(self.core.twin_resolved, twin, record)

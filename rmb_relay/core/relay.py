@@ -504,8 +504,7 @@ class RelayCore:
             if target is not None and target.state == "live":
                 # the live local route, one `forwarded` event (received and delivered in
                 # one loop pass; DESIGN.md section 6)
-                if self.unconfirmed_s > 0:
-                    self._written(target, env, data, now)
+                self._written(target, env, data, now)
                 self._out.append(WriteFrame(target.conn, data, dst, Log(
                     "rmb.relay.forwarded", env.uid, "info",
                     {"kind": kind or "none", "src": c.name, "dst": target.name,
@@ -586,8 +585,7 @@ class RelayCore:
     def _deliver(self, sender: Session | None, dst: Session, env: Envelope, data: bytes, now: float,
                  target: _Conn | None) -> None:
         if target is not None and target.state == "live":
-            if self.unconfirmed_s > 0:
-                self._written(target, env, data, now)
+            self._written(target, env, data, now)
             self._out.append(WriteFrame(target.conn, data, dst, Log(
                 "rmb.relay.delivered", env.uid, "info",
                 {"kind": message_kind(env), "src": _src(env), "dst": target.name,
@@ -690,8 +688,7 @@ class RelayCore:
             self._out.append(FederationAnswer(req.request, 404, ERR_OFFLINE))
             return
         if target is not None and target.state == "live":
-            if self.unconfirmed_s > 0:
-                self._written(target, env, req.data, now)
+            self._written(target, env, req.data, now)
             self._out.append(WriteFrame(target.conn, req.data, dst, Log(
                 "rmb.relay.delivered", env.uid, "info",
                 {"kind": message_kind(env), "src": _src(env), "dst": target.name,

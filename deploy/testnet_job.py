@@ -816,14 +816,13 @@ def rmb_expiries(outcomes: dict, sent_at: dict, ttl: float, faults: list) -> dic
     for k in sorted(expired, key=lambda k: sent_at.get(k, 0.0)):
         s = sent_at.get(k)
         row = {"request": k[0], "dst": k[1], "sent_s": None if s is None else round(s - t0, 1)}
-        hits = [] if s is None else [(b, name) for name, a, b, nodes in windows
+        hits = [] if s is None else [(a, b, name) for name, a, b, nodes in windows
                                      if k[1] in nodes and s <= b and s + ttl >= a]
         if not hits:
             outside.append(row)
             continue
-        starts = {h: next(a for n, a, b, _ in windows if n == h[1]) for h in hits}
-        before = [h for h in hits if starts[h] <= s]
-        end, name = (max(before, key=starts.get) if before else min(hits, key=starts.get))
+        before = [h for h in hits if h[0] <= s]      # (start, end, fault): by start
+        _, end, name = max(before) if before else min(hits)
         by_fault[name] = by_fault.get(name, 0) + 1
         if s + ttl > end:
             outlived.append(dict(row, fault=name, past_end_s=round(s + ttl - end, 1)))

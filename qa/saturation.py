@@ -240,8 +240,8 @@ def marlin_figures(rate: float, figures: dict, out: str, obj: dict) -> dict:
     one_at_a_time = {k.split(".", 1)[1]: v for k, v in figures.items() if k.startswith("cpu_ms_per_block.")}
     for role, v in (at_rate or one_at_a_time).items():
         res[f"cpu_ms_per_message.{role}"] = v
-    for role, v in one_at_a_time.items():
-        if at_rate:
+    if at_rate:
+        for role, v in one_at_a_time.items():
             res[f"cpu_ms_per_block_one_at_a_time.{role}"] = v
     for k, v in figures.items():
         if k.startswith("at_rate.idle_cpu_ms_per_s."):
